@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu/float_convert.h"
+#include "cpu/fresh_memory.h"
 
 namespace jaxops::cpu {
 namespace {
@@ -123,6 +124,7 @@ void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, float* mea
   const std::vector<float> w = column_vector_or(weight, cols, 1.f);
   const std::vector<float> b = column_vector_or(bias, cols, 0.f);
   const float inv_cols = 1.f / static_cast<float>(cols);
+  advise_huge_pages(y, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
     RowReader<T> reader(cols);
@@ -153,6 +155,7 @@ void layer_norm_bwd(const T* dy, const T* x, const T* weight, const float* mean,
   const float inv_cols = 1.f / static_cast<float>(cols);
   const bool want_sums = dweight != nullptr || dbias != nullptr;
   const int64_t tasks = layout.groups * layout.parts;
+  advise_huge_pages(dx, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
     RowReader<T> x_reader(cols), dy_reader(cols);
@@ -204,6 +207,7 @@ void rms_norm_fwd(const T* x, const T* weight, T* y, float* rstd, NormShape shap
   const int64_t cols = shape.cols;
   const std::vector<float> w = column_vector_or(weight, cols, 1.f);
   const float inv_cols = 1.f / static_cast<float>(cols);
+  advise_huge_pages(y, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
     RowReader<T> reader(cols);
@@ -228,6 +232,7 @@ void rms_norm_bwd(const T* dy, const T* x, const T* weight, const float* rstd, c
   const std::vector<float> w = column_vector_or(weight, cols, 1.f);
   const float inv_cols = 1.f / static_cast<float>(cols);
   const int64_t tasks = layout.groups * layout.parts;
+  advise_huge_pages(dx, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
     RowReader<T> x_reader(cols), dy_reader(cols), dres_reader(cols);
@@ -278,6 +283,8 @@ void add_rms_norm_fwd(const T* x, const T* residual, const T* weight, T* y, T* h
   const int64_t cols = shape.cols;
   const std::vector<float> w = column_vector_or(weight, cols, 1.f);
   const float inv_cols = 1.f / static_cast<float>(cols);
+  advise_huge_pages(y, sizeof(T) * shape.rows * cols);
+  if (h != residual) advise_huge_pages(h, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
     RowReader<T> x_reader(cols), res_reader(cols), h_reader(cols);

@@ -19,12 +19,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import batching
 
 from jaxops import reference
 from jaxops._src import primitive
 from jaxops._src.checks import check_float_array, check_matching, check_param_vector
-from jaxops._src.primitive import FfiPrimitive, batch_to_front, is_batched
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front, is_batched
 
 _F32 = jnp.float32
 
@@ -218,7 +217,7 @@ rms_norm_fwd_p = _make(
 
 def _rms_norm_bwd_batch_rule(prim, args, dims, **params):
   # dresidual is a row operand when present, a zero-size placeholder otherwise.
-  present = dims[4] is not batching.not_mapped or args[4].size > 0
+  present = dims[4] is not NOT_MAPPED or args[4].size > 0
   rows = (0, 1, 3, 4) if present else (0, 1, 3)
   return _row_batch_rule(rows, (2,), grad_outputs=(1,))(prim, args, dims, **params)
 

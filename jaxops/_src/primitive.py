@@ -39,6 +39,9 @@ from jax.interpreters import ad, batching, mlir
 
 from jaxops._src import ffi_targets
 
+# What batching rules receive as the batch dimension of an unbatched operand.
+NOT_MAPPED = None
+
 # Platforms for which jaxops ships kernels, as JAX's lowering names them.
 KERNEL_PLATFORMS = ("cpu", "cuda")
 
@@ -153,10 +156,10 @@ def batch_to_front(args, dims, which: Sequence[int]):
   Unbatched ones among ``which`` are broadcast, so all share the leading batch
   axis. Returns ``(new_args, batch_size)``; other args are left as they are.
   """
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not NOT_MAPPED)
   out = list(args)
   for i in which:
-    if dims[i] is batching.not_mapped:
+    if dims[i] is NOT_MAPPED:
       out[i] = jnp.broadcast_to(args[i], (size, *args[i].shape))
     else:
       out[i] = jnp.moveaxis(args[i], dims[i], 0)
@@ -164,7 +167,7 @@ def batch_to_front(args, dims, which: Sequence[int]):
 
 
 def is_batched(dims, which: Sequence[int]) -> bool:
-  return any(dims[i] is not batching.not_mapped for i in which)
+  return any(dims[i] is not NOT_MAPPED for i in which)
 
 
 # -- choosing an implementation ------------------------------------------------
