@@ -7,6 +7,8 @@ dtype, as the kernels do.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -50,3 +52,41 @@ def add_rms_norm(x, residual, weight=None, *, epsilon=1e-6):
   """``(rms_norm(x + residual) * weight, x + residual)``; the sum in x's dtype."""
   h = x + residual
   return rms_norm(h, weight, epsilon=epsilon), h
+
+
+# -- activations -----------------------------------------------------------------
+# Elementwise; computed in float32, one rounding to the input dtype at the end.
+
+
+def _gelu_f32(x, approximate):
+  # x/2 (1 + tanh(u)) = x sigmoid(2u), and x/2 (1 + erf(x/sqrt2)) = x/2 erfc(-x/sqrt2):
+  # the same functions, written without the cancellation of 1 + tanh / 1 + erf
+  # for negative x, so that the reference (and its gradient) stays accurate in
+  # relative terms on the negative tail, as the kernels are.
+  if approximate:
+    return x * lax.logistic(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
+  return 0.5 * x * lax.erfc(x * (-1.0 / math.sqrt(2.0)))
+
+
+def _silu_f32(x):
+  return x * lax.logistic(x)
+
+
+def gelu(x, approximate=True):
+  """GELU: ``x * Phi(x)``, or its tanh approximation when ``approximate``."""
+  return _gelu_f32(x.astype(_F32), approximate).astype(x.dtype)
+
+
+def silu(x):
+  """SiLU (swish): ``x * sigmoid(x)``."""
+  return _silu_f32(x.astype(_F32)).astype(x.dtype)
+
+
+def swiglu(gate, up):
+  """``silu(gate) * up``, rounded once."""
+  return (_silu_f32(gate.astype(_F32)) * up.astype(_F32)).astype(gate.dtype)
+
+
+def geglu(gate, up, approximate=True):
+  """``gelu(gate, approximate) * up``, rounded once."""
+  return (_gelu_f32(gate.astype(_F32), approximate) * up.astype(_F32)).astype(gate.dtype)
