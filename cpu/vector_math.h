@@ -1,4 +1,4 @@
-// Float32 exp, logistic sigmoid and Gaussian CDF written so that a loop calling
+// Float32 exp, logistic sigmoid, Gaussian CDF and sin/cos written so that a loop calling
 // them under `#pragma omp simd` vectorises: straight-line arithmetic, integer bit
 // tricks through memcpy, selects instead of branches, no libm calls. libm's
 // expf per element would make the activations compute-bound; these keep them
@@ -134,6 +134,60 @@ inline float gaussian_cdf(float x, float e) {
   const float tail = 0.5f * e * q;
   const float outer = x > 0.0f ? 1.0f - tail : tail;
   return ax < kSqrt2 ? central : outer;
+}
+
+// sin and cos of a float32 angle, correctly rounded in all but rare cases: the
+// angle is reduced by k pi/2 in double precision with pi/2 split in three parts
+// (the first two have 28 significant bits, so k * part is exact for the
+// |k| < 2^25 of any float32 angle below 5e7), and sin/cos of the remainder
+// |r| <= pi/4 are Taylor polynomials accurate to 1e-14. Used for rotary
+// embedding tables, whose angles (position * frequency) reach 1e5 and beyond.
+inline void sincos(float angle, float* sin_out, float* cos_out) {
+  constexpr double kTwoOverPi = 0.6366197723675814;
+  constexpr double kPiOver2Part1 = 1.570796325802803;
+  constexpr double kPiOver2Part2 = 9.920935808982456e-10;
+  constexpr double kPiOver2Part3 = -1.2177051777973966e-18;
+  // Round to nearest by adding 1.5 * 2^52: k mod 4 is in the low mantissa bits.
+  constexpr double kShifter = 6755399441055744.0;
+  const double a = angle;
+  const double shifted = a * kTwoOverPi + kShifter;
+  const double k = shifted - kShifter;
+  int64_t shifted_bits;
+  std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
+  const int64_t quadrant = shifted_bits & 3;
+  const double r = ((a - k * kPiOver2Part1) - k * kPiOver2Part2) - k * kPiOver2Part3;
+  const double r2 = r * r;
+  double s = 1.0 / 6227020800.0;
+  s = s * r2 - 1.0 / 39916800.0;
+  s = s * r2 + 1.0 / 362880.0;
+  s = s * r2 - 1.0 / 5040.0;
+  s = s * r2 + 1.0 / 120.0;
+  s = s * r2 - 1.0 / 6.0;
+  s = r + r * r2 * s;
+  double c = -1.0 / 87178291200.0;
+  c = c * r2 + 1.0 / 479001600.0;
+  c = c * r2 - 1.0 / 3628800.0;
+  c = c * r2 + 1.0 / 40320.0;
+  c = c * r2 - 1.0 / 720.0;
+  c = c * r2 + 1.0 / 24.0;
+  c = c * r2 - 0.5;
+  c = 1.0 + r2 * c;
+  // sin(r + q pi/2), cos(r + q pi/2) for the quadrant q: an odd q swaps sin
+  // and cos, q = 2, 3 negate sin and q = 1, 2 negate cos. Done on the bits
+  // (GCC does not if-convert a double select on an integer condition).
+  const int64_t swap_mask = -(quadrant & 1);
+  int64_t s_bits, c_bits;
+  std::memcpy(&s_bits, &s, sizeof(s_bits));
+  std::memcpy(&c_bits, &c, sizeof(c_bits));
+  int64_t sin_bits = (s_bits & ~swap_mask) | (c_bits & swap_mask);
+  int64_t cos_bits = (c_bits & ~swap_mask) | (s_bits & swap_mask);
+  sin_bits ^= (quadrant & 2) << 62;
+  cos_bits ^= ((quadrant + 1) & 2) << 62;
+  double sin_value, cos_value;
+  std::memcpy(&sin_value, &sin_bits, sizeof(sin_value));
+  std::memcpy(&cos_value, &cos_bits, sizeof(cos_value));
+  *sin_out = static_cast<float>(sin_value);
+  *cos_out = static_cast<float>(cos_value);
 }
 
 }  // namespace jaxops::cpu::vector_math

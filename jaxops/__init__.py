@@ -2,6 +2,7 @@
 
 from jaxops._src.activations import geglu, gelu, silu, swiglu
 from jaxops._src.norms import add_rms_norm, layer_norm, rms_norm
+from jaxops._src.rope import rope
 
-__all__ = ["add_rms_norm", "geglu", "gelu", "layer_norm", "rms_norm", "silu", "swiglu"]
+__all__ = ["add_rms_norm", "geglu", "gelu", "layer_norm", "rms_norm", "rope", "silu", "swiglu"]
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 _F32 = jnp.float32
@@ -90,3 +91,47 @@ def swiglu(gate, up):
 def geglu(gate, up, approximate=True):
   """``gelu(gate, approximate) * up``, rounded once."""
   return (_gelu_f32(gate.astype(_F32), approximate) * up.astype(_F32)).astype(gate.dtype)
+
+
+# -- rotary position embedding ---------------------------------------------------
+
+
+def rope_frequencies(rotary_dim, theta):
+  """theta^(-2i / rotary_dim) for i < rotary_dim / 2: evaluated in float64,
+  rounded to float32 (a constant of the op, the same in every implementation)."""
+  exponents = -np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
+  return np.power(np.float64(theta), exponents).astype(np.float32)
+
+
+def rope(x, positions, *, theta=10000.0, style="neox", rotary_dim=None, inverse=False):
+  """Rotary position embedding of x [batch, seq, heads, head_dim].
+
+  Pair i of the first ``rotary_dim`` features (default: all) is rotated by the
+  float32 angle ``float32(position) * rope_frequencies(rotary_dim, theta)[i]``;
+  the pairs are ``(i, i + rotary_dim/2)`` for ``style="neox"`` and
+  ``(2i, 2i + 1)`` for ``style="gptj"``; the other features pass through.
+  ``positions`` is [seq] or [batch, seq]; ``inverse`` rotates backwards.
+  """
+  head_dim = x.shape[-1]
+  rotary_dim = head_dim if rotary_dim is None else rotary_dim
+  half = rotary_dim // 2
+  positions = jnp.asarray(positions)
+  if positions.ndim == 1:
+    positions = positions[None]
+  angle = positions.astype(_F32)[:, :, None, None] * rope_frequencies(rotary_dim, theta)
+  cos, sin = jnp.cos(angle), jnp.sin(angle)
+  if inverse:
+    sin = -sin
+  xf = x.astype(_F32)
+  rotated, rest = xf[..., :rotary_dim], xf[..., rotary_dim:]
+  if style == "neox":
+    x1, x2 = rotated[..., :half], rotated[..., half:]
+  else:
+    x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
+  y1 = x1 * cos - x2 * sin
+  y2 = x2 * cos + x1 * sin
+  if style == "neox":
+    rotated = jnp.concatenate([y1, y2], axis=-1)
+  else:
+    rotated = jnp.stack([y1, y2], axis=-1).reshape(rotated.shape)
+  return jnp.concatenate([rotated, rest], axis=-1).astype(x.dtype)

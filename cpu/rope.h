@@ -1,0 +1,36 @@
+// Rotary position embedding on x [batch, seq, heads, head_dim], row-major.
+//
+// Pair i of the first `rotary_dim` features of each head is rotated by the
+// angle position * theta^(-2i / rotary_dim) (computed in float32 as
+// float(position) * float32(frequency_i), then sin/cos of that float32 angle).
+// The pairs are (i, i + rotary_dim/2) ("neox", interleaved = false) or
+// (2i, 2i + 1) ("gptj", interleaved = true); features past rotary_dim are
+// copied. `inverse` rotates by minus the angle (the backward: the rotation is
+// orthogonal, so its transpose is its inverse).
+//
+// positions is int32 [position_rows, seq] with position_rows 1 (shared by the
+// batch) or batch. T is float, bfloat16 or float16; the math is float32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jaxops::cpu {
+
+struct RopeShape {
+  int64_t batch;
+  int64_t seq;
+  int64_t heads;
+  int64_t head_dim;
+  int64_t rotary_dim;     // even, in [2, head_dim]
+  int64_t position_rows;  // 1 or batch
+};
+
+// Floats of workspace rope needs: a cos/sin table [position_rows * seq, 2, rotary_dim / 2].
+size_t rope_workspace_floats(RopeShape shape);
+
+template <typename T>
+void rope(const T* x, const int32_t* positions, T* y, float* workspace, RopeShape shape,
+          double theta, bool interleaved, bool inverse);
+
+}  // namespace jaxops::cpu

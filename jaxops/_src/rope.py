@@ -1,0 +1,163 @@
+"""rope (rotary position embedding): primitive and public function.
+
+One primitive serves both directions: the rotation is orthogonal, so the
+backward is the same kernel rotating by minus the angle (``inverse=True``).
+Positions are an int32 operand (they may be traced), shaped [1, seq] (shared
+by the batch) or [batch, seq]; the kernel builds its cos/sin table for those
+rows into a hidden workspace.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops import reference
+from jaxops._src import primitive
+from jaxops._src.checks import check_array, check_float_array
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+
+_STYLES = ("neox", "gptj")
+
+
+def _rope_reference(x, positions, *, theta, rotary_dim, interleaved, inverse):
+  return (reference.rope(x, positions, theta=theta, style="gptj" if interleaved else "neox",
+                         rotary_dim=rotary_dim, inverse=inverse),)
+
+
+def _rope_workspace(avals_in, params, platform):
+  positions = avals_in[1]
+  return jax.core.ShapedArray((positions.shape[0] * positions.shape[1], params["rotary_dim"]),
+                              jnp.float32)
+
+
+def _rope_batch_rule(prim, args, dims, **params):
+  """The vmapped axis joins the batch axis: x [V, B, ...] -> [V * B, ...], with
+  the positions repeated (or, when they are batched, laid out) to match."""
+  x, positions = args
+  x_dim, positions_dim = dims
+  size = x.shape[x_dim] if x_dim is not NOT_MAPPED else positions.shape[positions_dim]
+  if positions_dim is NOT_MAPPED and positions.shape[0] == 1:
+    x = jnp.moveaxis(x, x_dim, 0)
+    batch = x.shape[1]
+    y = prim(x.reshape(size * batch, *x.shape[2:]), positions, **params)[0]
+    return (y.reshape(size, batch, *y.shape[1:]),), (0,)
+  (x, positions), _ = batch_to_front(args, dims, (0, 1))
+  batch = x.shape[1]
+  positions = jnp.broadcast_to(positions, (size, batch, positions.shape[-1]))
+  y = prim(x.reshape(size * batch, *x.shape[2:]),
+           positions.reshape(size * batch, positions.shape[-1]), **params)[0]
+  return (y.reshape(size, batch, *y.shape[1:]),), (0,)
+
+
+rope_p = FfiPrimitive(
+    name="jaxops_rope", target="jaxops_rope",
+    abstract_eval=lambda x, positions, **params: (jax.core.ShapedArray(x.shape, x.dtype),),
+    reference=_rope_reference,
+    attributes={"theta": np.float64, "rotary_dim": np.int64, "interleaved": np.bool_,
+                "inverse": np.bool_},
+    workspace=_rope_workspace,
+    batch_rule=_rope_batch_rule)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _rope_kernel(x, positions, theta, rotary_dim, interleaved):
+  return rope_p(x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
+                inverse=False)[0]
+
+
+def _rope_kernel_fwd(x, positions, theta, rotary_dim, interleaved):
+  return _rope_kernel(x, positions, theta, rotary_dim, interleaved), positions
+
+
+def _rope_kernel_bwd(theta, rotary_dim, interleaved, positions, dy):
+  dx = rope_p(dy, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
+              inverse=True)[0]
+  return dx, None
+
+
+_rope_kernel.defvjp(_rope_kernel_fwd, _rope_kernel_bwd)
+
+
+def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
+         rotary_dim: int | None = None, implementation=None):
+  """Rotary position embedding of queries or keys.
+
+  Each pair of features of the first ``rotary_dim`` features of every head is
+  rotated by ``position * theta**(-2i / rotary_dim)`` (pair i); the remaining
+  features pass through unchanged. Angles are float32 (the product of the
+  float32 position and the float32 frequency), the rotation is computed in
+  float32 and the result returned in ``x.dtype``.
+
+  Args:
+    x: float32, bfloat16 or float16 array [batch, seq, heads, head_dim].
+    positions: integer array [seq] (shared by the batch) or [batch, seq]; may
+      be traced. Values must fit in int32 (and are exact as float32 below 2^24).
+    theta: the base of the frequencies, a Python float > 0.
+    style: ``"neox"`` (GPT-NeoX, Llama: pairs ``(i, i + rotary_dim/2)``, the
+      halves rotated against each other) or ``"gptj"`` (GPT-J: interleaved
+      pairs ``(2i, 2i + 1)``).
+    rotary_dim: how many leading features of each head rotate: even, in
+      ``[2, head_dim]``; ``None`` means all (``head_dim`` must then be even).
+    implementation: ``None`` (fused kernel where available, else the jnp
+      reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+
+  The gradient w.r.t. ``x`` is the inverse rotation of the cotangent; positions
+  get no gradient.
+  """
+  op = "jaxops.rope"
+  x = check_float_array(op, "x", x, non_empty_last_axis=False)
+  if x.ndim != 4:
+    raise ValueError(f"{op}: x must have rank 4 [batch, seq, heads, head_dim], got shape {x.shape}")
+  positions = _check_positions(op, positions, x)
+  theta = _check_theta(op, theta)
+  if style not in _STYLES:
+    raise ValueError(f"{op}: style must be one of {_STYLES}, got {style!r}")
+  rotary_dim = _check_rotary_dim(op, rotary_dim, x.shape[-1])
+  if not primitive.use_kernel(op, implementation, [x.dtype]):
+    return reference.rope(x, positions, theta=theta, style=style, rotary_dim=rotary_dim)
+  if positions.ndim == 1:
+    positions = positions[None]
+  return _rope_kernel(x, positions, theta, rotary_dim, style == "gptj")
+
+
+# -- argument handling ---------------------------------------------------------------
+
+
+def _check_positions(op, positions, x):
+  positions = check_array(op, "positions", positions)
+  if not jnp.issubdtype(positions.dtype, jnp.integer):
+    raise TypeError(f"{op}: positions must have an integer dtype, got {positions.dtype}")
+  batch, seq = x.shape[:2]
+  if positions.shape not in ((seq,), (batch, seq)):
+    raise ValueError(f"{op}: positions must have shape ({seq},) or ({batch}, {seq}) to match x "
+                     f"{x.shape} [batch, seq, heads, head_dim], got {positions.shape}")
+  return positions.astype(jnp.int32)
+
+
+def _check_theta(op, theta):
+  if isinstance(theta, jax.core.Tracer) or not np.isscalar(theta) or isinstance(theta, str):
+    raise TypeError(f"{op}: theta must be a Python float, got {type(theta).__name__}")
+  theta = float(theta)
+  if not theta > 0.0:
+    raise ValueError(f"{op}: theta must be > 0, got {theta}")
+  return theta
+
+
+def _check_rotary_dim(op, rotary_dim, head_dim):
+  if rotary_dim is None:
+    if head_dim < 2 or head_dim % 2:
+      raise ValueError(f"{op}: rotary_dim=None rotates all head_dim={head_dim} features, which "
+                       "must then be even and >= 2; pass an even rotary_dim <= head_dim")
+    return head_dim
+  if isinstance(rotary_dim, (bool, np.bool_)) or not isinstance(rotary_dim, (int, np.integer)):
+    raise TypeError(f"{op}: rotary_dim must be a Python int or None, got "
+                    f"{type(rotary_dim).__name__}")
+  rotary_dim = int(rotary_dim)
+  if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+    raise ValueError(f"{op}: rotary_dim must be even and in [2, head_dim={head_dim}], "
+                     f"got {rotary_dim}")
+  return rotary_dim
