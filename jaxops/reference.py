@@ -135,3 +135,20 @@ def rope(x, positions, *, theta=10000.0, style="neox", rotary_dim=None, inverse=
   else:
     rotated = jnp.stack([y1, y2], axis=-1).reshape(rotated.shape)
   return jnp.concatenate([rotated, rest], axis=-1).astype(x.dtype)
+
+
+# -- embedding -------------------------------------------------------------------
+
+
+def embedding(table, ids):
+  """Rows ``table[ids]`` (shape ``ids.shape + (dim,)``), out-of-range ids clamped
+  to ``[0, vocab - 1]``; the gradient of a clamped id goes to the row read."""
+  return jnp.take(table, ids, axis=0, mode="clip")
+
+
+def embedding_grad(dout, ids, vocab):
+  """The gradient w.r.t. the table: rows of ``dout`` added at the clamped ids,
+  summed in float32, returned in ``dout.dtype``."""
+  rows = jnp.clip(ids, 0, vocab - 1).reshape(-1)
+  flat = dout.reshape(-1, dout.shape[-1]).astype(_F32)
+  return jnp.zeros((vocab, dout.shape[-1]), _F32).at[rows].add(flat).astype(dout.dtype)

@@ -1,0 +1,38 @@
+// Embedding lookup and its gradient. table is [vocab, dim] row-major; ids are
+// `tokens` int32 indices; out is [tokens, dim]. T is float, bfloat16 or
+// float16.
+//
+// Out-of-range ids are clamped to [0, vocab - 1] (jnp.take(..., mode="clip")):
+// a lookup never reads outside the table, and the gradient of a clamped id
+// goes to the row that was read.
+//
+// The gradient is a scatter-add of the rows of dout into dtable [vocab, dim]
+// without atomics: the tokens are counting-sorted by row (stable), then each
+// row sums its tokens in token order, in float32, and is written once. Rows
+// are split among threads, so no two threads touch one row and the result is
+// the same for any number of threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jaxops::cpu {
+
+struct EmbeddingShape {
+  int64_t vocab;
+  int64_t dim;
+  int64_t tokens;
+};
+
+template <typename T>
+void embedding_fwd(const T* table, const int32_t* ids, T* out, EmbeddingShape shape);
+
+// int32s of workspace embedding_bwd needs: row offsets [vocab + 1] and the
+// sorted token order [tokens].
+size_t embedding_bwd_workspace_ints(EmbeddingShape shape);
+
+template <typename T>
+void embedding_bwd(const T* dout, const int32_t* ids, T* dtable, int32_t* workspace,
+                   EmbeddingShape shape);
+
+}  // namespace jaxops::cpu

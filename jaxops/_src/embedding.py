@@ -1,0 +1,119 @@
+"""embedding: primitives and public function.
+
+The forward gathers rows (ids clamped to the table); the backward is a
+deterministic, race-free scatter-add (cpu/embedding.h) that writes the
+gradient of the whole table once. ids are int32 of any shape.
+
+Batching: a vmapped table [V, vocab, dim] becomes one table [V * vocab, dim]
+with each example's ids offset into its own slice, so the kernels still run
+once; the backward's per-example gradients come out as [V, vocab, dim] the
+same way.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxops import reference
+from jaxops._src import primitive
+from jaxops._src.checks import check_array, check_float_array
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+
+
+def _offset_ids(ids, size, vocab):
+  """ids [size, ...] clamped to [0, vocab) and moved to example i's slice of a
+  table of size * vocab rows."""
+  offsets = (jnp.arange(size, dtype=jnp.int32) * vocab).reshape((size,) + (1,) * (ids.ndim - 1))
+  return jnp.clip(ids, 0, vocab - 1) + offsets
+
+
+def _embedding_fwd_batch_rule(prim, args, dims):
+  table, ids = args
+  table_dim, ids_dim = dims
+  if table_dim is NOT_MAPPED:
+    # Looking up more ids: the vmapped axis of ids becomes that axis of the output.
+    return prim(table, ids), (ids_dim,)
+  (table, ids), size = batch_to_front(args, dims, (0, 1))
+  vocab, dim = table.shape[1:]
+  out = prim(table.reshape(size * vocab, dim), _offset_ids(ids, size, vocab))[0]
+  return (out,), (0,)
+
+
+def _embedding_bwd_batch_rule(prim, args, dims, *, vocab):
+  (dout, ids), size = batch_to_front(args, dims, (0, 1))
+  dtable = prim(dout, _offset_ids(ids, size, vocab), vocab=size * vocab)[0]
+  return (dtable.reshape(size, vocab, dtable.shape[-1]),), (0,)
+
+
+def _bwd_workspace(avals_in, params, platform):
+  ids = avals_in[1]
+  return jax.core.ShapedArray((params["vocab"] + 1 + ids.size,), jnp.int32)
+
+
+embedding_fwd_p = FfiPrimitive(
+    name="jaxops_embedding_fwd", target="jaxops_embedding_fwd",
+    abstract_eval=lambda table, ids: (
+        jax.core.ShapedArray(ids.shape + table.shape[1:], table.dtype),),
+    reference=lambda table, ids: (reference.embedding(table, ids),),
+    batch_rule=_embedding_fwd_batch_rule)
+
+embedding_bwd_p = FfiPrimitive(
+    name="jaxops_embedding_bwd", target="jaxops_embedding_bwd",
+    abstract_eval=lambda dout, ids, *, vocab: (
+        jax.core.ShapedArray((vocab, dout.shape[-1]), dout.dtype),),
+    reference=lambda dout, ids, *, vocab: (reference.embedding_grad(dout, ids, vocab),),
+    attributes={"vocab": np.int64},
+    workspace=_bwd_workspace,
+    batch_rule=_embedding_bwd_batch_rule)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _embedding_kernel(table, ids, vocab):
+  return embedding_fwd_p(table, ids)[0]
+
+
+def _embedding_kernel_fwd(table, ids, vocab):
+  return _embedding_kernel(table, ids, vocab), ids
+
+
+def _embedding_kernel_bwd(vocab, ids, dout):
+  return embedding_bwd_p(dout, ids, vocab=vocab)[0], None
+
+
+_embedding_kernel.defvjp(_embedding_kernel_fwd, _embedding_kernel_bwd)
+
+
+def embedding(table, ids, *, implementation=None):
+  """Embedding lookup: the rows ``table[ids]``, shape ``ids.shape + (dim,)``.
+
+  Out-of-range ids (negative, or >= vocab) are clamped to ``[0, vocab - 1]``,
+  as ``jnp.take(table, ids, axis=0, mode="clip")`` does: no lookup reads
+  outside the table, and the gradient of a clamped id goes to the row it read.
+  (Negative ids do not wrap around as in NumPy indexing.)
+
+  The gradient w.r.t. ``table`` is a deterministic scatter-add, accumulated in
+  float32 even for a bfloat16/float16 table; ids get no gradient.
+
+  Args:
+    table: float32, bfloat16 or float16 array [vocab, dim], vocab >= 1.
+    ids: integer array of any shape (values beyond int32 are clamped first).
+    implementation: ``None`` (fused kernel where available, else the jnp
+      reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+  """
+  op = "jaxops.embedding"
+  table = check_float_array(op, "table", table, non_empty_last_axis=False)
+  if table.ndim != 2 or table.shape[0] < 1:
+    raise ValueError(f"{op}: table must have shape [vocab >= 1, dim], got {table.shape}")
+  ids = check_array(op, "ids", ids)
+  if not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise TypeError(f"{op}: ids must have an integer dtype, got {ids.dtype}")
+  vocab = table.shape[0]
+  if ids.dtype != jnp.int32:
+    ids = jnp.clip(ids, 0, vocab - 1).astype(jnp.int32)
+  if not primitive.use_kernel(op, implementation, [table.dtype]):
+    return reference.embedding(table, ids)
+  return _embedding_kernel(table, ids, vocab)
