@@ -152,3 +152,27 @@ def embedding_grad(dout, ids, vocab):
   rows = jnp.clip(ids, 0, vocab - 1).reshape(-1)
   flat = dout.reshape(-1, dout.shape[-1]).astype(_F32)
   return jnp.zeros((vocab, dout.shape[-1]), _F32).at[rows].add(flat).astype(dout.dtype)
+
+
+# -- AdamW -------------------------------------------------------------------------
+
+
+def adamw_leaf(grads, params, m, v, scalars, *, b1, one_minus_b1, b2, one_minus_b2, eps,
+               weight_decay, apply_updates):
+  """One AdamW step on one leaf, as optax.adamw computes it, in float32.
+
+  ``scalars`` = [lr, 1 - b1^t, 1 - b2^t]; m and v are float32. Returns the
+  update ``-lr * u`` (or the new parameters ``params - lr * u`` when
+  ``apply_updates``) in ``params.dtype``, and the new m and v.
+  """
+  lr, c1, c2 = scalars[0], scalars[1], scalars[2]
+  g = grads.astype(_F32)
+  p = params.astype(_F32)
+  m = one_minus_b1 * g + b1 * m
+  v = one_minus_b2 * (g * g) + b2 * v
+  u = (m / c1) / (jnp.sqrt(v / c2) + eps)
+  if weight_decay != 0.0:
+    u = u + weight_decay * p
+  u = -lr * u
+  out = p + u if apply_updates else u
+  return out.astype(params.dtype), m, v

@@ -35,8 +35,8 @@ def time_jitted(fn, *args, runs: int = 7, warmup: int = 2, donate_argnums=()) ->
   def fresh_args():
     if not donate_argnums:
       return args
-    return tuple(jax.numpy.array(a, copy=True) if i in donate_argnums else a
-                 for i, a in enumerate(args))
+    return tuple(jax.tree.map(lambda x: jax.numpy.array(x, copy=True), a)
+                 if i in donate_argnums else a for i, a in enumerate(args))
 
   for _ in range(warmup):
     jax.block_until_ready(compiled(*fresh_args()))
