@@ -28,8 +28,7 @@ struct GeluTanh {
   static void value_and_derivative(float x, float* value, float* derivative) {
     // Past |x| = 20 the sigmoid is exactly 0 or 1 and its derivative exactly 0;
     // clamping the polynomial there keeps x^2 finite (0 * inf would be NaN).
-    float clamped = x > 20.0f ? 20.0f : x;
-    clamped = clamped < -20.0f ? -20.0f : clamped;
+    const float clamped = vm::clamp(x, -20.0f, 20.0f);
     const vm::Sigmoid s = vm::sigmoid(clamped * (k0 + k1 * clamped * clamped));
     *value = x * s.value;
     *derivative = s.value + x * s.value * s.complement * (k0 + 3.0f * k1 * clamped * clamped);

@@ -7,6 +7,7 @@
 // Special values: NaN propagates; exp(+large) = inf, exp(-large) = 0.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -24,6 +25,28 @@ inline int32_t float_to_bits(float f) {
   return bits;
 }
 
+// An order-preserving map from float bits to int32 (and its own inverse):
+// negative floats have their magnitude bits flipped, so that comparing keys as
+// integers compares the floats.
+inline int32_t ordered_key(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
+
+// min(max(x, lo), hi), NaN passing through. Written as integer min/max on
+// ordered keys: GCC turns a float `x > hi ? hi : x` into control flow whose
+// constant arm it then specialises (jump threading, PRE), and the vectorised
+// loop ends up running several predicated copies of everything downstream of
+// the clamp (four divisions instead of one in the GELU backward). Integer
+// min/max and a select between two variables stay single instructions.
+inline float clamp(float x, float lo, float hi) {
+  const int32_t bits = float_to_bits(x);
+  int32_t key = ordered_key(bits);
+  const int32_t lo_key = ordered_key(float_to_bits(lo));
+  const int32_t hi_key = ordered_key(float_to_bits(hi));
+  key = key < lo_key ? lo_key : key;
+  key = key > hi_key ? hi_key : key;
+  const bool is_nan = (bits & 0x7fffffff) > 0x7f800000;
+  return bits_to_float(is_nan ? bits : ordered_key(key));
+}
+
 // 2^n for an integer n in [-126, 127], built from the exponent bits.
 inline float exp2_int(int32_t n) { return bits_to_float((n + 127) << 23); }
 
@@ -37,10 +60,8 @@ inline float exp(float x) {
   constexpr float kLn2Hi = 6.931152344e-01f;
   constexpr float kLn2Lo = 3.194618495e-05f;
   // Past these bounds the result is inf or 0 anyway; clamping keeps n in the
-  // range exp2_int accepts. NaN passes through (both comparisons are false).
-  constexpr float kMax = 89.0f, kMin = -104.0f;
-  x = x > kMax ? kMax : x;
-  x = x < kMin ? kMin : x;
+  // range exp2_int accepts. NaN passes through.
+  x = clamp(x, -104.0f, 89.0f);
   // Round to nearest by adding 1.5 * 2^23: the integer lands in the low
   // mantissa bits, so n can be read from the bits without a conversion.
   constexpr float kShifter = 12582912.0f;
@@ -87,8 +108,7 @@ inline float square_rounding_error(float x, float square) {
 // exp(-x^2 / 2), with the rounding error of x^2 corrected to first order.
 // |x| is clamped to 20 (the result is 0 from 14.5 on) so that x^2 stays finite.
 inline float gaussian_kernel(float x) {
-  x = x > 20.0f ? 20.0f : x;
-  x = x < -20.0f ? -20.0f : x;
+  x = clamp(x, -20.0f, 20.0f);
   const float square = x * x;
   const float error = square_rounding_error(x, square);
   return exp(-0.5f * square) * (1.0f - 0.5f * error);
@@ -117,9 +137,9 @@ inline float gaussian_cdf(float x, float e) {
   p = p * s + 1.128379107e+00f;
   const float central = 0.5f + 0.5f * z * p;
 
-  const float ax = x < 0.0f ? -x : x;
-  float u = kSqrt2 / (ax > kSqrt2 ? ax : kSqrt2);  // in (0, 1]
-  u = u < 0.1f ? 0.1f : u;  // beyond the fit, where e is 0 in float32
+  const float ax = std::fabs(x);
+  // u in [0.1, 1]: below 0.1 (|x| > 14) is beyond the fit, where e is 0 in float32.
+  const float u = clamp(kSqrt2 / clamp(ax, kSqrt2, 20.0f * kSqrt2), 0.1f, 1.0f);
   float q = -4.826535285e-02f;
   q = q * u + 3.287966847e-01f;
   q = q * u - 9.900751710e-01f;
