@@ -11,7 +11,7 @@ namespace jaxops::cuda {
 namespace {
 
 // Work layout. A row is handled by a "row group" of threads: one warp for short
-// rows (kRowsPerWarpBlock rows per block), else a whole block of up to
+// rows (several per block), else a whole block of up to
 // kMaxRowThreads threads (one row per block). Each thread holds kItems<kVec>
 // packs of kVec elements of a row in registers, so a row of up to
 // kMaxRowThreads * kElements<kVec> elements is read from memory once; longer rows
@@ -20,7 +20,11 @@ constexpr int kWarpSize = 32;
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kMaxRowThreads = 512;
 constexpr int kMaxWarpsPerRow = kMaxRowThreads / kWarpSize;
-constexpr int kRowsPerWarpBlock = 4;
+// One-warp row groups per block: rows in the forward, warps sharing a part's
+// rows in the backward (whose parallelism is the number of parts, which the
+// caller sizes to a few blocks per SM).
+constexpr int kFwdRowsPerWarpBlock = 4;
+constexpr int kBwdWarpsPerPart = 8;
 constexpr int kVectorBytes = 16;
 // 16 elements per thread when loads are vectorised; the scalar path (rows whose
 // length is not a multiple of the pack) holds 8, as every element then needs its
@@ -251,10 +255,10 @@ __device__ __forceinline__ MeanM2 chunk_mean_m2(const float (&v)[kElements<kVec>
   return {count, mean, m2};
 }
 
-// Row index of this thread's row group. Only blocks of one-warp row groups can
-// run past the last row; they never synchronise the block, so those warps may
-// return early.
-__device__ __forceinline__ int64_t row_group_index() {
+// Row of this thread's row group in the forward. Only blocks of one-warp row
+// groups can run past the last row; they never synchronise the block, so those
+// warps may return early.
+__device__ __forceinline__ int64_t forward_row() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
 }
 
@@ -265,7 +269,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
                           float* __restrict__ mean, float* __restrict__ rstd,
                           int64_t rows, int cols, float inv_cols,
                           float epsilon) {
-  const int64_t row = row_group_index();
+  const int64_t row = forward_row();
   if (row >= rows) return;
   const T* x_row = x + row * cols;
   T* y_row = y + row * cols;
@@ -314,7 +318,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
                         T* __restrict__ y, T* h, float* __restrict__ rstd,
                         int64_t rows, int cols, float inv_cols,
                           float epsilon) {
-  const int64_t row = row_group_index();
+  const int64_t row = forward_row();
   if (row >= rows) return;
   const T* x_row = x + row * cols;
   T* y_row = y + row * cols;
@@ -361,12 +365,15 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   }
 }
 
-// Backward of layer_norm (kCentered) and rms_norm. Each row group handles one
-// part: the rows [row_begin, row_end) of one group. For every row it computes dx
-// from two (one) row sums; the part's column sums of dy * xhat (and dy) go to
-// workspace[part][0] (and [1]). When the row fits in one chunk they accumulate in
-// registers while the rows stream by; otherwise a final pass over the part, chunk
-// by chunk, accumulates them. dresidual may alias dx; dx must not alias dy or x.
+// Backward of layer_norm (kCentered) and rms_norm. Block b handles part b: the
+// rows [row_begin, row_end) of one group, one row per row group at a time (rows
+// interleaved over the block's one-warp row groups for short rows). For every
+// row it computes dx from two (one) row sums. The part's column sums of
+// dy * xhat (and dy) go to workspace[part][0] (and [1]): when the row fits in
+// one chunk they accumulate in registers while the rows stream by, and the
+// warps of a block add theirs in warp order; otherwise a final pass over the
+// part, chunk by chunk, accumulates them. dresidual may alias dx; dx must not
+// alias dy or x.
 template <typename T, int kVec, bool kCentered>
 __global__ void __launch_bounds__(kMaxRowThreads, 1)
     norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
@@ -375,29 +382,29 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
                     float* __restrict__ workspace, int64_t rows, int cols,
                     int64_t groups, int64_t parts_per_group, float inv_cols) {
   constexpr int kSums = kCentered ? 2 : 1;
-  const int64_t part = row_group_index();
-  if (part >= groups * parts_per_group) return;
+  constexpr int kElems = kElements<kVec>;
+  const int64_t part = blockIdx.x;
   const int64_t rows_per_group = rows / groups;
   const int64_t group_begin = part / parts_per_group * rows_per_group;
   const int64_t index = part % parts_per_group;
   const int64_t row_begin = group_begin + rows_per_group * index / parts_per_group;
   const int64_t row_end = group_begin + rows_per_group * (index + 1) / parts_per_group;
   float* part_sums = workspace != nullptr ? workspace + part * kSums * cols : nullptr;
-  const int chunk = blockDim.x * kElements<kVec>;
+  const int chunk = blockDim.x * kElems;
   const int chunks = (cols + chunk - 1) / chunk;
 
-  float x_v[kElements<kVec>], dy_v[kElements<kVec>];
-  float dweight_sum[kElements<kVec>], dbias_sum[kElements<kVec>];
+  float x_v[kElems], dy_v[kElems];
+  float dweight_sum[kElems], dbias_sum[kElems];
   const auto zero_column_sums = [&] {
 #pragma unroll
-    for (int e = 0; e < kElements<kVec>; ++e) dweight_sum[e] = dbias_sum[e] = 0.f;
+    for (int e = 0; e < kElems; ++e) dweight_sum[e] = dbias_sum[e] = 0.f;
   };
   // Adds the chunk in x_v/dy_v of `row` to the column sums.
   const auto add_column_sums = [&](int64_t row) {
     const float row_mean = kCentered ? mean[row] : 0.f;
     const float row_rstd = rstd[row];
 #pragma unroll
-    for (int e = 0; e < kElements<kVec>; ++e) {
+    for (int e = 0; e < kElems; ++e) {
       dweight_sum[e] += dy_v[e] * ((x_v[e] - row_mean) * row_rstd);
       if (kCentered) dbias_sum[e] += dy_v[e];
     }
@@ -417,7 +424,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   };
 
   zero_column_sums();
-  for (int64_t row = row_begin; row < row_end; ++row) {
+  for (int64_t row = row_begin + threadIdx.y; row < row_end; row += blockDim.y) {
     const float row_mean = kCentered ? mean[row] : 0.f;
     const float row_rstd = rstd[row];
     // sums[0] = sum of g * xhat, sums[1] = sum of g.
@@ -467,6 +474,34 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 
   if (part_sums == nullptr) return;
   if (chunks == 1) {
+    if (blockDim.y > 1) {
+      // One-warp row groups (a row fits in one warp's registers): warp y adds
+      // the running total of warps 0..y-1 to its own sums, and the last warp
+      // holds the part's.
+      __shared__ float running[kSums][kWarpSize * kElems];
+      for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
+        if (threadIdx.y == y) {
+#pragma unroll
+          for (int i = 0; i < kItems<kVec>; ++i) {
+            const int col = item_col<kVec>(0, i);
+            if (col >= cols) continue;
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              float* total = &running[0][col + j];
+              if (y > 0) dweight_sum[i * kVec + j] += total[0];
+              total[0] = dweight_sum[i * kVec + j];
+              if (kCentered) {
+                total = &running[kSums - 1][col + j];
+                if (y > 0) dbias_sum[i * kVec + j] += total[0];
+                total[0] = dbias_sum[i * kVec + j];
+              }
+            }
+          }
+        }
+        __syncthreads();
+      }
+      if (threadIdx.y != blockDim.y - 1) return;
+    }
     store_column_sums(0);
     return;
   }
@@ -504,19 +539,22 @@ struct RowLaunch {
   dim3 block;
 };
 
-// Launch shape for `row_groups` independent row groups (rows in the forward,
-// parts in the backward) of `cols` columns.
+// Launch shape for `units` independent units of work of `cols` columns: rows in
+// the forward (rows_per_warp_block one-warp rows per block for short rows),
+// parts in the backward (one block per part, rows_per_warp_block warps sharing
+// its rows).
 template <int kVec>
-cudaError_t row_launch(int64_t cols, int64_t row_groups, RowLaunch* launch) {
+cudaError_t row_launch(int64_t cols, int64_t units, bool unit_per_block,
+                       int rows_per_warp_block, RowLaunch* launch) {
   const int64_t threads = ((cols + kVec - 1) / kVec + kItems<kVec> - 1) / kItems<kVec>;
   int row_threads = kWarpSize;
-  int rows_per_block = kRowsPerWarpBlock;
+  int rows_per_block = rows_per_warp_block;
   if (threads > kWarpSize) {
     const int64_t rounded = (threads + kWarpSize - 1) / kWarpSize * kWarpSize;
     row_threads = static_cast<int>(rounded < kMaxRowThreads ? rounded : kMaxRowThreads);
     rows_per_block = 1;
   }
-  const int64_t blocks = (row_groups + rows_per_block - 1) / rows_per_block;
+  const int64_t blocks = unit_per_block ? units : (units + rows_per_block - 1) / rows_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
   launch->grid = dim3(static_cast<unsigned>(blocks));
   launch->block = dim3(row_threads, rows_per_block);
@@ -568,7 +606,7 @@ cudaError_t norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weig
   cudaError_t status = with_pack_width<T>(vectorize, [&](auto pack_width) {
     constexpr int kVec = decltype(pack_width)::value;
     RowLaunch launch;
-    if (cudaError_t e = row_launch<kVec>(cols, parts, &launch); e != cudaSuccess) return e;
+    if (cudaError_t e = row_launch<kVec>(cols, parts, true, kBwdWarpsPerPart, &launch); e != cudaSuccess) return e;
     return launch_kernel(norm_bwd_kernel<T, kVec, kCentered>, launch.grid, launch.block,
                          stream, dy, x, weight, mean, rstd, dresidual, dx, workspace,
                          rows, static_cast<int>(cols), groups, parts_per_group,
@@ -595,7 +633,7 @@ cudaError_t layer_norm_fwd(cudaStream_t stream, const T* x, const T* weight,
   return with_pack_width<T>(vectorize, [&](auto pack_width) {
     constexpr int kVec = decltype(pack_width)::value;
     RowLaunch launch;
-    if (cudaError_t e = row_launch<kVec>(cols, rows, &launch); e != cudaSuccess) return e;
+    if (cudaError_t e = row_launch<kVec>(cols, rows, false, kFwdRowsPerWarpBlock, &launch); e != cudaSuccess) return e;
     return launch_kernel(layer_norm_fwd_kernel<T, kVec>, launch.grid, launch.block,
                          stream, x, weight, bias, y, mean, rstd, rows,
                          static_cast<int>(cols), 1.f / static_cast<float>(cols), epsilon);
@@ -639,7 +677,7 @@ cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual,
   return with_pack_width<T>(vectorize, [&](auto pack_width) {
     constexpr int kVec = decltype(pack_width)::value;
     RowLaunch launch;
-    if (cudaError_t e = row_launch<kVec>(cols, rows, &launch); e != cudaSuccess) return e;
+    if (cudaError_t e = row_launch<kVec>(cols, rows, false, kFwdRowsPerWarpBlock, &launch); e != cudaSuccess) return e;
     return launch_kernel(rms_norm_fwd_kernel<T, kVec>, launch.grid, launch.block, stream,
                          x, residual, weight, y, h, rstd, rows, static_cast<int>(cols),
                          1.f / static_cast<float>(cols), epsilon);
