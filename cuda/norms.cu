@@ -580,125 +580,128 @@ cudaError_t with_pack_width(bool vectorize, Body&& body) {
   return body(std::integral_constant<int, 1>());
 }
 
-bool valid_shape(int64_t rows, int64_t cols) {
-  return rows >= 0 && cols > 0 && cols <= kMaxCols;
+bool valid_shape(NormShape shape) {
+  return shape.rows >= 0 && shape.cols > 0 && shape.cols <= kMaxCols;
 }
 
-bool valid_split(int64_t rows, int64_t groups, int64_t parts_per_group) {
-  return groups > 0 && rows % groups == 0 && parts_per_group > 0 &&
-         groups <= INT64_MAX / parts_per_group;
+bool valid_layout(NormShape shape, WeightGradLayout layout) {
+  return layout.groups > 0 && shape.rows % layout.groups == 0 && layout.parts > 0 &&
+         layout.groups <= INT_MAX / layout.parts;
 }
 
 template <typename T, bool kCentered>
 cudaError_t norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weight,
                      const float* mean, const float* rstd, const T* dresidual, T* dx,
-                     T* dweight, T* dbias, float* workspace, int64_t rows, int64_t cols,
-                     int64_t groups, int64_t parts_per_group) {
-  if (!valid_shape(rows, cols) || !valid_split(rows, groups, parts_per_group)) {
-    return cudaErrorInvalidValue;
-  }
+                     T* dweight, T* dbias, float* workspace, NormShape shape,
+                     WeightGradLayout layout) {
+  if (!valid_shape(shape) || !valid_layout(shape, layout)) return cudaErrorInvalidValue;
   const bool column_sums = dweight != nullptr || dbias != nullptr;
   if (column_sums && workspace == nullptr) return cudaErrorInvalidValue;
   if (!column_sums) workspace = nullptr;
-  const int64_t parts = groups * parts_per_group;
-  const bool vectorize =
-      can_vectorize<T>(cols, {dy, x, weight, dresidual, dx, workspace});
-  cudaError_t status = with_pack_width<T>(vectorize, [&](auto pack_width) {
+  const int cols = static_cast<int>(shape.cols);
+  const int64_t parts = layout.groups * layout.parts;
+  const bool vectorize = can_vectorize<T>(cols, {dy, x, weight, dresidual, dx, workspace});
+  const cudaError_t status = with_pack_width<T>(vectorize, [&](auto pack_width) {
     constexpr int kVec = decltype(pack_width)::value;
     RowLaunch launch;
-    if (cudaError_t e = row_launch<kVec>(cols, parts, true, kBwdWarpsPerPart, &launch); e != cudaSuccess) return e;
-    return launch_kernel(norm_bwd_kernel<T, kVec, kCentered>, launch.grid, launch.block,
-                         stream, dy, x, weight, mean, rstd, dresidual, dx, workspace,
-                         rows, static_cast<int>(cols), groups, parts_per_group,
-                         1.f / static_cast<float>(cols));
+    const cudaError_t shaped = row_launch<kVec>(cols, parts, true, kBwdWarpsPerPart, &launch);
+    if (shaped != cudaSuccess) return shaped;
+    return launch_kernel(norm_bwd_kernel<T, kVec, kCentered>, launch.grid, launch.block, stream,
+                         dy, x, weight, mean, rstd, dresidual, dx, workspace, shape.rows, cols,
+                         layout.groups, layout.parts, 1.f / static_cast<float>(cols));
   });
   if (status != cudaSuccess || !column_sums) return status;
-  const int64_t blocks = (groups * cols + kSumPartsThreads - 1) / kSumPartsThreads;
+  constexpr int kSums = kCentered ? 2 : 1;
+  const int64_t blocks = (layout.groups * cols + kSumPartsThreads - 1) / kSumPartsThreads;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  return launch_kernel(sum_parts_kernel<T>,
-                       dim3(static_cast<unsigned>(blocks), kCentered ? 2 : 1),
-                       dim3(kSumPartsThreads), stream, workspace, dweight, dbias, groups,
-                       parts_per_group, kCentered ? 2 : 1, static_cast<int>(cols));
+  return launch_kernel(sum_parts_kernel<T>, dim3(static_cast<unsigned>(blocks), kSums),
+                       dim3(kSumPartsThreads), stream, workspace, dweight, dbias, layout.groups,
+                       layout.parts, kSums, cols);
+}
+
+// rms_norm when residual is null, else add_rms_norm.
+template <typename T>
+cudaError_t rms_norm_fwd_launch(cudaStream_t stream, const T* x, const T* residual,
+                                const T* weight, T* y, T* h, float* rstd, NormShape shape,
+                                float epsilon) {
+  if (!valid_shape(shape)) return cudaErrorInvalidValue;
+  if (shape.rows == 0) return cudaSuccess;
+  const int cols = static_cast<int>(shape.cols);
+  const bool vectorize = can_vectorize<T>(cols, {x, residual, weight, y, h});
+  return with_pack_width<T>(vectorize, [&](auto pack_width) {
+    constexpr int kVec = decltype(pack_width)::value;
+    RowLaunch launch;
+    const cudaError_t shaped =
+        row_launch<kVec>(cols, shape.rows, false, kFwdRowsPerWarpBlock, &launch);
+    if (shaped != cudaSuccess) return shaped;
+    return launch_kernel(rms_norm_fwd_kernel<T, kVec>, launch.grid, launch.block, stream, x,
+                         residual, weight, y, h, rstd, shape.rows, cols,
+                         1.f / static_cast<float>(cols), epsilon);
+  });
 }
 
 }  // namespace
 
 template <typename T>
-cudaError_t layer_norm_fwd(cudaStream_t stream, const T* x, const T* weight,
-                           const T* bias, T* y, float* mean, float* rstd,
-                           int64_t rows, int64_t cols, float epsilon) {
-  if (!valid_shape(rows, cols)) return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
+cudaError_t layer_norm_fwd(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
+                           float* mean, float* rstd, NormShape shape, float epsilon) {
+  if (!valid_shape(shape)) return cudaErrorInvalidValue;
+  if (shape.rows == 0) return cudaSuccess;
+  const int cols = static_cast<int>(shape.cols);
   const bool vectorize = can_vectorize<T>(cols, {x, weight, bias, y});
   return with_pack_width<T>(vectorize, [&](auto pack_width) {
     constexpr int kVec = decltype(pack_width)::value;
     RowLaunch launch;
-    if (cudaError_t e = row_launch<kVec>(cols, rows, false, kFwdRowsPerWarpBlock, &launch); e != cudaSuccess) return e;
-    return launch_kernel(layer_norm_fwd_kernel<T, kVec>, launch.grid, launch.block,
-                         stream, x, weight, bias, y, mean, rstd, rows,
-                         static_cast<int>(cols), 1.f / static_cast<float>(cols), epsilon);
-  });
-}
-
-template <typename T>
-cudaError_t layer_norm_bwd(cudaStream_t stream, const T* dy, const T* x,
-                           const T* weight, const float* mean, const float* rstd,
-                           T* dx, T* dweight, T* dbias, float* workspace,
-                           int64_t rows, int64_t cols, int64_t groups,
-                           int64_t parts_per_group) {
-  return norm_bwd<T, true>(stream, dy, x, weight, mean, rstd, nullptr, dx, dweight,
-                           dbias, workspace, rows, cols, groups, parts_per_group);
-}
-
-template <typename T>
-cudaError_t rms_norm_fwd(cudaStream_t stream, const T* x, const T* weight, T* y,
-                         float* rstd, int64_t rows, int64_t cols, float epsilon) {
-  return add_rms_norm_fwd<T>(stream, x, nullptr, weight, y, nullptr, rstd, rows, cols,
-                             epsilon);
-}
-
-template <typename T>
-cudaError_t rms_norm_bwd(cudaStream_t stream, const T* dy, const T* x,
-                         const T* weight, const float* rstd, const T* dresidual,
-                         T* dx, T* dweight, float* workspace, int64_t rows,
-                         int64_t cols, int64_t groups, int64_t parts_per_group) {
-  return norm_bwd<T, false>(stream, dy, x, weight, nullptr, rstd, dresidual, dx, dweight,
-                            nullptr, workspace, rows, cols, groups, parts_per_group);
-}
-
-template <typename T>
-cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual,
-                             const T* weight, T* y, T* h, float* rstd,
-                             int64_t rows, int64_t cols, float epsilon) {
-  if (!valid_shape(rows, cols)) return cudaErrorInvalidValue;
-  if (residual != nullptr && h == nullptr) return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
-  const bool vectorize = can_vectorize<T>(cols, {x, residual, weight, y, h});
-  return with_pack_width<T>(vectorize, [&](auto pack_width) {
-    constexpr int kVec = decltype(pack_width)::value;
-    RowLaunch launch;
-    if (cudaError_t e = row_launch<kVec>(cols, rows, false, kFwdRowsPerWarpBlock, &launch); e != cudaSuccess) return e;
-    return launch_kernel(rms_norm_fwd_kernel<T, kVec>, launch.grid, launch.block, stream,
-                         x, residual, weight, y, h, rstd, rows, static_cast<int>(cols),
+    const cudaError_t shaped =
+        row_launch<kVec>(cols, shape.rows, false, kFwdRowsPerWarpBlock, &launch);
+    if (shaped != cudaSuccess) return shaped;
+    return launch_kernel(layer_norm_fwd_kernel<T, kVec>, launch.grid, launch.block, stream, x,
+                         weight, bias, y, mean, rstd, shape.rows, cols,
                          1.f / static_cast<float>(cols), epsilon);
   });
 }
 
-#define JAXOPS_CUDA_NORMS_INSTANTIATE(T)                                        \
-  template cudaError_t layer_norm_fwd<T>(cudaStream_t, const T*, const T*,      \
-                                         const T*, T*, float*, float*, int64_t, \
-                                         int64_t, float);                       \
-  template cudaError_t layer_norm_bwd<T>(                                       \
-      cudaStream_t, const T*, const T*, const T*, const float*, const float*,   \
-      T*, T*, T*, float*, int64_t, int64_t, int64_t, int64_t);                  \
-  template cudaError_t rms_norm_fwd<T>(cudaStream_t, const T*, const T*, T*,    \
-                                       float*, int64_t, int64_t, float);        \
-  template cudaError_t rms_norm_bwd<T>(                                         \
-      cudaStream_t, const T*, const T*, const T*, const float*, const T*, T*,   \
-      T*, float*, int64_t, int64_t, int64_t, int64_t);                          \
-  template cudaError_t add_rms_norm_fwd<T>(cudaStream_t, const T*, const T*,    \
-                                           const T*, T*, T*, float*, int64_t,   \
-                                           int64_t, float);
+template <typename T>
+cudaError_t layer_norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weight,
+                           const float* mean, const float* rstd, T* dx, T* dweight, T* dbias,
+                           float* workspace, NormShape shape, WeightGradLayout layout) {
+  return norm_bwd<T, true>(stream, dy, x, weight, mean, rstd, nullptr, dx, dweight, dbias,
+                           workspace, shape, layout);
+}
+
+template <typename T>
+cudaError_t rms_norm_fwd(cudaStream_t stream, const T* x, const T* weight, T* y, float* rstd,
+                         NormShape shape, float epsilon) {
+  return rms_norm_fwd_launch<T>(stream, x, nullptr, weight, y, nullptr, rstd, shape, epsilon);
+}
+
+template <typename T>
+cudaError_t rms_norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weight,
+                         const float* rstd, const T* dresidual, T* dx, T* dweight,
+                         float* workspace, NormShape shape, WeightGradLayout layout) {
+  return norm_bwd<T, false>(stream, dy, x, weight, nullptr, rstd, dresidual, dx, dweight,
+                            nullptr, workspace, shape, layout);
+}
+
+template <typename T>
+cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual, const T* weight,
+                             T* y, T* h, float* rstd, NormShape shape, float epsilon) {
+  if (residual == nullptr || h == nullptr) return cudaErrorInvalidValue;
+  return rms_norm_fwd_launch<T>(stream, x, residual, weight, y, h, rstd, shape, epsilon);
+}
+
+#define JAXOPS_CUDA_NORMS_INSTANTIATE(T)                                                        \
+  template cudaError_t layer_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*, T*,       \
+                                         float*, float*, NormShape, float);                     \
+  template cudaError_t layer_norm_bwd<T>(cudaStream_t, const T*, const T*, const T*,           \
+                                         const float*, const float*, T*, T*, T*, float*,        \
+                                         NormShape, WeightGradLayout);                          \
+  template cudaError_t rms_norm_fwd<T>(cudaStream_t, const T*, const T*, T*, float*, NormShape, \
+                                       float);                                                  \
+  template cudaError_t rms_norm_bwd<T>(cudaStream_t, const T*, const T*, const T*, const float*, \
+                                       const T*, T*, T*, float*, NormShape, WeightGradLayout);   \
+  template cudaError_t add_rms_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*, T*, T*,  \
+                                           float*, NormShape, float);
 
 JAXOPS_CUDA_NORMS_INSTANTIATE(float)
 JAXOPS_CUDA_NORMS_INSTANTIATE(__half)
