@@ -686,7 +686,7 @@ cudaError_t rms_norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* 
 template <typename T>
 cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual, const T* weight,
                              T* y, T* h, float* rstd, NormShape shape, float epsilon) {
-  if (residual == nullptr || h == nullptr) return cudaErrorInvalidValue;
+  if (shape.rows > 0 && (residual == nullptr || h == nullptr)) return cudaErrorInvalidValue;
   return rms_norm_fwd_launch<T>(stream, x, residual, weight, y, h, rstd, shape, epsilon);
 }
 
