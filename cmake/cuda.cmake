@@ -11,13 +11,15 @@ endif()
 
 set(JAXOPS_CUDA_ARCHITECTURES "80;90" CACHE STRING
     "GPU architectures of the CUDA kernels, in CMAKE_CUDA_ARCHITECTURES syntax")
-option(JAXOPS_CUDA_RESOURCE_USAGE "Print ptxas register/shared-memory usage of every kernel" OFF)
+option(JAXOPS_CUDA_RESOURCE_USAGE
+       "Print the registers and shared memory ptxas gives every kernel" OFF)
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   set(CMAKE_CUDA_ARCHITECTURES ${JAXOPS_CUDA_ARCHITECTURES})
 endif()
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
-message(STATUS "jaxops: CUDA ${CUDAToolkit_VERSION} kernels for architectures ${JAXOPS_CUDA_ARCHITECTURES}")
+message(STATUS
+  "jaxops: CUDA ${CUDAToolkit_VERSION} kernels for architectures ${JAXOPS_CUDA_ARCHITECTURES}")
 
 # CUDA kernels: no XLA, no Python. A register spill or any other warning is an
 # error: the kernels are tuned to fit in registers on every shipped architecture.
@@ -44,11 +46,13 @@ nanobind_add_module(_jaxops_cuda NB_STATIC
   "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/python_module.cc" ${JAXOPS_CUDA_HANDLERS})
 target_include_directories(_jaxops_cuda SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
 target_include_directories(_jaxops_cuda PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
-target_compile_definitions(_jaxops_cuda PRIVATE JAXOPS_MODULE_NAME=_jaxops_cuda JAXOPS_PLATFORM_CUDA)
+target_compile_definitions(_jaxops_cuda PRIVATE
+  JAXOPS_MODULE_NAME=_jaxops_cuda JAXOPS_PLATFORM_CUDA)
 target_link_libraries(_jaxops_cuda PRIVATE jaxops_cuda_kernels CUDA::cudart_static)
 
 if(SKBUILD)
   install(TARGETS _jaxops_cuda LIBRARY DESTINATION jaxops)
 else()
-  set_target_properties(_jaxops_cuda PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/jaxops")
+  set_target_properties(_jaxops_cuda PROPERTIES
+    LIBRARY_OUTPUT_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/jaxops")
 endif()

@@ -11,11 +11,13 @@ namespace jaxops::cuda {
 namespace {
 
 // Work layout. A row is handled by a "row group" of threads: one warp for short
-// rows (several per block), else a whole block of up to
-// kMaxRowThreads threads (one row per block). Each thread holds kItems<kVec>
-// packs of kVec elements of a row in registers, so a row of up to
-// kMaxRowThreads * kElements<kVec> elements is read from memory once; longer rows
-// are processed in chunks of that size and re-read.
+// rows (several per block), else a whole block of up to kMaxRowThreads threads
+// (one row per block). Each thread holds kItems<kVec> packs of kVec elements of
+// a row in registers, so a row of up to kMaxRowThreads * kElements<kVec>
+// elements is read from memory once; longer rows are processed in chunks of that
+// size and re-read. Packs are 16 bytes when the row length is a multiple of 16
+// bytes and the buffers are 16-byte aligned; otherwise rows start at every
+// alignment and the kernels take the scalar path (packs of one element).
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kMaxRowThreads = 512;
@@ -58,9 +60,9 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// The type that moves `kBytes` bytes in one load/store instruction. Packs are
-// loaded and stored through it rather than as arrays of T, which the compiler
-// may split into per-element accesses.
+// The type that moves `kBytes` bytes in one load/store instruction. Packs go
+// through it (in a union with their elements): copied as an array or struct of
+// T, a pack is moved element by element.
 template <int kBytes>
 struct Raw;
 template <>
@@ -99,7 +101,13 @@ __device__ __forceinline__ void store_pack(T* p, const float* in) {
   } pack;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) pack.values[j] = from_float<T>(in[j]);
-  *reinterpret_cast<RawPack*>(p) = pack.raw;
+  if constexpr (sizeof(RawPack) == 16) {
+    // A plain 16-byte store is split into 4- or 2-byte stores in some of the
+    // backward's loops; the intrinsic keeps it one instruction.
+    __stwb(reinterpret_cast<RawPack*>(p), pack.raw);
+  } else {
+    *reinterpret_cast<RawPack*>(p) = pack.raw;
+  }
 }
 
 // f32 workspace stores, at most 16 bytes per instruction.
