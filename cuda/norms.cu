@@ -275,8 +275,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ weight,
                           const T* __restrict__ bias, T* __restrict__ y,
                           float* __restrict__ mean, float* __restrict__ rstd,
-                          int64_t rows, int cols, float inv_cols,
-                          float epsilon) {
+                          int64_t rows, int cols, float inv_cols, float epsilon) {
   const int64_t row = forward_row();
   if (row >= rows) return;
   const T* x_row = x + row * cols;
@@ -324,8 +323,7 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kMaxRowThreads, 1)
     rms_norm_fwd_kernel(const T* x, const T* residual, const T* __restrict__ weight,
                         T* __restrict__ y, T* h, float* __restrict__ rstd,
-                        int64_t rows, int cols, float inv_cols,
-                          float epsilon) {
+                        int64_t rows, int cols, float inv_cols, float epsilon) {
   const int64_t row = forward_row();
   if (row >= rows) return;
   const T* x_row = x + row * cols;
