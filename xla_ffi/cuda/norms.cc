@@ -7,7 +7,7 @@
 
 #include "cuda/norms.h"
 #include "xla_ffi/cuda/cuda_status.h"
-#include "xla_ffi/norms_checks.h"
+#include "xla_ffi/norms_common.h"
 #include "xla_ffi/registry.h"
 
 namespace jaxops {
@@ -15,7 +15,7 @@ namespace {
 
 namespace ffi = xla::ffi;
 using namespace ffi_common;
-using namespace norms_checks;
+using namespace norms_common;
 using ffi_cuda::launch_status;
 
 template <typename Fn>
@@ -29,11 +29,7 @@ ffi::Error LayerNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer we
                         ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
   const std::string op = "jaxops_layer_norm_fwd";
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *y, "y", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "bias", bias, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "mean", *mean, s.rows));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", *rstd, s.rows));
+  JAXOPS_RETURN_IF_ERROR(check_layer_norm_fwd(x, weight, bias, *y, *mean, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -51,15 +47,8 @@ ffi::Error LayerNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x
   const std::string op = "jaxops_layer_norm_bwd";
   RowsCols s;
   int64_t parts;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *dx, "dx", &s));
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "bias", bias, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "mean", mean, s.rows));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s.rows));
-  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, s, *workspace, 2, &parts));
-  JAXOPS_RETURN_IF_ERROR(check_weight_grad(op, "dweight", *dweight, weight, groups, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_weight_grad(op, "dbias", *dbias, bias, groups, s.cols));
+  JAXOPS_RETURN_IF_ERROR(check_layer_norm_bwd(dy, x, weight, bias, mean, rstd, *dx, *dweight, *dbias,
+                                              *workspace, groups, &s, &parts));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -76,9 +65,7 @@ ffi::Error RmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weig
                       float epsilon) {
   const std::string op = "jaxops_rms_norm_fwd";
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *y, "y", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", *rstd, s.rows));
+  JAXOPS_RETURN_IF_ERROR(check_rms_norm_fwd(x, weight, *y, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -94,15 +81,8 @@ ffi::Error RmsNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
   const std::string op = "jaxops_rms_norm_bwd";
   RowsCols s;
   int64_t parts;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *dx, "dx", &s));
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s.rows));
-  if (dresidual.element_count() != 0) {
-    JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dresidual, "dresidual", &s));
-  }
-  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, s, *workspace, 1, &parts));
-  JAXOPS_RETURN_IF_ERROR(check_weight_grad(op, "dweight", *dweight, weight, groups, s.cols));
+  JAXOPS_RETURN_IF_ERROR(check_rms_norm_bwd(dy, x, weight, rstd, dresidual, *dx, *dweight,
+                                            *workspace, groups, &s, &parts));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -120,11 +100,7 @@ ffi::Error AddRmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer r
                          float epsilon) {
   const std::string op = "jaxops_add_rms_norm_fwd";
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *y, "y", &s));
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, residual, "residual", &s));
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *h, "h", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", *rstd, s.rows));
+  JAXOPS_RETURN_IF_ERROR(check_add_rms_norm_fwd(x, residual, weight, *y, *h, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -134,68 +110,18 @@ ffi::Error AddRmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer r
   });
 }
 
+// Every CUDA handler takes the stream XLA launches on before its buffers.
+auto cuda_binding() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
+
 }  // namespace
 
 // Distinct symbol names from the CPU module's handlers: both modules can be
 // loaded in one process.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormFwdCuda, LayerNormFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // mean
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Attr<float>("epsilon"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwdCuda, LayerNormBwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // mean
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Ret<ffi::AnyBuffer>()  // dx
-                                  .Ret<ffi::AnyBuffer>()  // dweight
-                                  .Ret<ffi::AnyBuffer>()  // dbias
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // workspace
-                                  .Attr<int64_t>("groups"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwdCuda, RmsNormFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Attr<float>("epsilon"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwdCuda, RmsNormBwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Arg<ffi::AnyBuffer>()  // dresidual
-                                  .Ret<ffi::AnyBuffer>()  // dx
-                                  .Ret<ffi::AnyBuffer>()  // dweight
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // workspace
-                                  .Attr<int64_t>("groups"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwdCuda, AddRmsNormFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // residual
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::AnyBuffer>()  // h
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Attr<float>("epsilon"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormFwdCuda, LayerNormFwd, bind_layer_norm_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwdCuda, LayerNormBwd, bind_layer_norm_bwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwdCuda, RmsNormFwd, bind_rms_norm_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwdCuda, RmsNormBwd, bind_rms_norm_bwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwdCuda, AddRmsNormFwd, bind_add_rms_norm_fwd(cuda_binding()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_fwd", kLayerNormFwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_bwd", kLayerNormBwdCuda);
