@@ -30,10 +30,6 @@ void embedding_fwd(const T* table, const int32_t* ids, T* out, EmbeddingShape sh
   }
 }
 
-size_t embedding_bwd_workspace_ints(EmbeddingShape shape) {
-  return static_cast<size_t>(shape.vocab + 1 + shape.tokens);
-}
-
 template <typename T>
 void embedding_bwd(const T* dout, const int32_t* ids, T* dtable, int32_t* workspace,
                    EmbeddingShape shape) {

@@ -13,7 +13,6 @@
 // the same for any number of threads.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
 namespace jaxops::cpu {
@@ -27,10 +26,7 @@ struct EmbeddingShape {
 template <typename T>
 void embedding_fwd(const T* table, const int32_t* ids, T* out, EmbeddingShape shape);
 
-// int32s of workspace embedding_bwd needs: row offsets [vocab + 1] and the
-// sorted token order [tokens].
-size_t embedding_bwd_workspace_ints(EmbeddingShape shape);
-
+// workspace: vocab + 1 + tokens int32s (row offsets, then the sorted token order).
 template <typename T>
 void embedding_bwd(const T* dout, const int32_t* ids, T* dtable, int32_t* workspace,
                    EmbeddingShape shape);

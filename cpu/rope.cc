@@ -82,10 +82,6 @@ void build_table(const int32_t* positions, float* table, RopeShape shape, double
 
 }  // namespace
 
-size_t rope_workspace_floats(RopeShape shape) {
-  return static_cast<size_t>(shape.position_rows * shape.seq * shape.rotary_dim);
-}
-
 template <typename T>
 void rope(const T* x, const int32_t* positions, T* y, float* workspace, RopeShape shape,
           double theta, bool interleaved, bool inverse) {

@@ -10,9 +10,9 @@
 //
 // positions is int32 [position_rows, seq] with position_rows 1 (shared by the
 // batch) or batch. T is float, bfloat16 or float16; the math is float32.
+// workspace holds the cos/sin table: position_rows * seq * rotary_dim floats.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
 namespace jaxops::cpu {
@@ -25,9 +25,6 @@ struct RopeShape {
   int64_t rotary_dim;     // even, in [2, head_dim]
   int64_t position_rows;  // 1 or batch
 };
-
-// Floats of workspace rope needs: a cos/sin table [position_rows * seq, 2, rotary_dim / 2].
-size_t rope_workspace_floats(RopeShape shape);
 
 template <typename T>
 void rope(const T* x, const int32_t* positions, T* y, float* workspace, RopeShape shape,

@@ -1,11 +1,10 @@
-// CPU FFI handlers of the activations: decode and validate, then call
-// cpu/activations. Every buffer of an elementwise op has the shape and dtype of
-// the first operand; the kernels see them flat.
+// CPU FFI handlers of the activations: validate (xla_ffi/activations_common.h),
+// then call cpu/activations.
 #include <string>
 
 #include "cpu/activations.h"
 #include "cpu/float_convert.h"
-#include "xla_ffi/ffi_common.h"
+#include "xla_ffi/activations_common.h"
 #include "xla_ffi/registry.h"
 
 namespace jaxops {
@@ -13,6 +12,7 @@ namespace {
 
 namespace ffi = xla::ffi;
 using namespace ffi_common;
+using namespace activations_common;
 using cpu::Activation;
 
 template <typename Fn>
@@ -20,20 +20,13 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
   return dispatch_float<float, cpu::bfloat16, cpu::float16>(op, dtype, std::forward<Fn>(fn));
 }
 
-// `other` has the shape and dtype of `first`.
-ffi::Error check_like(const std::string& op, const char* first_name, const ffi::AnyBuffer& first,
-                      const char* name, const ffi::AnyBuffer& other) {
-  JAXOPS_RETURN_IF_ERROR(same_dims(op, first_name, first, name, other));
-  return same_dtype(op, first_name, first, name, other);
-}
-
 Activation gelu_kind(bool approximate) {
   return approximate ? Activation::kGeluTanh : Activation::kGeluErf;
 }
 
-ffi::Error UnaryFwd(const std::string& op, Activation activation, ffi::AnyBuffer x,
+ffi::Error UnaryFwd(const std::string& op, Activation activation, const ffi::AnyBuffer& x,
                     ffi::AnyBuffer& y) {
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "x", x, "y", y));
+  JAXOPS_RETURN_IF_ERROR(check_unary_fwd(op, x, y));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::activation_fwd<T>(activation, data<const T>(x), data<T>(y), x.element_count());
@@ -41,10 +34,9 @@ ffi::Error UnaryFwd(const std::string& op, Activation activation, ffi::AnyBuffer
   });
 }
 
-ffi::Error UnaryBwd(const std::string& op, Activation activation, ffi::AnyBuffer dy,
-                    ffi::AnyBuffer x, ffi::AnyBuffer& dx) {
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "x", x, "dy", dy));
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "x", x, "dx", dx));
+ffi::Error UnaryBwd(const std::string& op, Activation activation, const ffi::AnyBuffer& dy,
+                    const ffi::AnyBuffer& x, ffi::AnyBuffer& dx) {
+  JAXOPS_RETURN_IF_ERROR(check_unary_bwd(op, dy, x, dx));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::activation_bwd<T>(activation, data<const T>(dy), data<const T>(x), data<T>(dx),
@@ -53,10 +45,9 @@ ffi::Error UnaryBwd(const std::string& op, Activation activation, ffi::AnyBuffer
   });
 }
 
-ffi::Error GatedFwd(const std::string& op, Activation activation, ffi::AnyBuffer gate,
-                    ffi::AnyBuffer up, ffi::AnyBuffer& y) {
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "gate", gate, "up", up));
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "gate", gate, "y", y));
+ffi::Error GatedFwd(const std::string& op, Activation activation, const ffi::AnyBuffer& gate,
+                    const ffi::AnyBuffer& up, ffi::AnyBuffer& y) {
+  JAXOPS_RETURN_IF_ERROR(check_gated_fwd(op, gate, up, y));
   return dispatch(op, gate.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::gated_activation_fwd<T>(activation, data<const T>(gate), data<const T>(up), data<T>(y),
@@ -65,13 +56,10 @@ ffi::Error GatedFwd(const std::string& op, Activation activation, ffi::AnyBuffer
   });
 }
 
-ffi::Error GatedBwd(const std::string& op, Activation activation, ffi::AnyBuffer dy,
-                    ffi::AnyBuffer gate, ffi::AnyBuffer up, ffi::AnyBuffer& dgate,
+ffi::Error GatedBwd(const std::string& op, Activation activation, const ffi::AnyBuffer& dy,
+                    const ffi::AnyBuffer& gate, const ffi::AnyBuffer& up, ffi::AnyBuffer& dgate,
                     ffi::AnyBuffer& dup) {
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "gate", gate, "dy", dy));
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "gate", gate, "up", up));
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "gate", gate, "dgate", dgate));
-  JAXOPS_RETURN_IF_ERROR(check_like(op, "gate", gate, "dup", dup));
+  JAXOPS_RETURN_IF_ERROR(check_gated_bwd(op, dy, gate, up, dgate, dup));
   return dispatch(op, gate.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::gated_activation_bwd<T>(activation, data<const T>(dy), data<const T>(gate),
@@ -120,59 +108,14 @@ ffi::Error GegluBwd(ffi::AnyBuffer dy, ffi::AnyBuffer gate, ffi::AnyBuffer up,
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGeluFwd, GeluFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Attr<bool>("approximate"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGeluBwd, GeluBwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Ret<ffi::AnyBuffer>()  // dx
-                                  .Attr<bool>("approximate"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSiluFwd, SiluFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Ret<ffi::AnyBuffer>());  // y
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSiluBwd, SiluBwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Ret<ffi::AnyBuffer>());  // dx
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSwigluFwd, SwigluFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // gate
-                                  .Arg<ffi::AnyBuffer>()  // up
-                                  .Ret<ffi::AnyBuffer>());  // y
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSwigluBwd, SwigluBwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // gate
-                                  .Arg<ffi::AnyBuffer>()  // up
-                                  .Ret<ffi::AnyBuffer>()  // dgate
-                                  .Ret<ffi::AnyBuffer>());  // dup
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGegluFwd, GegluFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // gate
-                                  .Arg<ffi::AnyBuffer>()  // up
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Attr<bool>("approximate"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGegluBwd, GegluBwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // gate
-                                  .Arg<ffi::AnyBuffer>()  // up
-                                  .Ret<ffi::AnyBuffer>()  // dgate
-                                  .Ret<ffi::AnyBuffer>()  // dup
-                                  .Attr<bool>("approximate"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGeluFwd, GeluFwd, bind_gelu_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGeluBwd, GeluBwd, bind_gelu_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSiluFwd, SiluFwd, bind_unary_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSiluBwd, SiluBwd, bind_unary_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSwigluFwd, SwigluFwd, bind_gated_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSwigluBwd, SwigluBwd, bind_gated_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGegluFwd, GegluFwd, bind_geglu_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGegluBwd, GegluBwd, bind_geglu_bwd(ffi::Ffi::Bind()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_gelu_fwd", kGeluFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_gelu_bwd", kGeluBwd);

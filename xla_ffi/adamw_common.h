@@ -1,0 +1,53 @@
+// What the CPU and CUDA handlers of the fused AdamW step share: the validation
+// of every buffer and the FFI binding (`prefix`: nothing for the CPU, the
+// stream for CUDA). grads, params and out share a shape and dtype; m, v and
+// their outputs are float32 of that shape; scalars = {lr, 1 - b1^t, 1 - b2^t}.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "xla_ffi/ffi_common.h"
+
+namespace jaxops::adamw_common {
+
+namespace ffi = xla::ffi;
+using namespace ::jaxops::ffi_common;
+
+inline ffi::Error check_adamw(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& params,
+                              const ffi::Buffer<ffi::F32>& m, const ffi::Buffer<ffi::F32>& v,
+                              const ffi::Buffer<ffi::F32>& scalars, const ffi::AnyBuffer& out,
+                              const ffi::Buffer<ffi::F32>& m_out,
+                              const ffi::Buffer<ffi::F32>& v_out) {
+  const std::string op = "jaxops_adamw";
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "grads", grads));
+  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "params", params, "grads", grads));
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "out", out));
+  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "params", params, "out", out));
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "m", m));
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "v", v));
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "m_out", m_out));
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "v_out", v_out));
+  return element_count_is(op, "scalars", scalars, 3);
+}
+
+template <typename Binding>
+auto bind_adamw(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // grads
+      .template Arg<ffi::AnyBuffer>()                      // params
+      .template Arg<ffi::Buffer<ffi::F32>>()               // m
+      .template Arg<ffi::Buffer<ffi::F32>>()               // v
+      .template Arg<ffi::Buffer<ffi::F32>>()               // scalars {lr, 1 - b1^t, 1 - b2^t}
+      .template Ret<ffi::AnyBuffer>()                      // out: the update or the new params
+      .template Ret<ffi::Buffer<ffi::F32>>()               // m_out
+      .template Ret<ffi::Buffer<ffi::F32>>()               // v_out
+      .template Attr<float>("b1")
+      .template Attr<float>("one_minus_b1")
+      .template Attr<float>("b2")
+      .template Attr<float>("one_minus_b2")
+      .template Attr<float>("eps")
+      .template Attr<float>("weight_decay")
+      .template Attr<bool>("apply_updates");
+}
+
+}  // namespace jaxops::adamw_common

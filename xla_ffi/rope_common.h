@@ -1,0 +1,74 @@
+// What the CPU and CUDA handlers of rope share: the validation of every buffer
+// and attribute, and the FFI binding (`prefix`: nothing for the CPU, the stream
+// for CUDA).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "xla_ffi/ffi_common.h"
+
+namespace jaxops::rope_common {
+
+namespace ffi = xla::ffi;
+using namespace ::jaxops::ffi_common;
+
+// [batch, seq, heads, head_dim] of x, the rotated features and the rows of
+// positions (1: shared by the batch, or batch).
+struct RopeDims {
+  int64_t batch;
+  int64_t seq;
+  int64_t heads;
+  int64_t head_dim;
+  int64_t rotary_dim;
+  int64_t position_rows;
+};
+
+// The workspace holds a cos/sin table: [position_rows * seq, rotary_dim] float32.
+inline int64_t rope_workspace_floats(const RopeDims& d) {
+  return d.position_rows * d.seq * d.rotary_dim;
+}
+
+inline ffi::Error check_rope(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& positions,
+                             const ffi::AnyBuffer& y, const ffi::Buffer<ffi::F32>& workspace,
+                             double theta, int64_t rotary_dim, RopeDims* d) {
+  const std::string op = "jaxops_rope";
+  auto dims = x.dimensions();
+  if (dims.size() != 4) {
+    return invalid(op, "x must have rank 4 [batch, seq, heads, head_dim], got shape " +
+                           dims_string(dims));
+  }
+  *d = {dims[0], dims[1], dims[2], dims[3], rotary_dim, 0};
+  if (rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > d->head_dim) {
+    return invalid(op, "rotary_dim=" + std::to_string(rotary_dim) +
+                           " must be even and in [2, head_dim=" + std::to_string(d->head_dim) +
+                           "]");
+  }
+  auto pdims = positions.dimensions();
+  if (pdims.size() != 2 || (pdims[0] != 1 && pdims[0] != d->batch) || pdims[1] != d->seq) {
+    return invalid(op, "positions has shape " + dims_string(pdims) + ", expected [1, " +
+                           std::to_string(d->seq) + "] or [" + std::to_string(d->batch) + ", " +
+                           std::to_string(d->seq) + "]");
+  }
+  d->position_rows = pdims[0];
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, "x", x, "y", y));
+  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "x", x, "y", y));
+  JAXOPS_RETURN_IF_ERROR(element_count_is(op, "workspace", workspace, rope_workspace_floats(*d)));
+  if (!(theta > 0.0)) return invalid(op, "theta must be > 0, got " + std::to_string(theta));
+  return ffi::Error::Success();
+}
+
+template <typename Binding>
+auto bind_rope(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x [batch, seq, heads, head_dim]
+      .template Arg<ffi::Buffer<ffi::S32>>()               // positions [1 or batch, seq]
+      .template Ret<ffi::AnyBuffer>()                      // y
+      .template Ret<ffi::Buffer<ffi::F32>>()               // workspace: the cos/sin table
+      .template Attr<double>("theta")
+      .template Attr<int64_t>("rotary_dim")
+      .template Attr<bool>("interleaved")                  // "gptj" pairs (2i, 2i + 1)
+      .template Attr<bool>("inverse");                     // rotate by minus the angle
+}
+
+}  // namespace jaxops::rope_common
