@@ -190,9 +190,13 @@ def test_bad_input_is_a_clear_error(call, error, match):
     ("jaxops_embedding_fwd", [np.ones((0, 4), np.float32), np.zeros((2,), np.int32)],
      [((2, 4), np.float32)], {}, r"table must be \[vocab >= 1, dim\]"),
     ("jaxops_embedding_bwd", [np.ones((2, 4), np.float32), np.zeros((2,), np.int32)],
-     [((3, 4), np.float32), ((5,), np.int32)], {}, "workspace has 5 elements, expected 6"),
+     [((3, 4), np.float32), ((5,), np.int32)], {"vocab": np.int64(3)},
+     "workspace has 5 elements, expected 6"),
     ("jaxops_embedding_bwd", [np.ones((2, 3), np.float32), np.zeros((2,), np.int32)],
-     [((3, 4), np.float32), ((6,), np.int32)], {}, "dout has shape"),
+     [((3, 4), np.float32), ((6,), np.int32)], {"vocab": np.int64(3)}, "dout has shape"),
+    ("jaxops_embedding_bwd", [np.ones((2, 4), np.float32), np.zeros((2,), np.int32)],
+     [((3, 4), np.float32), ((6,), np.int32)], {"vocab": np.int64(4)},
+     "dtable has 3 rows, expected vocab=4"),
 ])
 def test_handler_rejects_inconsistent_buffers(target, operands, results, attrs, match):
   call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])

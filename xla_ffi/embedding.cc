@@ -34,10 +34,10 @@ ffi::Error EmbeddingFwd(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
 
 ffi::Error EmbeddingBwd(ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::AnyBuffer> dtable,
-                        ffi::Result<ffi::Buffer<ffi::S32>> workspace) {
+                        ffi::Result<ffi::Buffer<ffi::S32>> workspace, int64_t vocab) {
   const std::string op = "jaxops_embedding_bwd";
   EmbeddingDims d;
-  JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, &d));
+  JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab, &d));
   return dispatch(op, dout.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::embedding_bwd<T>(data<const T>(dout), ids.typed_data(), data<T>(*dtable),

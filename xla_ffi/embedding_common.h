@@ -72,9 +72,14 @@ inline ffi::Error check_embedding_fwd(const ffi::AnyBuffer& table,
 inline ffi::Error check_embedding_bwd(const ffi::AnyBuffer& dout,
                                       const ffi::Buffer<ffi::S32>& ids,
                                       const ffi::AnyBuffer& dtable,
-                                      const ffi::Buffer<ffi::S32>& workspace, EmbeddingDims* d) {
+                                      const ffi::Buffer<ffi::S32>& workspace, int64_t vocab,
+                                      EmbeddingDims* d) {
   const std::string op = "jaxops_embedding_bwd";
   JAXOPS_RETURN_IF_ERROR(check_table_and_ids(op, "dtable", dtable, ids, d));
+  if (d->vocab != vocab) {
+    return invalid(op, "dtable has " + std::to_string(d->vocab) + " rows, expected vocab=" +
+                           std::to_string(vocab));
+  }
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "dout", dout, ids, d->dim));
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "dout", dout, "dtable", dtable));
   return element_count_is(op, "workspace", workspace, embedding_bwd_workspace_ints(*d));
@@ -92,7 +97,8 @@ auto bind_embedding_bwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // dout: ids.shape + [dim]
       .template Arg<ffi::Buffer<ffi::S32>>()               // ids
       .template Ret<ffi::AnyBuffer>()                      // dtable [vocab, dim]
-      .template Ret<ffi::Buffer<ffi::S32>>();              // workspace
+      .template Ret<ffi::Buffer<ffi::S32>>()               // workspace
+      .template Attr<int64_t>("vocab");
 }
 
 }  // namespace jaxops::embedding_common

@@ -1,0 +1,49 @@
+// CUDA kernels for the embedding lookup and its gradient. No XLA, no Python.
+//
+// The same operations, arguments and semantics as cpu/embedding.h (keep the two
+// in step), plus the stream to launch on: table [vocab, dim], `tokens` int32
+// ids clamped to [0, vocab - 1], T is float, __half or __nv_bfloat16.
+//
+// The gradient is deterministic and race-free like the CPU one: the tokens are
+// counted per row (integer atomics: the counts do not depend on their order),
+// the counts scanned into row offsets, the tokens placed by row in token order
+// (one warp, stable), and each (row, column) of dtable sums its tokens in that
+// order in float32. workspace: vocab + 1 + tokens int32s.
+// Every function returns cudaGetLastError() after its launches.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+namespace jaxops::cuda {
+
+struct EmbeddingShape {
+  int64_t vocab;
+  int64_t dim;
+  int64_t tokens;
+};
+
+template <typename T>
+cudaError_t embedding_fwd(cudaStream_t stream, const T* table, const int32_t* ids, T* out,
+                          EmbeddingShape shape);
+
+template <typename T>
+cudaError_t embedding_bwd(cudaStream_t stream, const T* dout, const int32_t* ids, T* dtable,
+                          int32_t* workspace, EmbeddingShape shape);
+
+#define JAXOPS_CUDA_EMBEDDING_DECLARE(T)                                                    \
+  extern template cudaError_t embedding_fwd<T>(cudaStream_t, const T*, const int32_t*, T*,  \
+                                               EmbeddingShape);                             \
+  extern template cudaError_t embedding_bwd<T>(cudaStream_t, const T*, const int32_t*, T*,  \
+                                               int32_t*, EmbeddingShape);
+
+JAXOPS_CUDA_EMBEDDING_DECLARE(float)
+JAXOPS_CUDA_EMBEDDING_DECLARE(__half)
+JAXOPS_CUDA_EMBEDDING_DECLARE(__nv_bfloat16)
+
+#undef JAXOPS_CUDA_EMBEDDING_DECLARE
+
+}  // namespace jaxops::cuda

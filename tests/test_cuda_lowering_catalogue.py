@@ -1,0 +1,172 @@
+"""The CUDA lowering of the activations, rope, embedding and AdamW, checked on a
+machine without a GPU.
+
+``lower(lowering_platforms=("cuda",))`` must name the CUDA handlers' targets
+with operands, results and attributes of the types those handlers bind
+(xla_ffi/<family>_common.h, shared with the CPU handlers): a mismatch, such as
+an f64 attribute against ``Attr<float>``, fails only when the program runs on
+a GPU.
+"""
+
+import os
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxops
+
+T = "T"  # a buffer in the dtype of the op's floating input
+
+# target -> (operand dtypes, result dtypes, {attribute: type}), as bound in C++;
+# "i1" is a bool attribute (printed without a type).
+BINDINGS = {
+    "jaxops_gelu_fwd": ((T,), (T,), {"approximate": "i1"}),
+    "jaxops_gelu_bwd": ((T, T), (T,), {"approximate": "i1"}),
+    "jaxops_silu_fwd": ((T,), (T,), {}),
+    "jaxops_silu_bwd": ((T, T), (T,), {}),
+    "jaxops_swiglu_fwd": ((T, T), (T,), {}),
+    "jaxops_swiglu_bwd": ((T, T, T), (T, T), {}),
+    "jaxops_geglu_fwd": ((T, T), (T,), {"approximate": "i1"}),
+    "jaxops_geglu_bwd": ((T, T, T), (T, T), {"approximate": "i1"}),
+    "jaxops_rope": ((T, "i32"), (T, "f32"),
+                    {"theta": "f64", "rotary_dim": "i64", "interleaved": "i1", "inverse": "i1"}),
+    "jaxops_embedding_fwd": ((T, "i32"), (T,), {}),
+    "jaxops_embedding_bwd": ((T, "i32"), (T, "i32"), {"vocab": "i64"}),
+    "jaxops_adamw": ((T, T, "f32", "f32", "f32"), (T, "f32", "f32"),
+                     {"b1": "f32", "one_minus_b1": "f32", "b2": "f32", "one_minus_b2": "f32",
+                      "eps": "f32", "weight_decay": "f32", "apply_updates": "i1"}),
+}
+
+DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+_CALL = re.compile(r"stablehlo\.custom_call @(\w+)\([^)]*\) \{(.*)\} : \((.*)\) -> (.*)$")
+_TENSOR = re.compile(r"tensor<((?:\d+x)*)(\w+)>")
+_TYPED_ATTR = re.compile(r"(\w+) = [^,}]* : (\w+)")
+_BOOL_ATTR = re.compile(r"(\w+) = (?:true|false)\b")
+
+
+def _tensors(text):
+  return [(tuple(int(d) for d in dims.split("x") if d), dtype)
+          for dims, dtype in _TENSOR.findall(text)]
+
+
+def _custom_calls(fn, *args):
+  """[(target, operands, results, {attr: type}, attributes text)] of fn lowered for CUDA."""
+  lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  calls = []
+  for line in lowered.as_text().splitlines():
+    match = _CALL.search(line)
+    if match:
+      target, attributes, operands, results = match.groups()
+      config = re.search(r"mhlo\.backend_config = \{([^}]*)\}", attributes)
+      attrs = {}
+      if config:
+        attrs.update(_TYPED_ATTR.findall(config.group(1)))
+        attrs.update((name, "i1") for name in _BOOL_ATTR.findall(config.group(1)))
+      calls.append((target, _tensors(operands), _tensors(results), attrs, attributes))
+  return calls
+
+
+def _check_binding(call, dtype):
+  target, operands, results, attrs, _ = call
+  want_operands, want_results, want_attrs = BINDINGS[target]
+  element = DTYPES[dtype]
+  resolve = lambda kinds: [element if k == T else k for k in kinds]
+  assert [d for _, d in operands] == resolve(want_operands), target
+  assert [d for _, d in results] == resolve(want_results), target
+  assert attrs == want_attrs, target
+
+
+def _activation_vjp(op):
+  unary = {"gelu": lambda x, u: jaxops.gelu(x, implementation="ffi"),
+           "silu": lambda x, u: jaxops.silu(x, implementation="ffi"),
+           "swiglu": lambda x, u: jaxops.swiglu(x, u, implementation="ffi"),
+           "geglu": lambda x, u: jaxops.geglu(x, u, False, implementation="ffi")}[op]
+
+  def fwd_bwd(x, u):
+    y, vjp = jax.vjp(unary, x, u)
+    return y, vjp(y)
+
+  return fwd_bwd
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", ["gelu", "silu", "swiglu", "geglu"])
+def test_activations_lower_to_the_cuda_targets(op, dtype):
+  x = jnp.ones((3, 5, 7), dtype)
+  calls = _custom_calls(_activation_vjp(op), x, x)
+  assert [c[0] for c in calls] == [f"jaxops_{op}_fwd", f"jaxops_{op}_bwd"]
+  for call in calls:
+    _check_binding(call, dtype)
+    assert all(shape == x.shape for shape, _ in call[1] + call[2])
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_rope_lowers_with_its_table_workspace(dtype, per_batch):
+  x = jnp.ones((2, 5, 3, 16), dtype)
+  positions = jnp.ones((2, 5) if per_batch else (5,), jnp.int32)
+
+  def fwd_bwd(x):
+    y, vjp = jax.vjp(lambda x: jaxops.rope(x, positions, style="gptj", rotary_dim=6,
+                                           implementation="ffi"), x)
+    return y, vjp(y)
+
+  forward, backward = _custom_calls(fwd_bwd, x)
+  for call in (forward, backward):
+    _check_binding(call, dtype)
+    assert call[1][1][0] == ((2, 5) if per_batch else (1, 5))
+    assert call[2][1][0] == ((2 if per_batch else 1) * 5, 6)  # the cos/sin table
+  assert "inverse = false" in forward[4] and "inverse = true" in backward[4]
+  assert "interleaved = true" in forward[4] and "rotary_dim = 6 : i64" in forward[4]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_embedding_lowers_with_its_sort_workspace(dtype):
+  table = jnp.ones((11, 6), dtype)
+  ids = jnp.ones((2, 7), jnp.int32)
+
+  def fwd_bwd(table):
+    y, vjp = jax.vjp(lambda t: jaxops.embedding(t, ids, implementation="ffi"), table)
+    return y, vjp(y)
+
+  forward, backward = _custom_calls(fwd_bwd, table)
+  _check_binding(forward, dtype)
+  _check_binding(backward, dtype)
+  assert forward[2][0][0] == (2, 7, 6)
+  assert backward[2] == [((11, 6), DTYPES[dtype]), ((11 + 1 + 14,), "i32")]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("fused", [False, True])
+def test_adamw_lowers_per_leaf_with_aliases(dtype, fused):
+  tx = jaxops.optim.adamw(1e-3, weight_decay=0.1, implementation="ffi")
+  params = {"a": jnp.ones((4, 3), dtype), "b": jnp.ones((5,), dtype)}
+  if fused:
+    fn = lambda g, s, p: tx.step(g, s, p)
+  else:
+    fn = tx.update
+  calls = _custom_calls(fn, params, tx.init(params), params)
+  assert [c[0] for c in calls] == ["jaxops_adamw"] * 2
+  for call in calls:
+    _check_binding(call, dtype)
+    assert f"apply_updates = {'true' if fused else 'false'}" in call[4]
+    # m and v are written in place; the update over the gradients, or the new
+    # parameters over the old ones.
+    out_operand = 1 if fused else 0
+    for output, operand in ((0, out_operand), (1, 2), (2, 3)):
+      assert (f"output_tuple_indices = [{output}], operand_index = {operand}," in call[4]), call[4]
+
+
+def _built_with_cuda():
+  return shutil.which("nvcc") is not None or bool(os.environ.get("CUDACXX"))
+
+
+@pytest.mark.skipif(not _built_with_cuda(), reason="no nvcc: the build is CPU-only")
+def test_cuda_module_registers_these_targets():
+  import jaxops._jaxops_cuda as cuda_module
+
+  assert set(BINDINGS) <= set(cuda_module.registrations())

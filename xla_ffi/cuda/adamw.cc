@@ -1,0 +1,52 @@
+// CUDA FFI handler of the fused AdamW step on one parameter leaf: the CPU
+// handler's target, binding and validation (xla_ffi/adamw_common.h), then a
+// launch of cuda/adamw on the stream XLA hands over.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "cuda/adamw.h"
+#include "xla_ffi/adamw_common.h"
+#include "xla_ffi/cuda/cuda_status.h"
+#include "xla_ffi/registry.h"
+
+namespace jaxops {
+namespace {
+
+namespace ffi = xla::ffi;
+using namespace ffi_common;
+using namespace adamw_common;
+using ffi_cuda::launch_status;
+
+ffi::Error AdamW(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer params,
+                 ffi::Buffer<ffi::F32> m, ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> scalars,
+                 ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> m_out,
+                 ffi::Result<ffi::Buffer<ffi::F32>> v_out, float b1, float one_minus_b1,
+                 float b2, float one_minus_b2, float eps, float weight_decay,
+                 bool apply_updates) {
+  const std::string op = "jaxops_adamw";
+  JAXOPS_RETURN_IF_ERROR(check_adamw(grads, params, m, v, scalars, *out, *m_out, *v_out));
+  const cuda::AdamWHyperparameters hyper{b1, one_minus_b1, b2, one_minus_b2, eps, weight_decay};
+  return dispatch_float<float, __nv_bfloat16, __half>(
+      op, params.element_type(), [&](auto tag) {
+        using T = decltype(tag);
+        return launch_status(
+            op, cuda::adamw<T>(stream, data<const T>(grads), data<const T>(params),
+                               m.typed_data(), v.typed_data(), scalars.typed_data(),
+                               data<T>(*out), m_out->typed_data(), v_out->typed_data(),
+                               params.element_count(), hyper, apply_updates));
+      });
+}
+
+// Every CUDA handler takes the stream XLA launches on before its buffers.
+auto cuda_binding() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAdamWCuda, AdamW, bind_adamw(cuda_binding()));
+
+JAXOPS_REGISTER_FFI_TARGET("jaxops_adamw", kAdamWCuda);
+
+}  // namespace jaxops

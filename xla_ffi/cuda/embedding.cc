@@ -1,0 +1,67 @@
+// CUDA FFI handlers of the embedding lookup and its gradient: the CPU handlers'
+// targets, bindings and validation (xla_ffi/embedding_common.h), then launches
+// of cuda/embedding on the stream XLA hands over.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "cuda/embedding.h"
+#include "xla_ffi/cuda/cuda_status.h"
+#include "xla_ffi/embedding_common.h"
+#include "xla_ffi/registry.h"
+
+namespace jaxops {
+namespace {
+
+namespace ffi = xla::ffi;
+using namespace ffi_common;
+using namespace embedding_common;
+using ffi_cuda::launch_status;
+
+template <typename Fn>
+ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
+  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
+}
+
+ffi::Error EmbeddingFwd(cudaStream_t stream, ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
+                        ffi::Result<ffi::AnyBuffer> out) {
+  const std::string op = "jaxops_embedding_fwd";
+  EmbeddingDims d;
+  JAXOPS_RETURN_IF_ERROR(check_embedding_fwd(table, ids, *out, &d));
+  return dispatch(op, table.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(op, cuda::embedding_fwd<T>(stream, data<const T>(table),
+                                                    ids.typed_data(), data<T>(*out),
+                                                    {d.vocab, d.dim, d.tokens}));
+  });
+}
+
+ffi::Error EmbeddingBwd(cudaStream_t stream, ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> ids,
+                        ffi::Result<ffi::AnyBuffer> dtable,
+                        ffi::Result<ffi::Buffer<ffi::S32>> workspace, int64_t vocab) {
+  const std::string op = "jaxops_embedding_bwd";
+  EmbeddingDims d;
+  JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab, &d));
+  return dispatch(op, dout.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(op, cuda::embedding_bwd<T>(stream, data<const T>(dout),
+                                                    ids.typed_data(), data<T>(*dtable),
+                                                    workspace->typed_data(),
+                                                    {d.vocab, d.dim, d.tokens}));
+  });
+}
+
+// Every CUDA handler takes the stream XLA launches on before its buffers.
+auto cuda_binding() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kEmbeddingFwdCuda, EmbeddingFwd, bind_embedding_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kEmbeddingBwdCuda, EmbeddingBwd, bind_embedding_bwd(cuda_binding()));
+
+JAXOPS_REGISTER_FFI_TARGET("jaxops_embedding_fwd", kEmbeddingFwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_embedding_bwd", kEmbeddingBwdCuda);
+
+}  // namespace jaxops
