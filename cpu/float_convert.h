@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace jaxops::cpu {
 
 using bfloat16 = Eigen::bfloat16;
@@ -46,12 +50,31 @@ inline void store_row(const float* src, bfloat16* dst, int64_t n) {
   }
 }
 
+// float16 <-> float: eight at a time with the F16C instructions when the build
+// targets them (GCC does not vectorise the scalar conversions, which made
+// float16 kernels ~3x slower than bfloat16 ones); round to nearest even, as
+// Eigen's scalar conversion (the tail, and the path without F16C) does.
 inline void load_row(const float16* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(half));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
 inline void store_row(const float* src, float16* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float16>(src[i]);
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i half =
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), half);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float16>(src[i]);
 }
 
 inline void load_row(const float* src, float* dst, int64_t n) {
