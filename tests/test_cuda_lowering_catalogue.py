@@ -154,11 +154,11 @@ def test_adamw_lowers_per_leaf_with_aliases(dtype, fused):
   for call in calls:
     _check_binding(call, dtype)
     assert f"apply_updates = {'true' if fused else 'false'}" in call[4]
-    # m and v are written in place; the update over the gradients, or the new
-    # parameters over the old ones.
-    out_operand = 1 if fused else 0
-    for output, operand in ((0, out_operand), (1, 2), (2, 3)):
+    # m and v are written in place, and by step the new parameters over the old.
+    aliases = ((0, 1), (1, 2), (2, 3)) if fused else ((1, 2), (2, 3))
+    for output, operand in aliases:
       assert (f"output_tuple_indices = [{output}], operand_index = {operand}," in call[4]), call[4]
+    assert call[4].count("output_operand_alias<") == len(aliases)
 
 
 def _built_with_cuda():

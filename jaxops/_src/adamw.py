@@ -5,9 +5,9 @@ The per-step scalars (learning rate, bias corrections) depend on the step
 count, which is traced, so they reach the kernel as a small float32 operand;
 b1, b2, eps and the weight decay are static attributes. The moments m and v
 (float32) are aliased to their outputs, so a donated optimizer state is
-updated in place, and the updates are written over the gradients;
-:meth:`AdamW.step` writes the new parameters over the old ones instead (donate
-them too and a step allocates nothing).
+updated in place; :meth:`AdamW.step` also writes the new parameters over the
+old ones instead of returning updates (donate them too and a step allocates
+nothing).
 
 optax is not a separate runtime dependency of jaxops: flax, which is one,
 depends on it.
@@ -56,11 +56,11 @@ def _make(name, aliases):
 
 
 # Operands (grads, params, m, v, scalars) -> (updates or new params, m, v).
-# The updates are written over the gradients: in a training step those are
-# temporaries of the backward pass that die here, so their (already faulted-in)
-# memory is reused instead of a fresh output. A gradient that is still live
-# afterwards is copied first by XLA.
-adamw_update_p = _make("jaxops_adamw_update", {0: 0, 2: 1, 3: 2})
+# The updates are not written over the gradients: when those are arguments of
+# the jitted step (not temporaries of its backward pass), XLA would copy them
+# into a fresh buffer first, which costs more than the fresh output the kernel
+# fills (with huge pages) instead.
+adamw_update_p = _make("jaxops_adamw_update", {2: 1, 3: 2})
 adamw_step_p = _make("jaxops_adamw_step", {1: 0, 2: 1, 3: 2})
 
 
