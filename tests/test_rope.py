@@ -27,9 +27,10 @@ STYLES = ("neox", "gptj")
 
 
 def _rotary_dims(head_dim):
+  """All features (when head_dim is even) and one partial rotary width."""
   full = [None] if head_dim % 2 == 0 else []
-  partial = [d for d in (2, head_dim // 2 - (head_dim // 2) % 2) if 2 <= d < head_dim]
-  return full + sorted(set(partial))
+  partial = max(2, head_dim // 2 - (head_dim // 2) % 2)
+  return full + ([partial] if partial < head_dim else [])
 
 
 def _positions(seed, shape, per_batch, scale=1000):
