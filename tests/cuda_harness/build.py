@@ -107,7 +107,7 @@ def _compile(source: Path, flavor: str, kind: str) -> Path:
     flags = ["-std=c++17", "-O1", "-fPIC", f"-I{INCLUDE}", f"-I{REPO}",
              "-isystem", _ffi_include(), "-include", str(HARNESS / "ffi_host_stream.h")]
   elif kind == "driver":
-    flags += ["-include", "cuda_on_cpu.h", "-x", "c++"]
+    flags += ["-fdata-sections", "-include", "cuda_on_cpu.h", "-x", "c++"]
   tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
   _run([compiler(), *flags, "-c", str(source), "-o", str(tmp)])
   if kind in ("kernel", "driver"):

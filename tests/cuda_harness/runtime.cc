@@ -32,6 +32,20 @@
 #endif
 #if defined(__SANITIZE_THREAD__)
 #define JAXOPS_HARNESS_TSAN 1
+// The runtime's own locking would order every pair of CUDA threads for TSan
+// (each shuffle takes the block's mutex), hiding the races it should find. So
+// its critical sections are invisible to TSan, and the barriers add exactly the
+// orderings CUDA guarantees: __syncthreads orders the block, __syncwarp its lanes.
+extern "C" {
+void AnnotateIgnoreSyncBegin(const char*, int);
+void AnnotateIgnoreSyncEnd(const char*, int);
+void AnnotateIgnoreReadsBegin(const char*, int);
+void AnnotateIgnoreReadsEnd(const char*, int);
+void AnnotateIgnoreWritesBegin(const char*, int);
+void AnnotateIgnoreWritesEnd(const char*, int);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
 #endif
 
 // Bounds of the section holding every static __shared__ variable of this binary.
@@ -87,6 +101,7 @@ struct Thread {
   bool exited = false;
   bool blocked = false;
   bool at_barrier = false;
+  uint64_t barriers_passed = 0;
   const char* wait_op = nullptr;
   Site wait_site{};
   ucontext_t context;
@@ -99,6 +114,7 @@ struct Pending {
 };
 
 struct Warp {
+  char syncwarp_clock = 0;
   unsigned existing = 0;
   unsigned exited = 0;
   std::vector<Pending> pending;
@@ -118,6 +134,9 @@ struct Block {
   int barrier_arrived = 0;
   int barrier_count = 0;
   int barrier_result = 0;
+  // Two, used in turn: a thread slow to leave one barrier must not be ordered
+  // after the arrivals at the next.
+  char barrier_clocks[2] = {};
   std::string error;
   std::mutex mutex;
   std::condition_variable wakeup;
@@ -148,7 +167,36 @@ Block& current_block() {
 struct Guard {
   std::unique_lock<std::mutex> lock;
   explicit Guard(Block& b) : lock(b.mutex, std::defer_lock) {
+#ifdef JAXOPS_HARNESS_TSAN
+    AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+#endif
     if (b.mode == Mode::kThreads) lock.lock();
+  }
+  ~Guard() {
+    if (lock.owns_lock()) lock.unlock();
+#ifdef JAXOPS_HARNESS_TSAN
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+#endif
+  }
+  Guard(const Guard&) = delete;
+};
+
+// The memory ordering of a barrier, for TSan (see the top of the file).
+struct BarrierOrder {
+  void* clock;
+  explicit BarrierOrder(void* c) : clock(c) {
+#ifdef JAXOPS_HARNESS_TSAN
+    if (clock != nullptr) __tsan_release(clock);
+#endif
+  }
+  ~BarrierOrder() {
+#ifdef JAXOPS_HARNESS_TSAN
+    if (clock != nullptr) __tsan_acquire(clock);
+#endif
   }
 };
 
@@ -499,6 +547,7 @@ void check_shuffle_width(int width, Site site) {
 int block_barrier(const char* op, Site site, int predicate) {
   Block& b = current_block();
   Thread& t = *tls_thread;
+  BarrierOrder order(&b.barrier_clocks[t.barriers_passed++ % 2]);
   Guard guard(b);
   if (!b.error.empty()) throw Aborted{};
   if (b.any_exited) {
@@ -546,6 +595,8 @@ void warp_collective(const char* op, Site site, unsigned mask, const void* in, v
                      Completer complete) {
   Block& b = current_block();
   Thread& t = *tls_thread;
+  const bool orders_memory = complete == &complete_nothing && std::strcmp(op, "__syncwarp") == 0;
+  BarrierOrder order(orders_memory ? &b.warps[t.warp].syncwarp_clock : nullptr);
   Guard guard(b);
   if (!b.error.empty()) throw Aborted{};
   Warp& w = b.warps[t.warp];
@@ -566,14 +617,17 @@ void warp_collective(const char* op, Site site, unsigned mask, const void* in, v
   if (mask & w.exited) {
     misuse_locked(where() + ": the mask names lanes " + hex(mask & w.exited) + " that have exited");
   }
+  // Lanes meet at the same intrinsic with the same mask, wherever it is in the
+  // source; other collectives of the warp may be pending meanwhile (disjoint
+  // masks, or lanes that get to this one later). Lanes that never meet end in
+  // a deadlock report.
   Pending* pending = nullptr;
   for (Pending& p : w.pending) {
-    if (!(p.op.mask & mask)) continue;
-    if (p.op.mask != mask || p.op.complete != complete || std::strcmp(p.op.op, op) != 0) {
-      misuse_locked("warp divergence: " + where() + " while lanes " + hex(p.arrived) + " wait at " +
-                    site_name(p.op.op, p.op.site) + " with mask " + hex(p.op.mask));
+    if (p.op.mask == mask && p.op.complete == complete && !(p.arrived & self) &&
+        std::strcmp(p.op.op, op) == 0) {
+      pending = &p;
+      break;
     }
-    pending = &p;
   }
   if (pending == nullptr) {
     w.pending.push_back(Pending{Collective{op, site, mask, {}, {}, complete}, 0u});
