@@ -8,8 +8,9 @@
 // Both share the bookkeeping below (one state per block, guarded by a mutex in
 // the threads mode), which turns every misuse it can see into a report: threads
 // at different barriers, a thread exiting while others wait at a barrier or a
-// warp collective, lanes of a warp at different collectives, masks naming lanes
-// that do not exist or have exited, and deadlock (every live thread waiting).
+// warp collective, masks naming lanes
+// that do not exist or have exited, and deadlock (every live thread waiting,
+// which is also how lanes that never meet at a collective end).
 #include "cuda_on_cpu.h"
 
 #include <sys/mman.h>
