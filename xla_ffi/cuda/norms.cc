@@ -110,8 +110,13 @@ ffi::Error AddRmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer r
   });
 }
 
-// Every CUDA handler takes the stream XLA launches on before its buffers.
-auto cuda_binding() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
+// Every CUDA handler takes the stream XLA launches on before its buffers. The
+// CPU harness of the tests (tests/cuda_harness) compiles this file unchanged as
+// CPU handlers, with a context of its own that provides the stream.
+#ifndef JAXOPS_CUDA_STREAM_CONTEXT
+#define JAXOPS_CUDA_STREAM_CONTEXT ffi::PlatformStream<cudaStream_t>
+#endif
+auto cuda_binding() { return ffi::Ffi::Bind().Ctx<JAXOPS_CUDA_STREAM_CONTEXT>(); }
 
 }  // namespace
 
