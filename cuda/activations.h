@@ -3,7 +3,7 @@
 //
 // The same operations, arguments and math as cpu/activations.h (keep the two in
 // step), plus the stream to launch on: T is float, __half or __nv_bfloat16; the
-// math is float32 (CUDA's expf and normcdff, accurate to a few ulps) and results
+// math is float32 (CUDA's expf and erfcf, accurate to a few ulps) and results
 // are rounded to T once. Outputs may alias their same-shaped inputs. Every
 // function returns cudaGetLastError() after its launch.
 #pragma once

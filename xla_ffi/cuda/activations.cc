@@ -9,6 +9,7 @@
 
 #include "cuda/activations.h"
 #include "xla_ffi/activations_common.h"
+#include "xla_ffi/cuda/cuda_binding.h"
 #include "xla_ffi/cuda/cuda_status.h"
 #include "xla_ffi/registry.h"
 
@@ -19,6 +20,7 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace activations_common;
 using cuda::Activation;
+using ffi_cuda::cuda_binding;
 using ffi_cuda::launch_status;
 
 template <typename Fn>
@@ -116,9 +118,6 @@ ffi::Error GegluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer gate,
   return GatedBwd(stream, "jaxops_geglu_bwd", gelu_kind(approximate), dy, gate, up, *dgate,
                   *dup);
 }
-
-// Every CUDA handler takes the stream XLA launches on before its buffers.
-auto cuda_binding() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 
 #include "cuda/adamw.h"
 #include "xla_ffi/adamw_common.h"
+#include "xla_ffi/cuda/cuda_binding.h"
 #include "xla_ffi/cuda/cuda_status.h"
 #include "xla_ffi/registry.h"
 
@@ -18,6 +19,7 @@ namespace {
 namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace adamw_common;
+using ffi_cuda::cuda_binding;
 using ffi_cuda::launch_status;
 
 ffi::Error AdamW(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer params,
@@ -39,9 +41,6 @@ ffi::Error AdamW(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer param
                                params.element_count(), hyper, apply_updates));
       });
 }
-
-// Every CUDA handler takes the stream XLA launches on before its buffers.
-auto cuda_binding() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
 
 }  // namespace
 

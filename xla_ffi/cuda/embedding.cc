@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/embedding.h"
+#include "xla_ffi/cuda/cuda_binding.h"
 #include "xla_ffi/cuda/cuda_status.h"
 #include "xla_ffi/embedding_common.h"
 #include "xla_ffi/registry.h"
@@ -18,6 +19,7 @@ namespace {
 namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace embedding_common;
+using ffi_cuda::cuda_binding;
 using ffi_cuda::launch_status;
 
 template <typename Fn>
@@ -52,9 +54,6 @@ ffi::Error EmbeddingBwd(cudaStream_t stream, ffi::AnyBuffer dout, ffi::Buffer<ff
                                                     {d.vocab, d.dim, d.tokens}));
   });
 }
-
-// Every CUDA handler takes the stream XLA launches on before its buffers.
-auto cuda_binding() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
 
 }  // namespace
 

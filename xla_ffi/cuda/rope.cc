@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/rope.h"
+#include "xla_ffi/cuda/cuda_binding.h"
 #include "xla_ffi/cuda/cuda_status.h"
 #include "xla_ffi/registry.h"
 #include "xla_ffi/rope_common.h"
@@ -18,6 +19,7 @@ namespace {
 namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace rope_common;
+using ffi_cuda::cuda_binding;
 using ffi_cuda::launch_status;
 
 ffi::Error Rope(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions,
@@ -34,9 +36,6 @@ ffi::Error Rope(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> pos
                                            interleaved, inverse));
   });
 }
-
-// Every CUDA handler takes the stream XLA launches on before its buffers.
-auto cuda_binding() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
 
 }  // namespace
 
