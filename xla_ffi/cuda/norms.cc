@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/norms.h"
+#include "xla_ffi/cuda/cuda_binding.h"
 #include "xla_ffi/cuda/cuda_status.h"
 #include "xla_ffi/norms_common.h"
 #include "xla_ffi/registry.h"
@@ -16,6 +17,7 @@ namespace {
 namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace norms_common;
+using ffi_cuda::cuda_binding;
 using ffi_cuda::launch_status;
 
 template <typename Fn>
@@ -109,14 +111,6 @@ ffi::Error AddRmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer r
                                       rstd->typed_data(), {s.rows, s.cols}, epsilon));
   });
 }
-
-// Every CUDA handler takes the stream XLA launches on before its buffers. The
-// CPU harness of the tests (tests/cuda_harness) compiles this file unchanged as
-// CPU handlers, with a context of its own that provides the stream.
-#ifndef JAXOPS_CUDA_STREAM_CONTEXT
-#define JAXOPS_CUDA_STREAM_CONTEXT ffi::PlatformStream<cudaStream_t>
-#endif
-auto cuda_binding() { return ffi::Ffi::Bind().Ctx<JAXOPS_CUDA_STREAM_CONTEXT>(); }
 
 }  // namespace
 
