@@ -1,7 +1,7 @@
 // Standalone test of cpu/attention against a naive double-precision loop, and a
 // quick timing. Build (from the repository root):
-//   g++ -std=c++17 -O2 -fopenmp -march=native -I. \
-//     -I<eigen3 include dir> cpu/attention.cc tests/cpp/attention_test.cc -o attention_test
+//   g++ -std=c++17 -O2 -fopenmp -march=native -I. -I<eigen3 include dir>
+//       cpu/attention.cc tests/cpp/attention_test.cc -o attention_test
 // Run: ./attention_test            (correctness)
 //      ./attention_test bench      (timing)
 #include "cpu/attention.h"
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <random>
 #include <string>
@@ -487,63 +488,98 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// CPU time of the whole process: on a shared machine, wall time includes other
+// tenants' time slices; CPU time divided by the thread count does not.
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
 template <typename T>
-void bench_case(int64_t B, int64_t S, int64_t N, int64_t H, bool causal, bool backward,
-                const char* type_name, int reps) {
+void bench_case(int64_t B, int64_t T_len, int64_t S, int64_t N, int64_t K, int64_t H, bool causal,
+                bool backward, const char* type_name, int reps) {
   AttentionParams p;
   p.batch = B;
-  p.q_len = S;
+  p.q_len = T_len;
   p.kv_len = S;
   p.num_heads = N;
-  p.num_kv_heads = N;
+  p.num_kv_heads = K;
   p.head_dim = H;
   p.scale = 1.0f / std::sqrt(static_cast<float>(H));
   p.is_causal = causal;
+  p.query_offset = causal ? S - T_len : 0;
   p.num_threads = omp_get_max_threads();
   std::mt19937 rng(1);
   std::vector<double> tmp;
-  const int64_t n = B * S * N * H;
-  auto q = random_tensor<T>(n, rng, &tmp);
-  auto k = random_tensor<T>(n, rng, &tmp);
-  auto v = random_tensor<T>(n, rng, &tmp);
-  auto dout = random_tensor<T>(n, rng, &tmp);
-  std::vector<T> out(n), dq(n), dk(n), dv(n);
-  std::vector<float> lse(B * N * S);
+  const int64_t nq = B * T_len * N * H, nk = B * S * K * H;
+  auto q = random_tensor<T>(nq, rng, &tmp);
+  auto k = random_tensor<T>(nk, rng, &tmp);
+  auto v = random_tensor<T>(nk, rng, &tmp);
+  auto dout = random_tensor<T>(nq, rng, &tmp);
+  std::vector<T> out(nq), dq(nq), dk(nk), dv(nk);
+  std::vector<float> lse(B * N * T_len);
   std::vector<char> ws(std::max(jaxops::cpu::attention_fwd_workspace_bytes<T>(p),
                                 jaxops::cpu::attention_bwd_workspace_bytes<T>(p, false)));
-  std::vector<double> times;
+  jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
+  std::vector<double> times, cpu_times;
   for (int r = 0; r < reps + 1; ++r) {
-    const double t0 = now_seconds();
-    jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
+    const double t0 = now_seconds(), c0 = cpu_seconds();
     if (backward) {
       jaxops::cpu::attention_bwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(),
                                     dout.data(), dq.data(), dk.data(), dv.data(), nullptr, ws.data());
+    } else {
+      jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
     }
-    if (r > 0) times.push_back(now_seconds() - t0);
+    if (r > 0) {
+      times.push_back(now_seconds() - t0);
+      cpu_times.push_back((cpu_seconds() - c0) / p.num_threads);
+    }
   }
   std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2];
-  double flops = 4.0 * B * N * S * S * H * (causal ? 0.5 : 1.0);
-  if (backward) flops *= 3.5;
-  std::printf("  %-5s B=%lld S=%lld N=%lld H=%lld %-6s %-7s %8.2f ms %7.1f GFLOP/s\n", type_name,
-              static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(N),
-              static_cast<long long>(H), causal ? "causal" : "full", backward ? "fwd+bwd" : "fwd",
-              median * 1e3, flops / median * 1e-9);
+  std::sort(cpu_times.begin(), cpu_times.end());
+  const double median = times[times.size() / 2], cpu = cpu_times[cpu_times.size() / 2];
+  // Attended (query, key) pairs times 4H flops forward, 10H backward.
+  double pairs = 0;
+  for (int64_t t = 0; t < T_len; ++t) pairs += causal ? std::min<int64_t>(S, t + p.query_offset + 1) : S;
+  const double flops = pairs * B * N * H * (backward ? 10.0 : 4.0);
+  std::printf("  %-5s B=%lld T=%lld S=%lld N=%lld K=%lld H=%lld %-6s %-3s median %8.2f ms %6.1f GFLOP/s"
+              "  cpu-time per thread %8.2f ms %6.1f GFLOP/s\n",
+              type_name, static_cast<long long>(B), static_cast<long long>(T_len),
+              static_cast<long long>(S), static_cast<long long>(N), static_cast<long long>(K),
+              static_cast<long long>(H), causal ? "causal" : "full", backward ? "bwd" : "fwd",
+              median * 1e3, flops / median * 1e-9, cpu * 1e3, flops / cpu * 1e-9);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "bench") {
-    const int reps = argc > 2 ? std::atoi(argv[2]) : 3;
+    // bench [reps] [B T S N K H causal dtype]: one case, else the standard set.
+    const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
     std::printf("threads: %d\n", omp_get_max_threads());
-    for (bool backward : {false, true}) {
-      for (bool causal : {false, true}) {
-        bench_case<float>(1, 2048, 8, 64, causal, backward, "f32", reps);
-        bench_case<float>(1, 4096, 8, 128, causal, backward, "f32", reps);
-        bench_case<bfloat16>(1, 2048, 8, 64, causal, backward, "bf16", reps);
+    if (argc > 10) {
+      const int64_t B = std::atoll(argv[3]), T = std::atoll(argv[4]), S = std::atoll(argv[5]),
+                    N = std::atoll(argv[6]), K = std::atoll(argv[7]), H = std::atoll(argv[8]);
+      const bool causal = std::atoi(argv[9]) != 0;
+      const std::string dtype = argv[10];
+      for (bool backward : {false, true}) {
+        if (dtype == "bf16") bench_case<bfloat16>(B, T, S, N, K, H, causal, backward, "bf16", reps);
+        else if (dtype == "f16") bench_case<float16>(B, T, S, N, K, H, causal, backward, "f16", reps);
+        else bench_case<float>(B, T, S, N, K, H, causal, backward, "f32", reps);
+      }
+      return 0;
+    }
+    for (bool causal : {false, true}) {
+      for (bool backward : {false, true}) {
+        bench_case<float>(1, 2048, 2048, 8, 8, 64, causal, backward, "f32", reps);
+        bench_case<float>(4, 1024, 1024, 12, 12, 64, causal, backward, "f32", reps);
+        bench_case<float>(1, 4096, 4096, 8, 8, 128, causal, backward, "f32", reps);
+        bench_case<bfloat16>(1, 2048, 2048, 8, 8, 64, causal, backward, "bf16", reps);
       }
     }
+    bench_case<float>(8, 1, 4096, 32, 8, 128, false, false, "f32", reps);
+    bench_case<float>(8, 1, 4096, 32, 32, 128, false, false, "f32", reps);
     return 0;
   }
   bool ok = true;
