@@ -1,0 +1,328 @@
+#include "cpu/norms.h"
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/float_convert.h"
+#include "cpu/fresh_memory.h"
+
+namespace jaxops::cpu {
+namespace {
+
+// A row in float32: the input itself when T is float, else a converted copy.
+template <typename T>
+class RowReader {
+ public:
+  explicit RowReader(int64_t cols) : buffer_(std::is_same_v<T, float> ? 0 : cols) {}
+  const float* read(const T* row, int64_t cols) {
+    if constexpr (std::is_same_v<T, float>) {
+      return row;
+    } else {
+      load_row(row, buffer_.data(), cols);
+      return buffer_.data();
+    }
+  }
+
+ private:
+  std::vector<float> buffer_;
+};
+
+// Where a float32 result row is computed before it is stored as T.
+template <typename T>
+class RowWriter {
+ public:
+  explicit RowWriter(int64_t cols) : buffer_(std::is_same_v<T, float> ? 0 : cols) {}
+  float* target(T* row) {
+    if constexpr (std::is_same_v<T, float>) {
+      return row;
+    } else {
+      return buffer_.data();
+    }
+  }
+  void commit(T* row, int64_t cols) {
+    if constexpr (!std::is_same_v<T, float>) store_row(buffer_.data(), row, cols);
+  }
+
+ private:
+  std::vector<float> buffer_;
+};
+
+// weight/bias converted once, or a constant when absent, so the row loops have
+// no branch on presence.
+template <typename T>
+std::vector<float> column_vector_or(const T* values, int64_t cols, float absent) {
+  std::vector<float> out(cols, absent);
+  if (values != nullptr) load_row(values, out.data(), cols);
+  return out;
+}
+
+float row_sum(const float* v, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += v[i];
+  return sum;
+}
+
+float row_centered_square_sum(const float* v, float center, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    float d = v[i] - center;
+    sum += d * d;
+  }
+  return sum;
+}
+
+struct PartRange {
+  int64_t group;
+  int64_t row_begin;
+  int64_t row_end;
+};
+
+PartRange part_rows(int64_t task, NormShape shape, WeightGradLayout layout) {
+  const int64_t rows_per_group = shape.rows / layout.groups;
+  const int64_t group = task / layout.parts;
+  const int64_t part = task % layout.parts;
+  const int64_t first = group * rows_per_group;
+  return {group, first + part * rows_per_group / layout.parts,
+          first + (part + 1) * rows_per_group / layout.parts};
+}
+
+// Sums the parts of each group in part order (deterministic) into outputs[s]
+// of shape [groups, cols]; outputs[s] may be nullptr.
+template <typename T>
+void reduce_parts(const float* workspace, int sums, T* const* outputs, NormShape shape,
+                  WeightGradLayout layout) {
+  const int64_t cols = shape.cols;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t group = 0; group < layout.groups; ++group) {
+    for (int s = 0; s < sums; ++s) {
+      T* out = outputs[s];
+      if (out == nullptr) continue;
+      std::vector<float> total(cols, 0.f);
+      for (int64_t part = 0; part < layout.parts; ++part) {
+        const float* partial = workspace + ((group * layout.parts + part) * sums + s) * cols;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) total[c] += partial[c];
+      }
+      store_row(total.data(), out + group * cols, cols);
+    }
+  }
+}
+
+}  // namespace
+
+size_t norm_bwd_workspace_floats(NormShape shape, WeightGradLayout layout, int sums) {
+  return static_cast<size_t>(layout.groups * layout.parts) * sums * shape.cols;
+}
+
+template <typename T>
+void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, float* mean, float* rstd,
+                    NormShape shape, float epsilon) {
+  const int64_t cols = shape.cols;
+  const std::vector<float> w = column_vector_or(weight, cols, 1.f);
+  const std::vector<float> b = column_vector_or(bias, cols, 0.f);
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  advise_huge_pages(y, sizeof(T) * shape.rows * cols);
+#pragma omp parallel
+  {
+    RowReader<T> reader(cols);
+    RowWriter<T> writer(cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < shape.rows; ++r) {
+      const float* xr = reader.read(x + r * cols, cols);
+      // Two passes over a row that sits in cache: the centred variance does not
+      // lose precision the way E[x^2] - E[x]^2 does for rows with a large mean.
+      const float mu = row_sum(xr, cols) * inv_cols;
+      const float rs = 1.f / std::sqrt(row_centered_square_sum(xr, mu, cols) * inv_cols + epsilon);
+      float* yr = writer.target(y + r * cols);
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
+      writer.commit(y + r * cols, cols);
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+  }
+}
+
+template <typename T>
+void layer_norm_bwd(const T* dy, const T* x, const T* weight, const float* mean, const float* rstd,
+                    T* dx, T* dweight, T* dbias, float* workspace, NormShape shape,
+                    WeightGradLayout layout) {
+  const int64_t cols = shape.cols;
+  const std::vector<float> w = column_vector_or(weight, cols, 1.f);
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  const bool want_sums = dweight != nullptr || dbias != nullptr;
+  const int64_t tasks = layout.groups * layout.parts;
+  advise_huge_pages(dx, sizeof(T) * shape.rows * cols);
+#pragma omp parallel
+  {
+    RowReader<T> x_reader(cols), dy_reader(cols);
+    RowWriter<T> writer(cols);
+    std::vector<float> xhat(cols), g(cols);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const PartRange range = part_rows(task, shape, layout);
+      float* dw_sum = workspace + task * 2 * cols;
+      float* db_sum = dw_sum + cols;
+      if (want_sums) {
+        std::fill(dw_sum, dw_sum + 2 * cols, 0.f);
+      }
+      for (int64_t r = range.row_begin; r < range.row_end; ++r) {
+        const float* xr = x_reader.read(x + r * cols, cols);
+        const float* dyr = dy_reader.read(dy + r * cols, cols);
+        const float mu = mean[r], rs = rstd[r];
+        float g_sum = 0.f, g_xhat_sum = 0.f;
+#pragma omp simd reduction(+ : g_sum, g_xhat_sum)
+        for (int64_t c = 0; c < cols; ++c) {
+          xhat[c] = (xr[c] - mu) * rs;
+          g[c] = dyr[c] * w[c];
+          g_sum += g[c];
+          g_xhat_sum += g[c] * xhat[c];
+        }
+        const float g_mean = g_sum * inv_cols, g_xhat_mean = g_xhat_sum * inv_cols;
+        float* dxr = writer.target(dx + r * cols);
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) dxr[c] = (g[c] - g_mean - xhat[c] * g_xhat_mean) * rs;
+        writer.commit(dx + r * cols, cols);
+        if (want_sums) {
+#pragma omp simd
+          for (int64_t c = 0; c < cols; ++c) {
+            dw_sum[c] += dyr[c] * xhat[c];
+            db_sum[c] += dyr[c];
+          }
+        }
+      }
+    }
+  }
+  if (want_sums) {
+    T* outputs[2] = {dweight, dbias};
+    reduce_parts(workspace, 2, outputs, shape, layout);
+  }
+}
+
+template <typename T>
+void rms_norm_fwd(const T* x, const T* weight, T* y, float* rstd, NormShape shape, float epsilon) {
+  const int64_t cols = shape.cols;
+  const std::vector<float> w = column_vector_or(weight, cols, 1.f);
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  advise_huge_pages(y, sizeof(T) * shape.rows * cols);
+#pragma omp parallel
+  {
+    RowReader<T> reader(cols);
+    RowWriter<T> writer(cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < shape.rows; ++r) {
+      const float* xr = reader.read(x + r * cols, cols);
+      const float rs = 1.f / std::sqrt(row_centered_square_sum(xr, 0.f, cols) * inv_cols + epsilon);
+      float* yr = writer.target(y + r * cols);
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * rs * w[c];
+      writer.commit(y + r * cols, cols);
+      rstd[r] = rs;
+    }
+  }
+}
+
+template <typename T>
+void rms_norm_bwd(const T* dy, const T* x, const T* weight, const float* rstd, const T* dresidual,
+                  T* dx, T* dweight, float* workspace, NormShape shape, WeightGradLayout layout) {
+  const int64_t cols = shape.cols;
+  const std::vector<float> w = column_vector_or(weight, cols, 1.f);
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  const int64_t tasks = layout.groups * layout.parts;
+  advise_huge_pages(dx, sizeof(T) * shape.rows * cols);
+#pragma omp parallel
+  {
+    RowReader<T> x_reader(cols), dy_reader(cols), dres_reader(cols);
+    RowWriter<T> writer(cols);
+    std::vector<float> g(cols);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const PartRange range = part_rows(task, shape, layout);
+      float* dw_sum = workspace + task * cols;
+      if (dweight != nullptr) std::fill(dw_sum, dw_sum + cols, 0.f);
+      for (int64_t r = range.row_begin; r < range.row_end; ++r) {
+        const float* xr = x_reader.read(x + r * cols, cols);
+        const float* dyr = dy_reader.read(dy + r * cols, cols);
+        const float rs = rstd[r];
+        float g_x_sum = 0.f;
+#pragma omp simd reduction(+ : g_x_sum)
+        for (int64_t c = 0; c < cols; ++c) {
+          g[c] = dyr[c] * w[c];
+          g_x_sum += g[c] * xr[c];
+        }
+        // dx = (g - xhat * mean(g * xhat)) * rstd with xhat = x * rstd.
+        const float coef = g_x_sum * inv_cols * rs * rs;
+        float* dxr = writer.target(dx + r * cols);
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) dxr[c] = (g[c] - xr[c] * coef) * rs;
+        if (dresidual != nullptr) {
+          const float* dres = dres_reader.read(dresidual + r * cols, cols);
+#pragma omp simd
+          for (int64_t c = 0; c < cols; ++c) dxr[c] += dres[c];
+        }
+        writer.commit(dx + r * cols, cols);
+        if (dweight != nullptr) {
+#pragma omp simd
+          for (int64_t c = 0; c < cols; ++c) dw_sum[c] += dyr[c] * xr[c] * rs;
+        }
+      }
+    }
+  }
+  if (dweight != nullptr) {
+    T* outputs[1] = {dweight};
+    reduce_parts(workspace, 1, outputs, shape, layout);
+  }
+}
+
+template <typename T>
+void add_rms_norm_fwd(const T* x, const T* residual, const T* weight, T* y, T* h, float* rstd,
+                      NormShape shape, float epsilon) {
+  const int64_t cols = shape.cols;
+  const std::vector<float> w = column_vector_or(weight, cols, 1.f);
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  advise_huge_pages(y, sizeof(T) * shape.rows * cols);
+  if (h != residual) advise_huge_pages(h, sizeof(T) * shape.rows * cols);
+#pragma omp parallel
+  {
+    RowReader<T> x_reader(cols), res_reader(cols), h_reader(cols);
+    RowWriter<T> h_writer(cols), y_writer(cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < shape.rows; ++r) {
+      const float* xr = x_reader.read(x + r * cols, cols);
+      const float* resr = res_reader.read(residual + r * cols, cols);
+      float* hr = h_writer.target(h + r * cols);
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) hr[c] = xr[c] + resr[c];
+      h_writer.commit(h + r * cols, cols);
+      // Normalise the h that is returned (rounded to T), not the unrounded sum,
+      // so y == rms_norm(h) exactly as a two-op composition would compute it.
+      const float* hs = h_reader.read(h + r * cols, cols);
+      const float rs = 1.f / std::sqrt(row_centered_square_sum(hs, 0.f, cols) * inv_cols + epsilon);
+      float* yr = y_writer.target(y + r * cols);
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) yr[c] = hs[c] * rs * w[c];
+      y_writer.commit(y + r * cols, cols);
+      rstd[r] = rs;
+    }
+  }
+}
+
+#define JAXOPS_INSTANTIATE_NORMS(T)                                                            \
+  template void layer_norm_fwd<T>(const T*, const T*, const T*, T*, float*, float*, NormShape, \
+                                  float);                                                      \
+  template void layer_norm_bwd<T>(const T*, const T*, const T*, const float*, const float*,    \
+                                  T*, T*, T*, float*, NormShape, WeightGradLayout);            \
+  template void rms_norm_fwd<T>(const T*, const T*, T*, float*, NormShape, float);             \
+  template void rms_norm_bwd<T>(const T*, const T*, const T*, const float*, const T*, T*, T*,  \
+                                float*, NormShape, WeightGradLayout);                          \
+  template void add_rms_norm_fwd<T>(const T*, const T*, const T*, T*, T*, float*, NormShape,   \
+                                    float);
+
+JAXOPS_INSTANTIATE_NORMS(float)
+JAXOPS_INSTANTIATE_NORMS(bfloat16)
+JAXOPS_INSTANTIATE_NORMS(float16)
+
+}  // namespace jaxops::cpu

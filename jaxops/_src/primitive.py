@@ -1,0 +1,214 @@
+"""The one mechanism that turns an operator description into a JAX primitive.
+
+Every jaxops kernel is reached through a :class:`FfiPrimitive`. A description
+names the primitive, its custom-call target, the types of its static attributes,
+its abstract evaluation and a pure-``jnp`` reference with the same signature and
+outputs. From that, the mechanism registers:
+
+* abstract evaluation (``abstract_eval``);
+* lowering: an XLA FFI custom call on every platform that has a kernel (``cpu``
+  and ``cuda``), with each static parameter converted to the attribute type the
+  C++ handler binds (a Python float would otherwise become an f64 attribute and
+  fail to bind against ``Attr<float>``, and only on the device); on any other
+  platform the reference is lowered instead, so a program still runs there;
+* an optional hidden workspace result: scratch memory the kernel needs, added to
+  the custom call in the lowering and dropped there, so JAX (abstract eval,
+  batching, AD) never sees it. Device kernels run asynchronously, so their
+  scratch must be an XLA-owned buffer that outlives the launch;
+* a batching rule: the op's own rule when it has one (``batch_rule``), else
+  ``vmap`` of the reference (correct for every op, but it leaves the kernel);
+* a JVP rule that differentiates the reference. Public functions pair a forward
+  and a backward primitive with ``jax.custom_vjp``, so first-order gradients use
+  the fused backward kernel; this rule is what makes the backward primitive
+  differentiable again (``check_grads(order=2)``);
+* an eager implementation (``jit`` of the primitive).
+
+Nothing here imports from ``jax._src``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jaxops._src import ffi_targets
+
+# What batching rules receive as the batch dimension of an unbatched operand.
+NOT_MAPPED = None
+
+# Platforms for which jaxops ships kernels, as JAX's lowering names them.
+KERNEL_PLATFORMS = ("cpu", "cuda")
+
+Avals = Sequence[jax.core.ShapedArray]
+BatchRule = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class FfiPrimitive:
+  """A primitive lowered to the FFI target ``target`` (same name on every platform).
+
+  Attributes:
+    name: primitive name (shown in jaxprs), e.g. ``"jaxops_layer_norm_fwd"``.
+    target: custom-call target name registered by the C++ handlers.
+    abstract_eval: ``(*avals, **params) -> tuple[ShapedArray, ...]``.
+    reference: ``(*arrays, **params) -> tuple[Array, ...]`` in pure ``jnp``,
+      with the same outputs as the kernel (the specification of the primitive).
+    attributes: static parameter name -> numpy scalar type the handler binds
+      (``np.float32`` for ``Attr<float>``, ``np.int64`` for ``Attr<int64_t>``...).
+    workspace: optional ``(avals_in, params, platform) -> ShapedArray`` of a
+      scratch result appended to the custom call and dropped after it.
+    batch_rule: optional ``(prim, args, dims, **params) -> (outs, out_dims) | None``;
+      returning ``None`` falls back to ``vmap`` of the reference.
+    input_output_aliases: ``{operand index: result index}`` the kernel may
+      write in place (XLA copies the operand first when it is still live).
+  """
+
+  name: str
+  target: str
+  abstract_eval: Callable[..., tuple]
+  reference: Callable[..., tuple]
+  attributes: Mapping[str, type] = dataclasses.field(default_factory=dict)
+  workspace: Callable[..., jax.core.ShapedArray] | None = None
+  batch_rule: BatchRule | None = None
+  input_output_aliases: Mapping[int, int] = dataclasses.field(default_factory=dict)
+  primitive: Primitive = dataclasses.field(init=False, repr=False, compare=False)
+
+  def __post_init__(self):
+    prim = Primitive(self.name)
+    prim.multiple_results = True
+    object.__setattr__(self, "primitive", prim)
+    prim.def_abstract_eval(self._abstract_eval)
+    prim.def_impl(self._eager)
+    mlir.register_lowering(
+        prim, mlir.lower_fun(self._reference_tuple, multiple_results=True))
+    for platform in KERNEL_PLATFORMS:
+      mlir.register_lowering(prim, self._ffi_lowering(platform), platform=platform)
+    batching.primitive_batchers[prim] = self._batch
+    ad.primitive_jvps[prim] = self._jvp
+
+  def __call__(self, *args, **params) -> tuple:
+    return tuple(self.primitive.bind(*args, **params))
+
+  # -- rules -----------------------------------------------------------------
+
+  def _abstract_eval(self, *avals, **params):
+    return tuple(self.abstract_eval(*avals, **params))
+
+  def _reference_tuple(self, *args, **params):
+    return tuple(self.reference(*args, **params))
+
+  def _eager(self, *args, **params):
+    return _jitted_bind(self.primitive, tuple(sorted(params.items())))(*args)
+
+  def _ffi_lowering(self, platform: str):
+    def lowering(ctx, *operands, **params):
+      attrs = {key: self._typed_attribute(key, value) for key, value in params.items()}
+      workspace = None
+      if self.workspace is not None:
+        workspace = self.workspace(ctx.avals_in, params, platform)
+        ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+      rule = jax.ffi.ffi_lowering(
+          self.target, operand_output_aliases=dict(self.input_output_aliases) or None)
+      results = rule(ctx, *operands, **attrs)
+      return results[:-1] if workspace is not None else results
+
+    return lowering
+
+  def _typed_attribute(self, key: str, value):
+    if key not in self.attributes:
+      raise TypeError(f"{self.name}: parameter {key!r} has no declared attribute type")
+    return self.attributes[key](value)
+
+  def _batch(self, args, dims, **params):
+    if self.batch_rule is not None:
+      result = self.batch_rule(self, args, dims, **params)
+      if result is not None:
+        return result
+    return vmap_reference(self.reference, args, dims, **params)
+
+  def _jvp(self, primals, tangents, **params):
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    primal_out, tangent_out = jax.jvp(
+        lambda *a: self._reference_tuple(*a, **params), tuple(primals), tuple(tangents))
+    return primal_out, tangent_out
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_bind(prim: Primitive, params: tuple):
+  return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
+
+
+def vmap_reference(reference, args, dims, **params):
+  """Batching fallback: the reference under ``vmap``, outputs batched on axis 0."""
+  outs = jax.vmap(lambda *a: tuple(reference(*a, **params)), in_axes=tuple(dims))(*args)
+  return outs, (0,) * len(outs)
+
+
+def batch_to_front(args, dims, which: Sequence[int]):
+  """Moves the vmapped axis of ``args[i]`` (i in ``which``) to the front.
+
+  Unbatched ones among ``which`` are broadcast, so all share the leading batch
+  axis. Returns ``(new_args, batch_size)``; other args are left as they are.
+  """
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not NOT_MAPPED)
+  out = list(args)
+  for i in which:
+    if dims[i] is NOT_MAPPED:
+      out[i] = jnp.broadcast_to(args[i], (size, *args[i].shape))
+    else:
+      out[i] = jnp.moveaxis(args[i], dims[i], 0)
+  return out, size
+
+
+def is_batched(dims, which: Sequence[int]) -> bool:
+  return any(dims[i] is not NOT_MAPPED for i in which)
+
+
+# -- choosing an implementation ------------------------------------------------
+
+IMPLEMENTATIONS = (None, "ffi", "xla")
+
+
+def use_kernel(op: str, implementation: str | None, dtypes: Sequence[Any]) -> bool:
+  """Whether a public op runs its primitive (True) or its jnp reference (False).
+
+  ``None`` picks the kernel when the default backend has one and the dtypes are
+  supported; ``"ffi"`` insists on it (clear error otherwise); ``"xla"`` always
+  takes the reference.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"{op}: implementation must be one of None, 'ffi', 'xla'; got {implementation!r}")
+  if implementation == "xla":
+    return False
+  backend = current_platform()
+  supported_dtype = all(jnp.dtype(d) in SUPPORTED_FLOAT_DTYPES for d in dtypes)
+  available = backend in KERNEL_PLATFORMS and ffi_targets.available(backend)
+  if implementation == "ffi":
+    if not available:
+      raise ValueError(
+          f"{op}: implementation='ffi' needs a jaxops kernel for the {backend!r} backend; "
+          f"kernels exist for {KERNEL_PLATFORMS} (the CUDA one only when jaxops was built with nvcc)")
+    if not supported_dtype:
+      raise TypeError(f"{op}: implementation='ffi' supports float32, bfloat16 and float16; "
+                      f"got {[str(jnp.dtype(d)) for d in dtypes]}")
+    return True
+  return available and supported_dtype
+
+
+SUPPORTED_FLOAT_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
+
+
+def current_platform() -> str:
+  """The default backend as lowering names platforms: "cpu", "cuda", "rocm", "tpu"."""
+  backend = jax.default_backend()
+  if backend == "gpu":
+    version = getattr(jax.devices()[0].client, "platform_version", "").lower()
+    return "rocm" if "rocm" in version else "cuda"
+  return backend

@@ -1,0 +1,79 @@
+"""``python -m jaxops.bench norms``: layer_norm, rms_norm, add_rms_norm vs the jnp reference.
+
+For each op, dtype and shape: forward, and forward+backward (a VJP with a given
+cotangent), for jaxops and for ``implementation="xla"`` in the same process.
+Prints median ms, effective GB/s (the bytes an ideal fused kernel must move:
+each input read once, each output written once) and the speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+import jaxops
+from jaxops.bench.timing import machine_line, time_jitted
+
+# op -> (function, number of x-shaped inputs, x-shaped arrays moved forward,
+#        x-shaped arrays moved forward+backward)
+_OPS = {
+    "layer_norm": (lambda x, r, w, b, impl: jaxops.layer_norm(x, w, b, implementation=impl), 1, 2, 5),
+    "rms_norm": (lambda x, r, w, b, impl: jaxops.rms_norm(x, w, implementation=impl), 1, 2, 5),
+    "add_rms_norm": (lambda x, r, w, b, impl: jaxops.add_rms_norm(x, r, w, implementation=impl), 2, 4, 8),
+}
+
+
+def _parse(argv):
+  parser = argparse.ArgumentParser(prog="python -m jaxops.bench norms", description=__doc__)
+  parser.add_argument("--ops", nargs="+", default=list(_OPS), choices=list(_OPS))
+  parser.add_argument("--shapes", nargs="+", default=["8192x4096", "32768x1024"],
+                      help="rows x cols, e.g. 8192x4096")
+  parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+  parser.add_argument("--runs", type=int, default=7)
+  return parser.parse_args(argv)
+
+
+def main(argv=()):
+  args = _parse(argv)
+  print(f"# {machine_line()}")
+  print(f"# median of {args.runs} runs after warm-up; GB/s counts each x-shaped input read once "
+        "and each output written once; 'sys' = share of CPU time in the kernel (page faults)")
+  header = (f"{'op':<13} {'shape':<11} {'dtype':<9} {'pass':<8} {'jaxops ms':>10} {'GB/s':>6} "
+            f"{'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} {'speed-up':>8}")
+  print(header)
+  for op in args.ops:
+    fn, n_inputs, fwd_arrays, fwd_bwd_arrays = _OPS[op]
+    for shape_text in args.shapes:
+      shape = tuple(int(s) for s in shape_text.split("x"))
+      for dtype_name in args.dtypes:
+        dtype = jnp.dtype(dtype_name)
+        keys = jax.random.split(jax.random.key(0), 4)
+        x = jax.random.normal(keys[0], shape, jnp.float32).astype(dtype)
+        r = jax.random.normal(keys[1], shape, jnp.float32).astype(dtype)
+        w = (1.0 + 0.1 * jax.random.normal(keys[2], shape[-1:])).astype(dtype)
+        b = (0.1 * jax.random.normal(keys[3], shape[-1:])).astype(dtype)
+        dy = jnp.ones(shape, dtype)
+        array_bytes = x.size * dtype.itemsize
+        passes = [("fwd", fwd_arrays, ()), ("fwd+bwd", fwd_bwd_arrays, ())]
+        if n_inputs == 2:
+          # The sum is written over the residual when the caller donates it.
+          passes.insert(1, ("fwd don.", fwd_arrays, (1,)))
+        for pass_name, arrays, donate in passes:
+          results = {}
+          for impl in (None, "xla"):
+            if pass_name.startswith("fwd") and "bwd" not in pass_name:
+              f = lambda x, r, w, b, dy, impl=impl: fn(x, r, w, b, impl)
+            else:
+              def f(x, r, w, b, dy, impl=impl):
+                out, vjp = jax.vjp(lambda x, r, w, b: fn(x, r, w, b, impl), x, r, w, b)
+                return vjp(jax.tree.map(lambda o: dy, out))
+            results[impl] = time_jitted(f, x, r, w, b, dy, runs=args.runs, donate_argnums=donate)
+          ours, xla = results[None], results["xla"]
+          gbs = lambda t: arrays * array_bytes / (t.median_ms * 1e-3) / 1e9
+          print(f"{op:<13} {shape_text:<11} {dtype_name:<9} {pass_name:<8} "
+                f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
+                f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
+                f"{xla.median_ms / ours.median_ms:>7.2f}x", flush=True)
+  return 0
