@@ -641,10 +641,12 @@ void rows_meeting_keys(const Geometry& g, int64_t q_valid, int64_t kv_valid, int
 
 // Loads query rows t0 .. t0 + rows of head n (and their dout, delta, lse) into
 // scratch; rows past `rows` up to kRowTile are zero and contribute nothing.
+// With a logsumexp cotangent the logit gradient is P * (dP - delta + dlse):
+// it is folded into delta.
 template <typename T>
 void load_query_tile(const Geometry& g, const T* q, const T* out, const float* lse,
-                     const T* dout, int64_t b, int64_t n, int64_t t0, int64_t rows,
-                     int64_t kv_valid, const BackwardScratch& s) {
+                     const T* dout, const float* dlse, int64_t b, int64_t n, int64_t t0,
+                     int64_t rows, int64_t kv_valid, const BackwardScratch& s) {
   const int64_t Br = kRowTile, H = g.H, Hp = g.Hp;
   for (int64_t i = 0; i < Br; ++i) {
     float* qrow = s.qn + i * Hp;
@@ -659,6 +661,7 @@ void load_query_tile(const Geometry& g, const T* q, const T* out, const float* l
       widen_row(out + at, s.row, H);
       float delta = 0.0f;
       for (int64_t h = 0; h < H; ++h) delta += drow[h] * s.row[h];
+      if (dlse) delta -= dlse[(b * g.N + n) * g.T + t];
       s.delta[i] = delta;
       const float l = lse[(b * g.N + n) * g.T + t];
       s.lse2[i] = l == -kInf ? kInf : l * kLog2e;
@@ -707,7 +710,8 @@ void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, 
 template <typename T>
 void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPlan& plan,
                    const T* q, const T* k, const T* v, const T* out, const float* lse,
-                   const T* dout, T* dq, T* dk, T* dv, float* dq_acc, int64_t b, int64_t kh,
+                   const T* dout, const float* dlse, T* dq, T* dk, T* dv, float* dq_acc,
+                   int64_t b, int64_t kh,
                    int64_t chunk, const BackwardScratch& s) {
   const int64_t Br = kRowTile, Bc = kKeyTile, H = g.H, Hp = g.Hp;
   const int64_t q_valid = g.q_valid(b), kv_valid = g.kv_valid(b);
@@ -729,7 +733,7 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
       const int64_t n = kh * g.G + gi;
       for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
         const int64_t rows = std::min(Br, t_end - t0);
-        load_query_tile(g, q, out, lse, dout, b, n, t0, rows, kv_valid, s);
+        load_query_tile(g, q, out, lse, dout, dlse, b, n, t0, rows, kv_valid, s);
         const bool inside = g.lo(t0 + rows - 1) <= j0 && g.hi(t0, kv_valid) >= j0 + jn;
         probabilities_and_logit_grads(p, g, b, rows, j0, jn, inside, s);
 
@@ -760,7 +764,8 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
 // over the broadcast (stride 0) dims, so every dbias element has one writer.
 template <typename T>
 void dbias_item(const AttentionParams& p, const Geometry& g, const T* q, const T* k,
-                const T* v, const T* out, const float* lse, const T* dout, float* dbias,
+                const T* v, const T* out, const float* lse, const T* dout, const float* dlse,
+                float* dbias,
                 int64_t b_item, int64_t n_item, int64_t t_tile, int64_t k_tile,
                 const BackwardScratch& s) {
   const int64_t Br = kRowTile, Bc = kKeyTile;
@@ -783,7 +788,7 @@ void dbias_item(const AttentionParams& p, const Geometry& g, const T* q, const T
         const int64_t key_begin = std::max(k_lo, g.lo(t0));
         const int64_t key_end = std::min(k_hi, g.hi(t0 + rows - 1, kv_valid));
         if (key_begin >= key_end) continue;
-        load_query_tile(g, q, out, lse, dout, b, n, t0, rows, kv_valid, s);
+        load_query_tile(g, q, out, lse, dout, dlse, b, n, t0, rows, kv_valid, s);
         for (int64_t j0 = key_begin; j0 < key_end; j0 += Bc) {
           const int64_t jn = std::min(Bc, key_end - j0);
           load_kv_tile(g, k, b, kh, j0, jn, s.kf, g.Hp);
@@ -877,8 +882,8 @@ size_t attention_bwd_workspace_bytes(const AttentionParams& p, bool with_dbias) 
 
 template <typename T>
 void attention_bwd(const AttentionParams& p, const T* q, const T* k, const T* v, const T* out,
-                   const float* lse, const T* dout, T* dq, T* dk, T* dv, float* dbias,
-                   void* workspace) {
+                   const float* lse, const T* dout, const float* dlse, T* dq, T* dk, T* dv,
+                   float* dbias, void* workspace) {
   const Geometry g(p);
   if (g.B == 0 || g.N == 0 || g.H == 0) return;
   const BackwardPlan plan = plan_backward<T>(g);
@@ -916,7 +921,8 @@ void attention_bwd(const AttentionParams& p, const T* q, const T* k, const T* v,
     for (int64_t item = 0; item < items; ++item) {
       const int64_t chunk = item / groups;
       const int64_t b = (item % groups) / g.K, kh = item % g.K;
-      backward_item(p, g, plan, q, k, v, out, lse, dout, dq, dk, dv, dq_acc, b, kh, chunk, s);
+      backward_item(p, g, plan, q, k, v, out, lse, dout, dlse, dq, dk, dv, dq_acc, b, kh, chunk,
+                    s);
     }
 
     // dq rows: the accumulators are [chunk, B, N, T, Hp]; dq is [B, T, N, H].
@@ -944,7 +950,7 @@ void attention_bwd(const AttentionParams& p, const T* q, const T* k, const T* v,
       for (int64_t item = 0; item < dbias_items; ++item) {
         const int64_t kt = item % nk, tt = (item / nk) % nt;
         const int64_t n = (item / (nk * nt)) % nn, b = item / (nk * nt * nn);
-        dbias_item(p, g, q, k, v, out, lse, dout, dbias, b, n, tt, kt, s);
+        dbias_item(p, g, q, k, v, out, lse, dout, dlse, dbias, b, n, tt, kt, s);
       }
     }
   }
@@ -956,8 +962,8 @@ void attention_bwd(const AttentionParams& p, const T* q, const T* k, const T* v,
                                  float*, void*);                                          \
   template size_t attention_bwd_workspace_bytes<T>(const AttentionParams&, bool);         \
   template void attention_bwd<T>(const AttentionParams&, const T*, const T*, const T*,     \
-                                 const T*, const float*, const T*, T*, T*, T*, float*,    \
-                                 void*);
+                                 const T*, const float*, const T*, const float*, T*, T*,  \
+                                 T*, float*, void*);
 JAXOPS_ATTENTION_INSTANTIATE(float)
 JAXOPS_ATTENTION_INSTANTIATE(bfloat16)
 JAXOPS_ATTENTION_INSTANTIATE(float16)

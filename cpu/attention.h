@@ -71,13 +71,15 @@ void attention_fwd(const AttentionParams& p, const T* query, const T* key,
 template <typename T>
 size_t attention_bwd_workspace_bytes(const AttentionParams& p, bool with_dbias);
 
-// Gradients of out with respect to query, key, value and (when dbias is not
-// null) bias. out and logsumexp are the forward's results for the same inputs.
+// Gradients with respect to query, key, value and (when dbias is not null)
+// bias, given the cotangent dout of out and, when not null, the cotangent
+// dlogsumexp [B,N,T] of logsumexp. out and logsumexp are the forward's results
+// for the same inputs.
 template <typename T>
 void attention_bwd(const AttentionParams& p, const T* query, const T* key,
                    const T* value, const T* out, const float* logsumexp,
-                   const T* dout, T* dquery, T* dkey, T* dvalue, float* dbias,
-                   void* workspace);
+                   const T* dout, const float* dlogsumexp, T* dquery, T* dkey,
+                   T* dvalue, float* dbias, void* workspace);
 
 #define JAXOPS_ATTENTION_DECLARE(T)                                            \
   extern template size_t attention_fwd_workspace_bytes<T>(                     \
@@ -89,7 +91,7 @@ void attention_bwd(const AttentionParams& p, const T* query, const T* key,
       const AttentionParams&, bool);                                           \
   extern template void attention_bwd<T>(                                       \
       const AttentionParams&, const T*, const T*, const T*, const T*,          \
-      const float*, const T*, T*, T*, T*, float*, void*);
+      const float*, const T*, const float*, T*, T*, T*, float*, void*);
 JAXOPS_ATTENTION_DECLARE(float)
 JAXOPS_ATTENTION_DECLARE(Eigen::bfloat16)
 JAXOPS_ATTENTION_DECLARE(Eigen::half)

@@ -38,6 +38,7 @@ struct Case {
   // Broadcast shape of mask / bias over [B, N, T, S]: 1 = broadcast, 0 = full; empty = absent.
   std::vector<int> mask_bcast = {}, bias_bcast = {};
   float scale = 0;  // 0: 1/sqrt(H)
+  bool with_dlse = false;  // backward also gets a logsumexp cotangent
 };
 
 struct Problem {
@@ -133,8 +134,10 @@ struct Reference {
 };
 
 // Naive attention in double: per (b, n, t) row, logits over all keys.
+// dlse (may be empty) is the cotangent of the logsumexp.
 Reference reference(const Problem& pr, const std::vector<double>& q, const std::vector<double>& k,
-                    const std::vector<double>& v, const std::vector<double>& dout) {
+                    const std::vector<double>& v, const std::vector<double>& dout,
+                    const std::vector<double>& dlse) {
   const AttentionParams& p = pr.p;
   const int64_t B = p.batch, T = p.q_len, S = p.kv_len, N = p.num_heads, K = p.num_kv_heads,
                 H = p.head_dim, G = N / K;
@@ -179,6 +182,7 @@ Reference reference(const Problem& pr, const std::vector<double>& q, const std::
         }
         double delta = 0;
         for (int64_t h = 0; h < H; ++h) delta += dor[h] * o[h];
+        if (!dlse.empty()) delta -= dlse[(b * N + n) * T + t];
         for (int64_t j = 0; j < S; ++j) {
           if (prob[j] == 0.0) continue;
           const double* vr = &v[((b * S + j) * K + kh) * H];
@@ -280,7 +284,10 @@ bool run_case(const Case& c, int threads, const char* type_name) {
   auto k = random_tensor<T>(kn, rng, &kd);
   auto v = random_tensor<T>(kn, rng, &vd);
   auto dout = random_tensor<T>(qn, rng, &dod);
-  Reference ref = reference(pr, qd, kd, vd, dod);
+  std::vector<double> dlse_d;
+  std::vector<float> dlse;
+  if (c.with_dlse) dlse = random_tensor<float>(c.B * c.N * c.T, rng, &dlse_d);
+  Reference ref = reference(pr, qd, kd, vd, dod, dlse_d);
 
   std::vector<T> out(qn), dq(qn), dk(kn), dv(kn);
   std::vector<float> lse(c.B * c.N * c.T);
@@ -298,8 +305,8 @@ bool run_case(const Case& c, int threads, const char* type_name) {
 
   jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
   jaxops::cpu::attention_bwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                                dout.data(), dq.data(), dk.data(), dv.data(),
-                                p.bias ? dbias.data() : nullptr, ws.data());
+                                dout.data(), c.with_dlse ? dlse.data() : nullptr, dq.data(),
+                                dk.data(), dv.data(), p.bias ? dbias.data() : nullptr, ws.data());
 
   bool ok = true;
   const double tol = tolerance<T>();
@@ -336,7 +343,8 @@ bool run_fully_masked_rows() {
                                 jaxops::cpu::attention_bwd_workspace_bytes<float>(p, false)));
   jaxops::cpu::attention_fwd<float>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
   jaxops::cpu::attention_bwd<float>(p, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                                    dout.data(), dq.data(), dk.data(), dv.data(), nullptr, ws.data());
+                                    dout.data(), nullptr, dq.data(), dk.data(), dv.data(), nullptr,
+                                    ws.data());
   bool ok = true;
   for (int64_t n = 0; n < c.N; ++n) {
     for (int64_t t = 0; t < c.T; ++t) {
@@ -462,6 +470,7 @@ std::vector<Case> cases() {
     Case c{"bias [1,1,T,1] all masks", 2, 81, 97, 4, 2, 32};
     c.bias_bcast = {1, 1, 0, 1};
     c.mask_bcast = {0, 1, 0, 0};
+    c.with_dlse = true;
     c.causal = true;
     c.offset = 16;
     c.wl = 40;
@@ -477,8 +486,9 @@ std::vector<Case> cases() {
   }
   cs.push_back({"odd H=7", 1, 20, 30, 2, 2, 7});
   {
-    Case c{"scale 0.5", 1, 20, 30, 2, 2, 16};
+    Case c{"scale 0.5, dlse", 1, 20, 30, 2, 2, 16};
     c.scale = 0.5f;
+    c.with_dlse = true;
     cs.push_back(c);
   }
   return cs;
@@ -527,7 +537,8 @@ void bench_case(int64_t B, int64_t T_len, int64_t S, int64_t N, int64_t K, int64
     const double t0 = now_seconds(), c0 = cpu_seconds();
     if (backward) {
       jaxops::cpu::attention_bwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(),
-                                    dout.data(), dq.data(), dk.data(), dv.data(), nullptr, ws.data());
+                                    dout.data(), nullptr, dq.data(), dk.data(), dv.data(), nullptr,
+                                    ws.data());
     } else {
       jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
     }
