@@ -77,8 +77,24 @@ inline VecI vloadi(const int32_t* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline VecF vsplat(float x) { return VecF{} + x; }
-inline VecI vsplati(int32_t x) { return VecI{} + x; }
+// Broadcasts (not VecF{} + x: adding 0.0f is not an identity for -0.0f, so the
+// compiler keeps an extra add in the inner loops).
+inline VecF vsplat(float x) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#elif defined(__AVX__)
+  return _mm256_set1_ps(x);
+#else
+  VecF v;
+  for (int i = 0; i < kLanes; ++i) v[i] = x;
+  return v;
+#endif
+}
+inline VecI vsplati(int32_t x) {
+  VecI v;
+  for (int i = 0; i < kLanes; ++i) v[i] = x;
+  return v;
+}
 
 inline VecF vfma(VecF a, VecF b, VecF c) {
 #if defined(__AVX512F__)
@@ -129,8 +145,10 @@ inline VecF vexp2(VecF x) {
 // ---------------------------------------------------------------------------
 // Conversions between storage types and float32 rows.
 
+// Rows are short (a head): an inline loop, not a library memcpy call.
 inline void widen_row(const float* src, float* dst, int64_t n) {
-  std::memcpy(dst, src, sizeof(float) * n);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
 }
 
 inline void widen_row(const bfloat16* src, float* dst, int64_t n) {
@@ -555,57 +573,53 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
 // and every query tile that attends to it, so dk/dv are written once, by one
 // item. dq is accumulated per chunk (directly into dq when there is one chunk
 // and the layout allows) and the chunks are summed in a fixed order.
+//
+// Unlike the forward, score tiles here are [query row][key], vectorised over
+// keys: the key tile is transposed once and then serves every query tile of
+// the group, while query and output-gradient rows are read in place (float
+// inputs with H a multiple of the vector width) or converted row by row.
 
 struct BackwardScratch {
-  float* kf;    // [Bc][Hp] key tile, float, zero padded
-  float* vf;    // [Bc][Hp]
-  float* dk;    // [Bc][Hp] dk accumulator
-  float* dv;    // [Bc][Hp]
-  float* qn;    // [Br][Hp] query tile
-  float* dn;    // [Br][Hp] output-gradient tile
-  float* qt;    // [H][Br] transposed
-  float* dt;    // [H][Br]
-  float* st;    // [Bc][Br] probabilities, transposed
-  float* dst;   // [Bc][Br] dP, then dS (gradient of the logits), transposed
-  float* row;   // [Hp]
-  float* row2;  // [Hp]
-  float* delta; // [Br] rowsum(dout * out)
-  float* lse2;  // [Br] logsumexp in log2 units (+inf: row contributes nothing)
-  int32_t* lo;  // [Br]
-  int32_t* hi;
-  int64_t* t;   // [Br]
-  int64_t* n;   // [Br]
+  float* kt;     // [H][Bc] key tile, transposed, zero past the tile's keys
+  float* vt;     // [H][Bc]
+  float* kn;     // [Bc][Hp] key tile as float rows (when not read in place)
+  float* dk;     // [Bc][Hp] accumulators
+  float* dv;     // [Bc][Hp]
+  float* qn;     // [Br][Hp] query rows as float (when not read in place)
+  float* dn;     // [Br][Hp] output-gradient rows
+  float* p;      // [Br][Bc] probabilities
+  float* ds;     // [Br][Bc] dP, then dS (the gradient of the logits)
+  float* row;    // [Hp]
+  float* row2;   // [Hp]
+  float* delta;  // [G * T] rowsum(dout * out) - dlse, per (head of the group, row)
+  float* lse2;   // [G * T] logsumexp in log2 units; +inf: the row has no key
 };
 
 BackwardScratch carve_backward(const Geometry& g, Arena& arena) {
   const int64_t Br = kRowTile, Bc = kKeyTile;
   BackwardScratch s;
-  s.kf = arena.take<float>(Bc * g.Hp);
-  s.vf = arena.take<float>(Bc * g.Hp);
+  s.kt = arena.take<float>(g.H * Bc);
+  s.vt = arena.take<float>(g.H * Bc);
+  s.kn = arena.take<float>(Bc * g.Hp);
   s.dk = arena.take<float>(Bc * g.Hp);
   s.dv = arena.take<float>(Bc * g.Hp);
   s.qn = arena.take<float>(Br * g.Hp);
   s.dn = arena.take<float>(Br * g.Hp);
-  s.qt = arena.take<float>(g.H * Br);
-  s.dt = arena.take<float>(g.H * Br);
-  s.st = arena.take<float>(Bc * Br);
-  s.dst = arena.take<float>(Bc * Br);
+  s.p = arena.take<float>(Br * Bc);
+  s.ds = arena.take<float>(Br * Bc);
   s.row = arena.take<float>(g.Hp);
   s.row2 = arena.take<float>(g.Hp);
-  s.delta = arena.take<float>(Br);
-  s.lse2 = arena.take<float>(Br);
-  s.lo = arena.take<int32_t>(Br);
-  s.hi = arena.take<int32_t>(Br);
-  s.t = arena.take<int64_t>(Br);
-  s.n = arena.take<int64_t>(Br);
+  s.delta = arena.take<float>(g.G * g.T);
+  s.lse2 = arena.take<float>(g.G * g.T);
   return s;
 }
 
 struct BackwardPlan {
   int64_t key_tiles;
-  int64_t chunks;           // key-tile chunks per (batch, kv head)
-  bool dq_direct;           // accumulate into dq itself (float, one chunk, H % lanes == 0)
-  int64_t dq_acc_floats;    // else: [chunks, B, N, T, Hp] float accumulators
+  int64_t chunks;         // key-tile chunks per (batch, kv head)
+  bool in_place;          // float rows with H % lanes == 0 are read where they are
+  bool dq_direct;         // accumulate into dq itself (in place and one chunk)
+  int64_t dq_acc_floats;  // else: [chunks, B, N, T, Hp] float accumulators
 };
 
 template <typename T>
@@ -615,7 +629,8 @@ BackwardPlan plan_backward(const Geometry& g) {
   const int64_t base = std::max<int64_t>(g.B * g.K, 1);
   plan.chunks = std::clamp<int64_t>(ceil_div(kMinBackwardItems, base), 1,
                                     std::max<int64_t>(plan.key_tiles, 1));
-  plan.dq_direct = std::is_same_v<T, float> && plan.chunks == 1 && g.H == g.Hp;
+  plan.in_place = std::is_same_v<T, float> && g.H == g.Hp;
+  plan.dq_direct = plan.in_place && plan.chunks == 1;
   plan.dq_acc_floats = plan.dq_direct ? 0 : plan.chunks * g.B * g.N * g.T * g.Hp;
   return plan;
 }
@@ -630,7 +645,6 @@ void rows_meeting_keys(const Geometry& g, int64_t q_valid, int64_t kv_valid, int
     if (g.hi(mid, kv_valid) > j0) z = mid; else a = mid + 1;
   }
   *t_begin = a;
-  a = *t_begin;
   z = q_valid;
   while (a < z) {
     const int64_t mid = (a + z) / 2;
@@ -639,70 +653,115 @@ void rows_meeting_keys(const Geometry& g, int64_t q_valid, int64_t kv_valid, int
   *t_end = a;
 }
 
-// Loads query rows t0 .. t0 + rows of head n (and their dout, delta, lse) into
-// scratch; rows past `rows` up to kRowTile are zero and contribute nothing.
+// delta = rowsum(dout * out) - dlse and lse in log2 units for rows t0.. of head n.
 // With a logsumexp cotangent the logit gradient is P * (dP - delta + dlse):
 // it is folded into delta.
 template <typename T>
-void load_query_tile(const Geometry& g, const T* q, const T* out, const float* lse,
-                     const T* dout, const float* dlse, int64_t b, int64_t n, int64_t t0,
-                     int64_t rows, int64_t kv_valid, const BackwardScratch& s) {
-  const int64_t Br = kRowTile, H = g.H, Hp = g.Hp;
-  for (int64_t i = 0; i < Br; ++i) {
-    float* qrow = s.qn + i * Hp;
-    float* drow = s.dn + i * Hp;
-    s.n[i] = n;
-    if (i < rows) {
-      const int64_t t = t0 + i;
-      const int64_t at = ((b * g.T + t) * g.N + n) * H;
-      s.t[i] = t;
-      widen_row(q + at, qrow, H);
-      widen_row(dout + at, drow, H);
-      widen_row(out + at, s.row, H);
-      float delta = 0.0f;
-      for (int64_t h = 0; h < H; ++h) delta += drow[h] * s.row[h];
-      if (dlse) delta -= dlse[(b * g.N + n) * g.T + t];
-      s.delta[i] = delta;
-      const float l = lse[(b * g.N + n) * g.T + t];
-      s.lse2[i] = l == -kInf ? kInf : l * kLog2e;
-      s.lo[i] = static_cast<int32_t>(g.lo(t));
-      s.hi[i] = static_cast<int32_t>(g.hi(t, kv_valid));
-    } else {
-      s.t[i] = t0;
-      std::fill(qrow, qrow + H, 0.0f);
-      std::fill(drow, drow + H, 0.0f);
-      s.delta[i] = 0.0f;
-      s.lse2[i] = kInf;
-      s.lo[i] = std::numeric_limits<int32_t>::min();
-      s.hi[i] = std::numeric_limits<int32_t>::max();
-    }
-    std::fill(qrow + H, qrow + Hp, 0.0f);
-    std::fill(drow + H, drow + Hp, 0.0f);
-    for (int64_t h = 0; h < H; ++h) {
-      s.qt[h * Br + i] = qrow[h];
-      s.dt[h * Br + i] = drow[h];
-    }
+void row_statistics(const Geometry& g, const T* out, const float* lse, const T* dout,
+                    const float* dlse, int64_t b, int64_t n, int64_t t0, int64_t rows,
+                    float* delta, float* lse2, float* row, float* row2) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t at = ((b * g.T + t0 + i) * g.N + n) * g.H;
+    widen_row(out + at, row, g.H);
+    widen_row(dout + at, row2, g.H);
+    float sum = 0.0f;
+    for (int64_t h = 0; h < g.H; ++h) sum += row[h] * row2[h];
+    const int64_t stat = (b * g.N + n) * g.T + t0 + i;
+    delta[i] = dlse ? sum - dlse[stat] : sum;
+    lse2[i] = lse[stat] == -kInf ? kInf : lse[stat] * kLog2e;
   }
 }
 
-// For the loaded query tile and key tile (keys j0 .. j0 + jn in s.kf/s.vf):
-// s.st = P^T and s.dst = dS^T, the gradient of the logits.
-void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, int64_t b,
-                                   int64_t rows, int64_t j0, int64_t jn, bool inside,
-                                   const BackwardScratch& s) {
-  const int64_t Br = kRowTile;
-  gemm<Update::kOverwrite>(jn, Br, g.H, s.kf, g.Hp, 1, s.qt, Br, s.st, Br);
-  scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, j0, jn, Br, s.st);
-  for (int64_t c = 0; c < Br; c += kLanes) {
-    const VecF shift = vload(s.lse2 + c);
-    for (int64_t j = 0; j < jn; ++j) vstore(s.st + j * Br + c, vexp2(vload(s.st + j * Br + c) - shift));
+// Rows t0 .. t0 + rows of head n of a [B, X, N, H] tensor as float rows:
+// in place, or converted into buf (stride Hp, zero padded). Returns the first
+// row; *ld is the row stride.
+template <typename T>
+const float* query_side_rows(const Geometry& g, bool in_place, const T* x, int64_t b, int64_t n,
+                             int64_t t0, int64_t rows, float* buf, int64_t* ld) {
+  const T* first = x + ((b * g.T + t0) * g.N + n) * g.H;
+  if (in_place) {
+    *ld = g.N * g.H;
+    return reinterpret_cast<const float*>(first);
   }
-  gemm<Update::kOverwrite>(jn, Br, g.H, s.vf, g.Hp, 1, s.dt, Br, s.dst, Br);
-  for (int64_t c = 0; c < Br; c += kLanes) {
-    const VecF delta = vload(s.delta + c);
-    for (int64_t j = 0; j < jn; ++j) {
-      const VecF prob = vload(s.st + j * Br + c);
-      vstore(s.dst + j * Br + c, prob * (vload(s.dst + j * Br + c) - delta));
+  for (int64_t i = 0; i < rows; ++i) {
+    widen_row(first + i * g.N * g.H, buf + i * g.Hp, g.H);
+    std::fill(buf + i * g.Hp + g.H, buf + (i + 1) * g.Hp, 0.0f);
+  }
+  *ld = g.Hp;
+  return buf;
+}
+
+// The key and value tile of keys j0 .. j0 + jn: transposed (kt, vt: [H][Bc],
+// zero past jn) for the score products, and the keys as rows for dq.
+template <typename T>
+const float* load_backward_kv_tile(const Geometry& g, bool in_place, const T* k, const T* v,
+                                   int64_t b, int64_t kh, int64_t j0, int64_t jn,
+                                   const BackwardScratch& s, int64_t* ld_k) {
+  const int64_t Bc = kKeyTile;
+  std::fill(s.kt, s.kt + g.H * Bc, 0.0f);
+  std::fill(s.vt, s.vt + g.H * Bc, 0.0f);
+  for (int64_t j = 0; j < jn; ++j) {
+    const int64_t at = ((b * g.S + j0 + j) * g.K + kh) * g.H;
+    widen_row(k + at, s.row, g.H);
+    for (int64_t h = 0; h < g.H; ++h) s.kt[h * Bc + j] = s.row[h];
+    widen_row(v + at, s.row, g.H);
+    for (int64_t h = 0; h < g.H; ++h) s.vt[h * Bc + j] = s.row[h];
+  }
+  if (in_place) {
+    *ld_k = g.K * g.H;
+    return reinterpret_cast<const float*>(k + ((b * g.S + j0) * g.K + kh) * g.H);
+  }
+  load_kv_tile(g, k, b, kh, j0, jn, s.kn, g.Hp);
+  *ld_k = g.Hp;
+  return s.kn;
+}
+
+// For query rows t0 .. t0 + rows of head n (rows qr / dr, statistics delta /
+// lse2 indexed by row) against the loaded key tile: s.p = P and s.ds = dS.
+void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, int64_t b,
+                                   int64_t n, int64_t t0, int64_t rows, int64_t kv_valid,
+                                   int64_t j0, int64_t jn, const float* qr, int64_t ld_q,
+                                   const float* dr, int64_t ld_d, const float* delta,
+                                   const float* lse2, const BackwardScratch& s) {
+  const int64_t Bc = kKeyTile;
+  gemm<Update::kOverwrite>(rows, Bc, g.H, qr, ld_q, 1, s.kt, Bc, s.p, Bc);
+  gemm<Update::kOverwrite>(rows, Bc, g.H, dr, ld_d, 1, s.vt, Bc, s.ds, Bc);
+  // Columns past jn (the last tile) lie past every row's interval.
+  const bool inside = g.lo(t0 + rows - 1) <= j0 && g.hi(t0, kv_valid) >= j0 + Bc;
+  const VecF c = vsplat(p.scale * kLog2e);
+  VecI iota;
+  for (int l = 0; l < kLanes; ++l) iota[l] = l;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t t = t0 + i;
+    float* prow = s.p + i * Bc;
+    for (int64_t j = 0; j < Bc; j += kLanes) vstore(prow + j, vload(prow + j) * c);
+    if (p.bias) {
+      const int64_t* st = p.bias_strides;
+      const float* bias = p.bias + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
+      for (int64_t j = 0; j < jn; ++j) prow[j] += bias[j * st[3]] * kLog2e;
+    }
+    if (p.mask) {
+      const int64_t* st = p.mask_strides;
+      const uint8_t* mask = p.mask + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
+      for (int64_t j = 0; j < jn; ++j) {
+        if (!mask[j * st[3]]) prow[j] = -kInf;
+      }
+    }
+    const VecF shift = vsplat(lse2[i]);
+    const VecF row_delta = vsplat(delta[i]);
+    const VecF masked = vsplat(-kInf);
+    const VecI lo = vsplati(static_cast<int32_t>(g.lo(t) - j0));
+    const VecI hi = vsplati(static_cast<int32_t>(g.hi(t, kv_valid) - j0));
+    float* dsrow = s.ds + i * Bc;
+    for (int64_t j = 0; j < Bc; j += kLanes) {
+      VecF x = vload(prow + j);
+      if (!inside) {
+        const VecI key = iota + static_cast<int32_t>(j);
+        x = (key >= lo) & (key < hi) ? x : masked;
+      }
+      const VecF prob = vexp2(x - shift);
+      vstore(prow + j, prob);
+      vstore(dsrow + j, prob * (vload(dsrow + j) - row_delta));
     }
   }
 }
@@ -711,13 +770,16 @@ template <typename T>
 void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPlan& plan,
                    const T* q, const T* k, const T* v, const T* out, const float* lse,
                    const T* dout, const float* dlse, T* dq, T* dk, T* dv, float* dq_acc,
-                   int64_t b, int64_t kh,
-                   int64_t chunk, const BackwardScratch& s) {
+                   int64_t b, int64_t kh, int64_t chunk, const BackwardScratch& s) {
   const int64_t Br = kRowTile, Bc = kKeyTile, H = g.H, Hp = g.Hp;
   const int64_t q_valid = g.q_valid(b), kv_valid = g.kv_valid(b);
   const int64_t tile_begin = plan.key_tiles * chunk / plan.chunks;
   const int64_t tile_end = plan.key_tiles * (chunk + 1) / plan.chunks;
 
+  for (int64_t gi = 0; gi < g.G; ++gi) {
+    row_statistics(g, out, lse, dout, dlse, b, kh * g.G + gi, 0, q_valid, s.delta + gi * g.T,
+                   s.lse2 + gi * g.T, s.row, s.row2);
+  }
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int64_t j0 = tile * Bc;
     const int64_t jn = std::min(Bc, g.S - j0);
@@ -725,20 +787,20 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
     rows_meeting_keys(g, q_valid, kv_valid, j0, j0 + jn, &t_begin, &t_end);
     std::fill(s.dk, s.dk + jn * Hp, 0.0f);
     std::fill(s.dv, s.dv + jn * Hp, 0.0f);
-    if (t_begin < t_end) {
-      load_kv_tile(g, k, b, kh, j0, jn, s.kf, Hp);
-      load_kv_tile(g, v, b, kh, j0, jn, s.vf, Hp);
-    }
+    int64_t ld_k = 0;
+    const float* kr = t_begin < t_end
+        ? load_backward_kv_tile(g, plan.in_place, k, v, b, kh, j0, jn, s, &ld_k) : nullptr;
     for (int64_t gi = 0; gi < g.G && t_begin < t_end; ++gi) {
       const int64_t n = kh * g.G + gi;
       for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
         const int64_t rows = std::min(Br, t_end - t0);
-        load_query_tile(g, q, out, lse, dout, dlse, b, n, t0, rows, kv_valid, s);
-        const bool inside = g.lo(t0 + rows - 1) <= j0 && g.hi(t0, kv_valid) >= j0 + jn;
-        probabilities_and_logit_grads(p, g, b, rows, j0, jn, inside, s);
-
-        gemm<Update::kAdd>(jn, Hp, rows, s.st, Br, 1, s.dn, Hp, s.dv, Hp);
-        gemm<Update::kAdd>(jn, Hp, rows, s.dst, Br, 1, s.qn, Hp, s.dk, Hp);
+        int64_t ld_q, ld_d;
+        const float* qr = query_side_rows(g, plan.in_place, q, b, n, t0, rows, s.qn, &ld_q);
+        const float* dr = query_side_rows(g, plan.in_place, dout, b, n, t0, rows, s.dn, &ld_d);
+        probabilities_and_logit_grads(p, g, b, n, t0, rows, kv_valid, j0, jn, qr, ld_q, dr, ld_d,
+                                      s.delta + gi * g.T + t0, s.lse2 + gi * g.T + t0, s);
+        gemm<Update::kAdd>(jn, Hp, rows, s.p, 1, Bc, dr, ld_d, s.dv, Hp);
+        gemm<Update::kAdd>(jn, Hp, rows, s.ds, 1, Bc, qr, ld_q, s.dk, Hp);
         float* dq_rows;
         int64_t ld_dq;
         if (plan.dq_direct) {
@@ -748,7 +810,7 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
           dq_rows = dq_acc + (((chunk * g.B + b) * g.N + n) * g.T + t0) * Hp;
           ld_dq = Hp;
         }
-        gemm<Update::kAdd>(rows, Hp, jn, s.dst, 1, Br, s.kf, Hp, dq_rows, ld_dq);
+        gemm<Update::kAdd>(rows, Hp, jn, s.ds, Bc, 1, kr, ld_k, dq_rows, ld_dq);
       }
     }
     for (int64_t j = 0; j < jn; ++j) {
@@ -763,11 +825,10 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
 // dbias: one work item per dbias tile that is not broadcast; the item sums
 // over the broadcast (stride 0) dims, so every dbias element has one writer.
 template <typename T>
-void dbias_item(const AttentionParams& p, const Geometry& g, const T* q, const T* k,
-                const T* v, const T* out, const float* lse, const T* dout, const float* dlse,
-                float* dbias,
-                int64_t b_item, int64_t n_item, int64_t t_tile, int64_t k_tile,
-                const BackwardScratch& s) {
+void dbias_item(const AttentionParams& p, const Geometry& g, const BackwardPlan& plan,
+                const T* q, const T* k, const T* v, const T* out, const float* lse,
+                const T* dout, const float* dlse, float* dbias, int64_t b_item, int64_t n_item,
+                int64_t t_tile, int64_t k_tile, const BackwardScratch& s) {
   const int64_t Br = kRowTile, Bc = kKeyTile;
   const int64_t* st = p.bias_strides;
   const bool all_b = st[0] == 0, all_n = st[1] == 0, all_t = st[2] == 0, all_k = st[3] == 0;
@@ -783,21 +844,26 @@ void dbias_item(const AttentionParams& p, const Geometry& g, const T* q, const T
     const int64_t q_valid = g.q_valid(b), kv_valid = g.kv_valid(b);
     for (int64_t n = all_n ? 0 : n_item; n < (all_n ? g.N : n_item + 1); ++n) {
       const int64_t kh = n / g.G;
-      for (int64_t t0 = t_lo; t0 < std::min(t_hi, q_valid); t0 += Br) {
-        const int64_t rows = std::min({Br, t_hi - t0, q_valid - t0});
-        const int64_t key_begin = std::max(k_lo, g.lo(t0));
-        const int64_t key_end = std::min(k_hi, g.hi(t0 + rows - 1, kv_valid));
-        if (key_begin >= key_end) continue;
-        load_query_tile(g, q, out, lse, dout, dlse, b, n, t0, rows, kv_valid, s);
-        for (int64_t j0 = key_begin; j0 < key_end; j0 += Bc) {
-          const int64_t jn = std::min(Bc, key_end - j0);
-          load_kv_tile(g, k, b, kh, j0, jn, s.kf, g.Hp);
-          load_kv_tile(g, v, b, kh, j0, jn, s.vf, g.Hp);
-          const bool inside = g.lo(t0 + rows - 1) <= j0 && g.hi(t0, kv_valid) >= j0 + jn;
-          probabilities_and_logit_grads(p, g, b, rows, j0, jn, inside, s);
+      for (int64_t j0 = k_lo; j0 < k_hi; j0 += Bc) {
+        const int64_t jn = std::min(Bc, k_hi - j0);
+        int64_t t_begin, t_end;
+        rows_meeting_keys(g, q_valid, kv_valid, j0, j0 + jn, &t_begin, &t_end);
+        t_begin = std::max(t_begin, t_lo);
+        t_end = std::min(t_end, t_hi);
+        if (t_begin >= t_end) continue;
+        int64_t ld_k;
+        load_backward_kv_tile(g, plan.in_place, k, v, b, kh, j0, jn, s, &ld_k);
+        for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
+          const int64_t rows = std::min(Br, t_end - t0);
+          int64_t ld_q, ld_d;
+          const float* qr = query_side_rows(g, plan.in_place, q, b, n, t0, rows, s.qn, &ld_q);
+          const float* dr = query_side_rows(g, plan.in_place, dout, b, n, t0, rows, s.dn, &ld_d);
+          row_statistics(g, out, lse, dout, dlse, b, n, t0, rows, s.delta, s.lse2, s.row, s.row2);
+          probabilities_and_logit_grads(p, g, b, n, t0, rows, kv_valid, j0, jn, qr, ld_q, dr,
+                                        ld_d, s.delta, s.lse2, s);
           float* tile = dbias + b * st[0] + n * st[1] + t0 * st[2] + j0 * st[3];
           for (int64_t i = 0; i < rows; ++i) {
-            for (int64_t j = 0; j < jn; ++j) tile[i * st[2] + j * st[3]] += s.dst[j * Br + i];
+            for (int64_t j = 0; j < jn; ++j) tile[i * st[2] + j * st[3]] += s.ds[i * Bc + j];
           }
         }
       }
@@ -950,7 +1016,7 @@ void attention_bwd(const AttentionParams& p, const T* q, const T* k, const T* v,
       for (int64_t item = 0; item < dbias_items; ++item) {
         const int64_t kt = item % nk, tt = (item / nk) % nt;
         const int64_t n = (item / (nk * nt)) % nn, b = item / (nk * nt * nn);
-        dbias_item(p, g, q, k, v, out, lse, dout, dlse, dbias, b, n, tt, kt, s);
+        dbias_item(p, g, plan, q, k, v, out, lse, dout, dlse, dbias, b, n, tt, kt, s);
       }
     }
   }
