@@ -53,7 +53,7 @@ struct AttentionParams {
   int64_t mask_strides[4] = {0, 0, 0, 0};
   const float* bias = nullptr;
   int64_t bias_strides[4] = {0, 0, 0, 0};
-  int num_threads = 1;  // OpenMP threads the kernel uses; sizes the workspace
+  int num_threads = 0;  // OpenMP threads (0: omp_get_max_threads()); sizes the workspace
 };
 
 // nullptr when the parameters describe a valid problem, else a description of

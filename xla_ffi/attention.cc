@@ -1,8 +1,6 @@
 // CPU FFI handlers of attention: decode and validate every buffer, then call
 // cpu/attention. Optional operands (bias, mask, sequence lengths, the
 // logsumexp cotangent) are zero-size buffers when absent.
-#include <omp.h>
-
 #include <cmath>
 #include <memory>
 #include <new>
@@ -124,7 +122,6 @@ ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const f
   p->is_causal = is_causal;
   p->window_left = window_left;
   p->window_right = window_right;
-  p->num_threads = omp_get_max_threads();
   if (const char* error = cpu::attention_params_error(*p)) return invalid(op, error);
   return ffi::Error::Success();
 }
