@@ -116,6 +116,16 @@ inline VecF vmax(VecF a, VecF b) {
 #endif
 }
 
+inline float vsum(VecF v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(v);
+#else
+  float sum = 0.0f;
+  for (int i = 0; i < kLanes; ++i) sum += v[i];
+  return sum;
+#endif
+}
+
 // 2^x for x <= ~0, exactly 0 below -126 (so masked -inf scores give 0).
 // Relative error 2e-8 (near-minimax degree-6 polynomial on [-1/2, 1/2]).
 inline VecF vexp2(VecF x) {
@@ -145,20 +155,29 @@ inline VecF vexp2(VecF x) {
 // ---------------------------------------------------------------------------
 // Conversions between storage types and float32 rows.
 
-// Rows are short (a head): an inline loop, not a library memcpy call.
+// Rows are short (a head's H values) and converted in the inner loops:
+// explicit vectors, not a memcpy call or a loop left to the auto-vectoriser
+// (which gives up on it once inlined into an OpenMP region).
 inline void widen_row(const float* src, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) vstore(dst + i, vload(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
 }
 
 inline void widen_row(const bfloat16* src, float* dst, int64_t n) {
+  typedef uint16_t VecU16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+  typedef uint32_t VecU32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
-    float value;
-    std::memcpy(&value, &widened, sizeof(value));
-    dst[i] = value;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    VecU16 half;
+    std::memcpy(&half, bits + i, sizeof(half));
+    const VecU32 widened = __builtin_convertvector(half, VecU32) << 16;
+    std::memcpy(dst + i, &widened, sizeof(widened));
+  }
+  for (; i < n; ++i) {
+    const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(dst + i, &widened, sizeof(float));
   }
 }
 
@@ -418,6 +437,40 @@ void scores_to_logits(const AttentionParams& p, int64_t b, const int64_t* n, con
   }
 }
 
+// The row-major counterpart for one query row t of head n: row[j] = q . k_j of
+// keys j0 + j (j < width, a multiple of kLanes) becomes the log2-unit logit,
+// -inf where masked. Columns past jn must lie past the row's interval unless
+// the tile is inside every row's interval.
+void row_logits(const AttentionParams& p, const Geometry& g, int64_t b, int64_t n, int64_t t,
+                int64_t kv_valid, int64_t j0, int64_t jn, int64_t width, bool inside,
+                float* row) {
+  const VecF c = vsplat(p.scale * kLog2e);
+  for (int64_t j = 0; j < width; j += kLanes) vstore(row + j, vload(row + j) * c);
+  if (p.bias) {
+    const int64_t* st = p.bias_strides;
+    const float* bias = p.bias + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
+    for (int64_t j = 0; j < jn; ++j) row[j] += bias[j * st[3]] * kLog2e;
+  }
+  if (p.mask) {
+    const int64_t* st = p.mask_strides;
+    const uint8_t* mask = p.mask + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
+    for (int64_t j = 0; j < jn; ++j) {
+      if (!mask[j * st[3]]) row[j] = -kInf;
+    }
+  }
+  if (!inside) {
+    VecI iota;
+    for (int l = 0; l < kLanes; ++l) iota[l] = l;
+    const VecI lo = vsplati(static_cast<int32_t>(std::clamp<int64_t>(g.lo(t) - j0, -1, width)));
+    const VecI hi = vsplati(static_cast<int32_t>(std::clamp<int64_t>(g.hi(t, kv_valid) - j0, -1, width)));
+    const VecF masked = vsplat(-kInf);
+    for (int64_t j = 0; j < width; j += kLanes) {
+      const VecI key = iota + static_cast<int32_t>(j);
+      vstore(row + j, (key >= lo) & (key < hi) ? vload(row + j) : masked);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // bfloat16 dot products (AVX512_BF16's vdpbf16ps: 32 products per instruction,
 // twice the float32 FMA rate), for the bfloat16 forward on CPUs that have them.
@@ -582,6 +635,12 @@ struct ForwardScratch {
   int32_t* hi;
   int64_t* t;     // [Br] query index of each row
   int64_t* n;     // [Br] head of each row
+  // Few-rows path (T * G < kLanes), row-major:
+  float* qn;      // [kLanes][Hp] query rows
+  float* on;      // [kLanes][Hp] unnormalised output rows
+  float* kn;      // [Bc][Hp] key rows as float (when not read in place)
+  float* vn;      // [Bc][Hp]
+  float* sn;      // [kLanes][Bc] logits / probabilities
 };
 
 ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
@@ -603,6 +662,11 @@ ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
   s.hi = arena.take<int32_t>(Br);
   s.t = arena.take<int64_t>(Br);
   s.n = arena.take<int64_t>(Br);
+  s.qn = arena.take<float>(kLanes * g.Hp);
+  s.on = arena.take<float>(kLanes * g.Hp);
+  s.kn = arena.take<float>(kKeyTile * g.Hp);
+  s.vn = arena.take<float>(kKeyTile * g.Hp);
+  s.sn = arena.take<float>(kLanes * kKeyTile);
   return s;
 }
 
@@ -742,6 +806,126 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
     if (attended) {
       const float inv = 1.0f / s.l[i];
       for (int64_t h = 0; h < H; ++h) s.row[h] = s.ot[h * Br + i] * inv;
+      *lse_dst = (s.shift[i] + std::log2(s.l[i])) * kLn2;
+    } else {
+      std::fill(s.row, s.row + H, 0.0f);
+      *lse_dst = -kInf;
+    }
+    narrow_row(s.row, dst, H);
+  }
+}
+
+
+// Forward for a kv head with fewer query rows than vector lanes (decoding:
+// T * G < kLanes). Rows along the lanes would leave most of them idle; here a
+// score is a dot product over H and the output accumulates rows of V, both
+// vectorised over H, so the work is proportional to the rows (the pass is
+// bound by reading K and V once).
+template <typename T>
+void forward_few_rows(const AttentionParams& p, const Geometry& g, const T* q, const T* k,
+                      const T* v, T* out, float* lse, int64_t b, int64_t kh,
+                      const ForwardScratch& s) {
+  const int64_t H = g.H, Hp = g.Hp, Bc = kKeyTile;
+  const int64_t rows = g.T * g.G;
+  const int64_t q_valid = g.q_valid(b), kv_valid = g.kv_valid(b);
+  const bool in_place = std::is_same_v<T, float> && H == Hp;
+  int64_t t_first = -1, t_last = -1;
+  for (int64_t i = 0; i < rows; ++i) {
+    s.t[i] = i / g.G;
+    s.n[i] = kh * g.G + i % g.G;
+    if (s.t[i] < q_valid) {
+      if (t_first < 0) t_first = s.t[i];
+      t_last = s.t[i];
+    }
+    widen_row(q + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H, s.qn + i * Hp, H);
+    std::fill(s.qn + i * Hp + H, s.qn + (i + 1) * Hp, 0.0f);
+  }
+  const int64_t key_begin = t_first < 0 ? 0 : g.lo(t_first);
+  const int64_t key_end = t_first < 0 ? 0 : g.hi(t_last, kv_valid);
+  const int64_t max_lo = t_first < 0 ? 0 : g.lo(t_last);
+  const int64_t min_hi = t_first < 0 ? 0 : g.hi(t_first, kv_valid);
+  std::fill(s.on, s.on + rows * Hp, 0.0f);
+  std::fill(s.m, s.m + rows, -kInf);
+  std::fill(s.shift, s.shift + rows, 0.0f);
+  std::fill(s.l, s.l + rows, 0.0f);
+
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += Bc) {
+    const int64_t jn = std::min(Bc, key_end - j0);
+    const int64_t at = ((b * g.S + j0) * g.K + kh) * H;
+    const float* kr;
+    const float* vr;
+    int64_t ld;
+    if (in_place) {
+      kr = reinterpret_cast<const float*>(k + at);
+      vr = reinterpret_cast<const float*>(v + at);
+      ld = g.K * H;
+    } else {
+      load_kv_tile(g, k, b, kh, j0, jn, s.kn, Hp);
+      load_kv_tile(g, v, b, kh, j0, jn, s.vn, Hp);
+      kr = s.kn;
+      vr = s.vn;
+      ld = Hp;
+    }
+    // Columns past jn lie past every row's interval unless the tile is inside.
+    const bool inside = max_lo <= j0 && min_hi >= j0 + Bc;
+    for (int64_t i = 0; i < rows; ++i) {
+      float* srow = s.sn + i * Bc;
+      const float* qi = s.qn + i * Hp;
+      // Four keys at a time: independent accumulation chains.
+      int64_t j = 0;
+      for (; j + 4 <= jn; j += 4) {
+        VecF acc0{}, acc1{}, acc2{}, acc3{};
+        const float* k0 = kr + j * ld;
+        for (int64_t h = 0; h < Hp; h += kLanes) {
+          const VecF qv = vload(qi + h);
+          acc0 = vfma(qv, vload(k0 + h), acc0);
+          acc1 = vfma(qv, vload(k0 + ld + h), acc1);
+          acc2 = vfma(qv, vload(k0 + 2 * ld + h), acc2);
+          acc3 = vfma(qv, vload(k0 + 3 * ld + h), acc3);
+        }
+        srow[j] = vsum(acc0);
+        srow[j + 1] = vsum(acc1);
+        srow[j + 2] = vsum(acc2);
+        srow[j + 3] = vsum(acc3);
+      }
+      for (; j < jn; ++j) {
+        VecF acc{};
+        for (int64_t h = 0; h < Hp; h += kLanes) acc = vfma(vload(qi + h), vload(kr + j * ld + h), acc);
+        srow[j] = vsum(acc);
+      }
+      std::fill(srow + jn, srow + Bc, 0.0f);
+      if (s.t[i] < q_valid) {
+        row_logits(p, g, b, s.n[i], s.t[i], kv_valid, j0, jn, Bc, inside, srow);
+      } else {
+        std::fill(srow, srow + Bc, -kInf);
+      }
+      VecF tile_max = vsplat(-kInf);
+      for (int64_t j = 0; j < Bc; j += kLanes) tile_max = vmax(tile_max, vload(srow + j));
+      float m_new = s.m[i];
+      for (int l = 0; l < kLanes; ++l) m_new = std::max(m_new, tile_max[l]);
+      const float shift = m_new == -kInf ? 0.0f : m_new;
+      const float alpha = vexp2(vsplat(s.m[i] - shift))[0];
+      s.m[i] = m_new;
+      s.shift[i] = shift;
+      VecF sum{};
+      for (int64_t j = 0; j < Bc; j += kLanes) {
+        const VecF prob = vexp2(vload(srow + j) - vsplat(shift));
+        vstore(srow + j, prob);
+        sum += prob;
+      }
+      s.l[i] = s.l[i] * alpha + vsum(sum);
+      float* oi = s.on + i * Hp;
+      for (int64_t h = 0; h < Hp; h += kLanes) vstore(oi + h, vload(oi + h) * vsplat(alpha));
+    }
+    gemm<Update::kAdd>(rows, Hp, jn, s.sn, Bc, 1, vr, ld, s.on, Hp);
+  }
+
+  for (int64_t i = 0; i < rows; ++i) {
+    T* dst = out + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H;
+    float* lse_dst = lse + (b * g.N + s.n[i]) * g.T + s.t[i];
+    if (s.t[i] < q_valid && s.l[i] > 0.0f) {
+      const float inv = 1.0f / s.l[i];
+      for (int64_t h = 0; h < H; ++h) s.row[h] = s.on[i * Hp + h] * inv;
       *lse_dst = (s.shift[i] + std::log2(s.l[i])) * kLn2;
     } else {
       std::fill(s.row, s.row + H, 0.0f);
@@ -912,38 +1096,14 @@ void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, 
   gemm<Update::kOverwrite>(rows, Bc, g.H, dr, ld_d, 1, s.vt, Bc, s.ds, Bc);
   // Columns past jn (the last tile) lie past every row's interval.
   const bool inside = g.lo(t0 + rows - 1) <= j0 && g.hi(t0, kv_valid) >= j0 + Bc;
-  const VecF c = vsplat(p.scale * kLog2e);
-  VecI iota;
-  for (int l = 0; l < kLanes; ++l) iota[l] = l;
   for (int64_t i = 0; i < rows; ++i) {
-    const int64_t t = t0 + i;
     float* prow = s.p + i * Bc;
-    for (int64_t j = 0; j < Bc; j += kLanes) vstore(prow + j, vload(prow + j) * c);
-    if (p.bias) {
-      const int64_t* st = p.bias_strides;
-      const float* bias = p.bias + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
-      for (int64_t j = 0; j < jn; ++j) prow[j] += bias[j * st[3]] * kLog2e;
-    }
-    if (p.mask) {
-      const int64_t* st = p.mask_strides;
-      const uint8_t* mask = p.mask + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
-      for (int64_t j = 0; j < jn; ++j) {
-        if (!mask[j * st[3]]) prow[j] = -kInf;
-      }
-    }
+    float* dsrow = s.ds + i * Bc;
+    row_logits(p, g, b, n, t0 + i, kv_valid, j0, jn, Bc, inside, prow);
     const VecF shift = vsplat(lse2[i]);
     const VecF row_delta = vsplat(delta[i]);
-    const VecF masked = vsplat(-kInf);
-    const VecI lo = vsplati(static_cast<int32_t>(g.lo(t) - j0));
-    const VecI hi = vsplati(static_cast<int32_t>(g.hi(t, kv_valid) - j0));
-    float* dsrow = s.ds + i * Bc;
     for (int64_t j = 0; j < Bc; j += kLanes) {
-      VecF x = vload(prow + j);
-      if (!inside) {
-        const VecI key = iota + static_cast<int32_t>(j);
-        x = (key >= lo) & (key < hi) ? x : masked;
-      }
-      const VecF prob = vexp2(x - shift);
+      const VecF prob = vexp2(vload(prow + j) - shift);
       vstore(prow + j, prob);
       vstore(dsrow + j, prob * (vload(dsrow + j) - row_delta));
     }
@@ -1103,6 +1263,7 @@ void attention_fwd(const AttentionParams& p, const T* q, const T* k, const T* v,
   const Geometry g(p);
   if (g.B == 0 || g.T == 0 || g.N == 0) return;
   const int64_t Br = forward_row_tile(g);
+  const bool few_rows = g.T * g.G < kLanes;
   const int64_t row_tiles = ceil_div(g.T * g.G, Br);
   const int64_t groups = g.B * g.K;
   const int64_t items = groups * row_tiles;
@@ -1117,7 +1278,11 @@ void attention_fwd(const AttentionParams& p, const T* q, const T* k, const T* v,
     for (int64_t item = 0; item < items; ++item) {
       const int64_t tile = row_tiles - 1 - item / groups;
       const int64_t b = (item % groups) / g.K, kh = item % g.K;
-      forward_tile(p, g, q, k, v, out, lse, b, kh, tile * Br, Br, s);
+      if (few_rows) {
+        forward_few_rows(p, g, q, k, v, out, lse, b, kh, s);
+      } else {
+        forward_tile(p, g, q, k, v, out, lse, b, kh, tile * Br, Br, s);
+      }
     }
   }
 }

@@ -479,6 +479,19 @@ std::vector<Case> cases() {
     c.kv_lengths = true;
     cs.push_back(c);
   }
+  {
+    Case c{"few rows (T*G < 16), all masks", 3, 3, 90, 8, 2, 48};
+    c.bias_bcast = {0, 0, 1, 0};
+    c.mask_bcast = {1, 0, 0, 0};
+    c.causal = true;
+    c.offset = 60;
+    c.wl = 50;
+    c.wr = 3;
+    c.q_lengths = true;
+    c.kv_lengths = true;
+    c.with_dlse = true;
+    cs.push_back(c);
+  }
   for (int64_t h : {32, 64, 80, 128, 256}) {
     Case c{"H=" + std::to_string(h), 1, 67, 131, 2, 1, h};
     c.causal = h == 128;
