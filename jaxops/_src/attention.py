@@ -21,7 +21,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from jaxops import reference
-from jaxops._src import primitive
+from jaxops._src import ffi_targets, primitive
 from jaxops._src.checks import check_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive
 
@@ -289,7 +289,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     raise TypeError(f"{op}: return_residual must be a bool, got {type(return_residual).__name__}")
   query_offset = _check_offset(op, query_offset)
 
-  if primitive.use_kernel(op, implementation, [query.dtype]):
+  if _use_kernel(op, implementation, query.dtype):
     config = _Config(scale, bool(is_causal), *(window if window else (-1, -1)))
     out, lse = _attention_kernel(
         query, key, value,
@@ -311,6 +311,20 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
 
 
 # -- argument checks ---------------------------------------------------------------------
+
+
+def _use_kernel(op, implementation, dtype):
+  """primitive.use_kernel, and the platform's module must have the attention targets
+  (the CPU one has; a CUDA build without them takes the reference)."""
+  if not primitive.use_kernel(op, implementation, [dtype]):
+    return False
+  platform = primitive.current_platform()
+  if attention_fwd_p.target in ffi_targets.targets(platform):
+    return True
+  if implementation == "ffi":
+    raise ValueError(f"{op}: implementation='ffi': jaxops has no attention kernel for the "
+                     f"{platform!r} backend")
+  return False
 
 
 def _check_float(op, name, x):
