@@ -1,11 +1,16 @@
 // Flash attention kernels; see attention.h for the contract.
 //
-// Both passes keep query rows along the SIMD lanes: a score tile is stored
-// transposed, st[key][query row], so softmax statistics (max, sum, rescale) are
-// elementwise vector operations, and the products broadcast key/value elements
-// from their natural row-major layout against contiguous vectors of packed
-// query-side tiles. Only the backward's products into dk/dv/dq vectorise over
-// the head dimension (padded to whole vectors in scratch).
+// Layout of the work, by pass:
+// - Forward: query rows along the SIMD lanes. A score tile is stored
+//   transposed, st[key][query row], so the online-softmax statistics (max,
+//   sum, rescale) are elementwise vector operations, and the products broadcast
+//   key/value elements from their natural layout against packed query tiles.
+//   With fewer query rows than lanes (decoding) scores are dot products over H.
+// - Backward: keys along the lanes. A key tile is transposed once and serves
+//   every query tile that attends to it; query-side rows are read in place.
+//   The products into dk/dv/dq vectorise over the head dimension.
+// Register-blocked products (gemm below) do the arithmetic; bf16 inputs use
+// AVX512_BF16 dot products in the forward where the CPU has them.
 //
 // Scores are kept in log2 units (x = logit * log2(e)) so the exponential is
 // exp2. A masked score is -inf; a row whose running max is -inf uses 0 as its
@@ -413,17 +418,10 @@ void scores_to_logits(const AttentionParams& p, int64_t b, const int64_t* n, con
                       int64_t rows, const int32_t* lo, const int32_t* hi, bool inside,
                       int64_t j0, int64_t jn, int64_t width, float* st) {
   const VecF c = vsplat(p.scale * kLog2e);
-  const bool elementwise = p.bias || p.mask;
-  if (inside && !elementwise) {
-    for (int64_t j = 0; j < jn; ++j) {
-      for (int64_t v = 0; v < width; v += kLanes) vstore(st + j * width + v, vload(st + j * width + v) * c);
-    }
-    return;
-  }
   for (int64_t j = 0; j < jn; ++j) {
     for (int64_t v = 0; v < width; v += kLanes) vstore(st + j * width + v, vload(st + j * width + v) * c);
   }
-  if (elementwise) apply_bias_and_mask(p, b, n, t, rows, j0, jn, st, width);
+  if (p.bias || p.mask) apply_bias_and_mask(p, b, n, t, rows, j0, jn, st, width);
   if (!inside) {
     const VecF masked = vsplat(-kInf);
     for (int64_t v = 0; v < width; v += kLanes) {
