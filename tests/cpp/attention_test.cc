@@ -1,9 +1,11 @@
 // Standalone test of cpu/attention against a naive double-precision loop, and a
-// quick timing. Build (from the repository root):
+// quick timing. Built by CMake with -DJAXOPS_BUILD_CPP_TESTS=ON (run by ctest),
+// or directly from the repository root:
 //   g++ -std=c++17 -O2 -fopenmp -march=native -I. -I<eigen3 include dir>
 //       cpu/attention.cc tests/cpp/attention_test.cc -o attention_test
-// Run: ./attention_test            (correctness)
-//      ./attention_test bench      (timing)
+// Run: ./attention_test                  (correctness; exit status 1 on failure)
+//      ./attention_test bench [reps]     (timing of a standard set of shapes)
+//      ./attention_test bench reps B T S N K H causal {f32,bf16,f16}
 #include "cpu/attention.h"
 
 #include <omp.h>
