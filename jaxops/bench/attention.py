@@ -6,18 +6,24 @@ For each shape (B, S, N, H) (self-attention, T = S, K = N), dtype and mask
 for each implementation in the same process. Prints median ms, GFLOP/s and
 XLA's peak temporary memory for the compiled program. Flops: 4*B*N*T*S*H
 forward, half when causal; the backward counts 2.5x the forward.
+
+The implementations' runs are interleaved (one run of each in turn), so load
+from other processes on a shared machine weighs on all of them alike and the
+speed-ups stay meaningful when the absolute times do not.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
 
 import jaxops
 from jaxops import reference
-from jaxops.bench.timing import machine_line, time_jitted
+from jaxops.bench.timing import machine_line
 
 _IMPLS = {
     "jaxops": lambda q, k, v, causal: jaxops.attention(q, k, v, is_causal=causal),
@@ -39,6 +45,27 @@ def _parse(argv):
   return parser.parse_args(argv)
 
 
+def _time_interleaved(fns, args, runs):
+  """(median ms, XLA temporary bytes or None) of each jitted fn, runs interleaved."""
+  compiled = [jax.jit(fn).lower(*args).compile() for fn in fns]
+  temps = []
+  for c in compiled:
+    try:
+      temps.append(c.memory_analysis().temp_size_in_bytes)
+    except Exception:  # not every backend reports it
+      temps.append(None)
+  for c in compiled:
+    jax.block_until_ready(c(*args))
+  times = [[] for _ in compiled]
+  for _ in range(runs):
+    for c, t in zip(compiled, times):
+      start = time.perf_counter()
+      out = jax.block_until_ready(c(*args))
+      t.append((time.perf_counter() - start) * 1e3)
+      del out
+  return [(statistics.median(t), temp) for t, temp in zip(times, temps)]
+
+
 def _gflops(shape, causal, backward, ms):
   B, S, N, H = shape
   flops = 4.0 * B * N * S * S * H * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
@@ -48,7 +75,7 @@ def _gflops(shape, causal, backward, ms):
 def main(argv=()):
   args = _parse(argv)
   print(f"# {machine_line()}")
-  print(f"# median of {args.runs} runs after warm-up; GFLOP/s = 4*B*N*T*S*H (x0.5 causal, x3.5 "
+  print(f"# median of {args.runs} interleaved runs after warm-up; GFLOP/s = 4*B*N*T*S*H (x0.5 causal, x3.5 "
         "fwd+bwd) / time; temp = XLA's temporary allocation; x = speed-up of jaxops over it")
   header = f"{'shape BxSxNxH':<14} {'dtype':<9} {'mask':<7} {'pass':<8}"
   for impl in args.impls:
@@ -69,7 +96,7 @@ def main(argv=()):
         for pass_name in args.passes:
           backward = pass_name == "fwd+bwd"
           line = f"{shape_text:<14} {dtype_name:<9} {mask:<7} {pass_name:<8}"
-          ours_ms = None
+          fns = []
           for impl in args.impls:
             fn = _IMPLS[impl]
             if backward:
@@ -78,13 +105,13 @@ def main(argv=()):
                 return vjp(dout)
             else:
               f = lambda q, k, v, dout, fn=fn: fn(q, k, v, causal)
-            t = time_jitted(f, q, k, v, dout, runs=args.runs, warmup=1)
-            temp = "-" if t.temp_bytes is None else f"{t.temp_bytes / 2**20:.1f}"
-            line += (f" {t.median_ms:>11.2f} {_gflops(shape, causal, backward, t.median_ms):>8.1f}"
-                     f" {temp:>9}")
-            if impl == "jaxops":
-              ours_ms = t.median_ms
-            elif ours_ms is not None:
-              line += f" {t.median_ms / ours_ms:>5.1f}x"
+            fns.append(f)
+          results = dict(zip(args.impls, _time_interleaved(fns, (q, k, v, dout), args.runs)))
+          for impl in args.impls:
+            ms, temp_bytes = results[impl]
+            temp = "-" if temp_bytes is None else f"{temp_bytes / 2**20:.1f}"
+            line += f" {ms:>11.2f} {_gflops(shape, causal, backward, ms):>8.1f} {temp:>9}"
+            if impl != "jaxops" and "jaxops" in results:
+              line += f" {ms / results['jaxops'][0]:>5.1f}x"
           print(line, flush=True)
   return 0
