@@ -1,10 +1,14 @@
 """jaxops: fused JAX operators lowered through XLA FFI to C++ and CUDA kernels."""
 
 from jaxops._src.activations import geglu, gelu, silu, swiglu
+from jaxops._src.attention import attention
 from jaxops._src.embedding import embedding
 from jaxops._src.norms import add_rms_norm, layer_norm, rms_norm
 from jaxops._src.rope import rope
 from jaxops import optim
 
-__all__ = ["add_rms_norm", "embedding", "geglu", "gelu", "layer_norm", "optim", "rms_norm", "rope", "silu", "swiglu"]
+__all__ = [
+    "add_rms_norm", "attention", "embedding", "geglu", "gelu", "layer_norm", "optim", "rms_norm",
+    "rope", "silu", "swiglu",
+]
 __version__ = "0.1.0"

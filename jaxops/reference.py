@@ -176,3 +176,103 @@ def adamw_leaf(grads, params, m, v, scalars, *, b1, one_minus_b1, b2, one_minus_
   u = -lr * u
   out = p + u if apply_updates else u
   return out.astype(params.dtype), m, v
+
+# -- attention -------------------------------------------------------------------
+
+
+def attention_allowed(batch, num_heads, q_len, kv_len, *, mask=None, is_causal=False,
+                      query_seq_lengths=None, key_value_seq_lengths=None,
+                      local_window_size=None, query_offset=0):
+  """Boolean [B|1, N|1, T, S]: which keys each query row attends.
+
+  Query row t sits at position t + query_offset: causal keeps keys j <= that
+  position, a (left, right) window keeps position - left <= j <= position +
+  right; sequence lengths drop rows t >= query_seq_lengths[b] and keys
+  j >= key_value_seq_lengths[b]; ``mask`` (bool, broadcastable) is and-ed in.
+  """
+  del batch, num_heads
+  position = jnp.arange(q_len, dtype=jnp.int32)[:, None] + jnp.asarray(query_offset, jnp.int32)
+  key = jnp.arange(kv_len, dtype=jnp.int32)[None, :]
+  allowed = jnp.ones((q_len, kv_len), bool)
+  if is_causal:
+    allowed &= key <= position
+  if local_window_size is not None:
+    left, right = local_window_size
+    allowed &= (key >= position - left) & (key <= position + right)
+  allowed = allowed[None, None]
+  if query_seq_lengths is not None:
+    rows = jnp.arange(q_len)[None, :] < query_seq_lengths[:, None]
+    allowed = allowed & rows[:, None, :, None]
+  if key_value_seq_lengths is not None:
+    keys = jnp.arange(kv_len)[None, :] < key_value_seq_lengths[:, None]
+    allowed = allowed & keys[:, None, None, :]
+  if mask is not None:
+    allowed = allowed & mask
+  return allowed
+
+
+def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=None,
+                             is_causal=False, query_seq_lengths=None,
+                             key_value_seq_lengths=None, local_window_size=None,
+                             query_offset=0):
+  """Attention on [B, T, N, H] query and [B, S, K, H] key/value (N % K == 0).
+
+  Returns the output [B, T, N, H] in the query's dtype and the float32
+  log-sum-exp of the logits [B, N, T]. logits = scale * q.k + bias over the
+  attended keys (see ``attention_allowed``); a row with no attended key gives
+  output 0 and log-sum-exp -inf, and no NaN in any derivative.
+  """
+  B, T, N, H = query.shape
+  S, K = key.shape[1], key.shape[2]
+  G = N // K
+  scale = 1.0 / math.sqrt(H) if scale is None else scale
+  grouped = query.reshape(B, T, K, G, H)
+  logits = jnp.einsum("btkgh,bskh->bkgts", grouped, key, preferred_element_type=_F32)
+  logits = logits.reshape(B, N, T, S) * jnp.asarray(scale, _F32)
+  if bias is not None:
+    logits = logits + bias.astype(_F32)
+  allowed = attention_allowed(
+      B, N, T, S, mask=mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
+      key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
+      query_offset=query_offset)
+  logits = jnp.where(allowed, logits, -jnp.inf)
+  row_max = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  unnormalized = jnp.exp(logits - row_max)
+  total = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  attended = total > 0
+  safe_total = jnp.where(attended, total, 1.0)
+  probs = (unnormalized / safe_total).astype(value.dtype)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, G, T, S), value,
+                   preferred_element_type=_F32)
+  lse = jnp.where(attended, row_max + jnp.log(safe_total), -jnp.inf)[..., 0]
+  return out.reshape(B, T, N, H).astype(query.dtype), lse
+
+
+def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+              query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
+              return_residual=False, query_offset=0):
+  """``jax.nn.dot_product_attention``'s arguments and results (plus query_offset).
+
+  Also accepts the unbatched [T, N, H] / [S, K, H] forms; bias and mask may
+  have rank < 4 (leading axes are added). With ``return_residual`` also
+  returns the log-sum-exp [B, T, N] (or [T, N]) in the query's dtype. A row
+  with no attended key gives 0 (jax.nn averages V there instead).
+  """
+  unbatched = query.ndim == 3
+  if unbatched:
+    query, key, value = query[None], key[None], value[None]
+
+  def four_d(x):
+    return None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+  if isinstance(local_window_size, int):
+    local_window_size = (local_window_size, local_window_size)
+  out, lse = attention_with_logsumexp(
+      query, key, value, four_d(bias), four_d(mask), scale=scale, is_causal=is_causal,
+      query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+      local_window_size=local_window_size, query_offset=query_offset)
+  lse = jnp.transpose(lse, (0, 2, 1)).astype(query.dtype)
+  if unbatched:
+    out, lse = out[0], lse[0]
+  return (out, lse) if return_residual else out

@@ -8,6 +8,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 import jaxops
+from jaxops.flax._attention import attend
+from jaxops.flax._attention import dot_product_attention  # noqa: F401  (an attention_fn for Flax)
 from jaxops.flax._dtypes import compute_dtype
 
 Initializer = Callable[..., Any]
@@ -148,3 +150,78 @@ def _gated_activation(op, activation):
   if activation == "geglu":
     return jaxops.geglu
   raise ValueError(f"{op}: activation must be 'swiglu' or 'geglu', got {activation!r}")
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention on ``jaxops.attention`` (fused flash-attention kernel).
+
+  Parameters are those of ``flax.linen.MultiHeadDotProductAttention`` (Dense
+  ``query``, ``key``, ``value`` [features, heads, head_dim] and ``out``), so
+  its checkpoints load unchanged; with ``num_kv_heads`` < ``num_heads``
+  (grouped-query attention) ``key``/``value`` have ``num_kv_heads`` heads.
+
+  Differences from Flax's module: dropout (``dropout_rate``) applies to the
+  attention output, not to the attention weights (which the kernel never
+  stores); ``is_causal`` masks without building a mask; ``rope(x, positions)``,
+  if given, is applied to the projected query (positions query_offset + t) and
+  key (positions j); a query row with no attended key gives 0.
+
+  Attributes:
+    num_heads: query heads.
+    num_kv_heads: key/value heads (default ``num_heads``); divides ``num_heads``.
+    qkv_features: query features over all heads (default: the input's).
+    out_features: output features (default: the query input's).
+    is_causal, rope, dropout_rate, deterministic: see above.
+    dtype, param_dtype, kernel_init, out_kernel_init, bias_init, out_bias_init,
+      use_bias: as in Flax.
+    implementation: passed to ``jaxops.attention``.
+  """
+
+  num_heads: int
+  num_kv_heads: int | None = None
+  qkv_features: int | None = None
+  out_features: int | None = None
+  is_causal: bool = False
+  rope: Callable[[Any, Any], Any] | None = None
+  dropout_rate: float = 0.0
+  deterministic: bool | None = None
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Initializer = nn.linear.default_kernel_init
+  out_kernel_init: Initializer | None = None
+  bias_init: Initializer = nn.initializers.zeros_init()
+  out_bias_init: Initializer | None = None
+  use_bias: bool = True
+  implementation: str | None = None
+
+  @nn.compact
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, bias=None,
+               query_offset=0, deterministic: bool | None = None, dropout_rng=None):
+    """Attends from ``inputs_q`` [batch..., T, F] to ``inputs_k``/``inputs_v``
+    [batch..., S, F] (default: ``inputs_q``). ``mask`` (bool) and ``bias`` are
+    broadcastable to [batch..., heads, T, S]; ``query_offset`` places query row 0
+    (for ``is_causal`` and RoPE; may be traced)."""
+    inputs_k = inputs_q if inputs_k is None else inputs_k
+    inputs_v = inputs_k if inputs_v is None else inputs_v
+    qkv_features = self.qkv_features or inputs_q.shape[-1]
+    num_kv_heads = self.num_kv_heads or self.num_heads
+    if qkv_features % self.num_heads or self.num_heads % num_kv_heads:
+      raise ValueError(f"MultiHeadAttention: qkv_features ({qkv_features}) must be divisible by "
+                       f"num_heads ({self.num_heads}), and num_heads by num_kv_heads "
+                       f"({num_kv_heads})")
+    head_dim = qkv_features // self.num_heads
+    dense = lambda heads, name: nn.DenseGeneral(
+        features=(heads, head_dim), axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias, name=name)
+    query = dense(self.num_heads, "query")(inputs_q)
+    key = dense(num_kv_heads, "key")(inputs_k)
+    value = dense(num_kv_heads, "value")(inputs_v)
+    x = attend(query, key, value, bias, mask, is_causal=self.is_causal,
+               query_offset=query_offset, rope=self.rope, implementation=self.implementation)
+    out = nn.DenseGeneral(
+        features=self.out_features or inputs_q.shape[-1], axis=(-2, -1), dtype=self.dtype,
+        param_dtype=self.param_dtype, kernel_init=self.out_kernel_init or self.kernel_init,
+        bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias, name="out")(x)
+    if self.dropout_rate > 0.0:
+      deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
+      out = nn.Dropout(rate=self.dropout_rate)(out, deterministic=deterministic, rng=dropout_rng)
+    return out

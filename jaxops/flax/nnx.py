@@ -8,6 +8,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxops
+from jaxops.flax._attention import attend
+from jaxops.flax._attention import dot_product_attention  # noqa: F401  (an attention_fn for Flax)
 from jaxops.flax._dtypes import compute_dtype
 
 Initializer = Callable[..., Any]
@@ -122,6 +124,71 @@ class RotaryEmbedding(nnx.Module):
   def __call__(self, x, positions):
     return jaxops.rope(x, positions, theta=self.theta, style=self.style,
                        rotary_dim=self.rotary_dim, implementation=self.implementation)
+
+class MultiHeadAttention(nnx.Module):
+  """Multi-head attention on ``jaxops.attention`` (fused flash-attention kernel).
+
+  Submodules and parameters are those of ``flax.nnx.MultiHeadAttention``
+  (LinearGeneral ``query``, ``key``, ``value``, ``out``), so its parameters
+  transfer unchanged, grouped-query attention (``num_kv_heads``) included.
+
+  Differences from Flax's module: dropout (``dropout_rate``) applies to the
+  attention output, not to the attention weights (which the kernel never
+  stores); ``is_causal`` masks without building a mask; ``rope(x, positions)``,
+  if given, is applied to the projected query (positions query_offset + t) and
+  key (positions j); a query row with no attended key gives 0.
+  """
+
+  def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
+               out_features: int | None = None, num_kv_heads: int | None = None,
+               in_kv_features: int | None = None, *, is_causal: bool = False,
+               rope: Callable[[Any, Any], Any] | None = None, dropout_rate: float = 0.0,
+               deterministic: bool | None = None, dtype: Any = None,
+               param_dtype: Any = jnp.float32,
+               kernel_init: Initializer = nnx.nn.linear.default_kernel_init,
+               out_kernel_init: Initializer | None = None,
+               bias_init: Initializer = nnx.initializers.zeros_init(),
+               out_bias_init: Initializer | None = None, use_bias: bool = True,
+               implementation: str | None = None, rngs: nnx.Rngs):
+    qkv_features = qkv_features or in_features
+    self.num_heads = num_heads
+    self.num_kv_heads = num_kv_heads or num_heads
+    if qkv_features % num_heads or num_heads % self.num_kv_heads:
+      raise ValueError(f"MultiHeadAttention: qkv_features ({qkv_features}) must be divisible by "
+                       f"num_heads ({num_heads}), and num_heads by num_kv_heads "
+                       f"({self.num_kv_heads})")
+    self.head_dim = qkv_features // num_heads
+    self.is_causal, self.rope, self.implementation = is_causal, rope, implementation
+    self.deterministic = deterministic
+    linear = lambda in_f, heads: nnx.LinearGeneral(
+        in_f, (heads, self.head_dim), dtype=dtype, param_dtype=param_dtype,
+        kernel_init=kernel_init, bias_init=bias_init, use_bias=use_bias, rngs=rngs)
+    kv_in = in_kv_features or in_features
+    self.query = linear(in_features, num_heads)
+    self.key = linear(kv_in, self.num_kv_heads)
+    self.value = linear(kv_in, self.num_kv_heads)
+    self.out = nnx.LinearGeneral(
+        (num_heads, self.head_dim), out_features or in_features, axis=(-2, -1), dtype=dtype,
+        param_dtype=param_dtype, kernel_init=out_kernel_init or kernel_init,
+        bias_init=out_bias_init or bias_init, use_bias=use_bias, rngs=rngs)
+    self.dropout = (nnx.Dropout(dropout_rate, deterministic=deterministic, rngs=rngs)
+                    if dropout_rate > 0.0 else None)
+
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, bias=None,
+               query_offset=0, deterministic: bool | None = None):
+    """Attends from ``inputs_q`` [batch..., T, F] to ``inputs_k``/``inputs_v``
+    [batch..., S, F] (default: ``inputs_q``). ``mask`` (bool) and ``bias`` are
+    broadcastable to [batch..., heads, T, S]; ``query_offset`` places query row 0
+    (for ``is_causal`` and RoPE; may be traced)."""
+    inputs_k = inputs_q if inputs_k is None else inputs_k
+    inputs_v = inputs_k if inputs_v is None else inputs_v
+    x = attend(self.query(inputs_q), self.key(inputs_k), self.value(inputs_v), bias, mask,
+               is_causal=self.is_causal, query_offset=query_offset, rope=self.rope,
+               implementation=self.implementation)
+    out = self.out(x)
+    if self.dropout is not None:
+      out = self.dropout(out, deterministic=deterministic)
+    return out
 
 
 def _value(param):

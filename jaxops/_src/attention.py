@@ -1,0 +1,405 @@
+"""attention: flash-attention primitives and the public function, a drop-in for
+``jax.nn.dot_product_attention``.
+
+The forward primitive returns the output and the float32 log-sum-exp [B, N, T]
+(-inf for a row with no attended key); the backward primitive recomputes the
+probabilities tile by tile and returns dq, dk, dv and, when the bias is
+differentiated, dbias. Absent optional operands (bias, mask, sequence lengths,
+the log-sum-exp cotangent) are zero-size arrays. ``query_offset`` is an int32
+scalar operand, so a traced offset (a decode loop) does not recompile.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from jaxops import reference
+from jaxops._src import ffi_targets, primitive
+from jaxops._src.checks import check_array
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive
+
+_F32 = jnp.float32
+_I32 = jnp.int32
+
+_ATTRIBUTES = {
+    "scale": np.float32,
+    "is_causal": np.bool_,
+    "window_left": np.int64,
+    "window_right": np.int64,
+}
+
+
+def _absent(dtype):
+  return jnp.zeros((0,), dtype)
+
+
+def _is_absent(x) -> bool:
+  return x.shape == (0,)
+
+
+def _optional(x):
+  return None if _is_absent(x) else x
+
+
+def _window(window_left, window_right):
+  # The public function gives both sides or neither (-1 = no window).
+  return None if window_left < 0 else (window_left, window_right)
+
+
+# -- primitives -------------------------------------------------------------------
+
+
+def _fwd_abstract_eval(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, **params):
+  B, T, N, _ = q.shape
+  return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray((B, N, T), _F32))
+
+
+def _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, *, scale,
+                   is_causal, window_left, window_right):
+  return reference.attention_with_logsumexp(
+      q, k, v, _optional(bias), _optional(mask), scale=scale, is_causal=is_causal,
+      query_seq_lengths=_optional(q_lengths), key_value_seq_lengths=_optional(kv_lengths),
+      local_window_size=_window(window_left, window_right), query_offset=query_offset)
+
+
+def _bwd_abstract_eval(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dout,
+                       dlse, *, with_dbias, **params):
+  dbias_shape = bias.shape if with_dbias else (0,)
+  return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
+          jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(dbias_shape, _F32))
+
+
+def _bwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dout, dlse,
+                   *, with_dbias, **params):
+  def forward(q, k, v, bias):
+    return _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, **params)
+
+  (_, lse_ref), vjp = jax.vjp(forward, q, k, v, bias)
+  dlse = jnp.zeros_like(lse_ref) if _is_absent(dlse) else dlse
+  dq, dk, dv, dbias = vjp((dout, dlse))
+  return dq, dk, dv, dbias if with_dbias else _absent(_F32)
+
+
+# -- batching: the vmapped axis folds into the batch axis B --------------------------
+
+
+def _fold(x, size, batched, batch, may_broadcast):
+  """x as [size * B, ...]: the vmapped axis (at the front when batched) folds into B.
+
+  A bias or mask (may_broadcast) whose B axis is 1 and that is shared by all
+  examples stays broadcast; absent (zero-size) shared operands stay absent.
+  """
+  if not batched:
+    if _is_absent(x) or (may_broadcast and x.shape[0] == 1):
+      return x
+    return jnp.broadcast_to(x[None], (size, *x.shape)).reshape(size * batch, *x.shape[1:])
+  if x.shape[1] != batch:
+    x = jnp.broadcast_to(x, (size, batch, *x.shape[2:]))
+  return x.reshape(size * batch, *x.shape[2:])
+
+
+def _fold_all(args, dims, size, batch, may_broadcast=(3, 4)):
+  return [_fold(x if d is NOT_MAPPED else jnp.moveaxis(x, d, 0), size, d is not NOT_MAPPED,
+                batch, i in may_broadcast)
+          for i, (x, d) in enumerate(zip(args, dims))]
+
+
+def _sizes(args, dims):
+  """(vmapped size, the query's B)."""
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not NOT_MAPPED)
+  q_shape = list(args[0].shape)
+  if dims[0] is not NOT_MAPPED:
+    del q_shape[dims[0]]
+  return size, q_shape[0]
+
+
+def _fwd_batch_rule(prim, args, dims, **params):
+  if dims[7] is not NOT_MAPPED:  # a per-example query_offset: vmap the reference
+    return None
+  size, batch = _sizes(args, dims)
+  folded = _fold_all(args[:7], dims[:7], size, batch)
+  out, lse = prim(*folded, args[7], **params)
+  return (out.reshape(size, batch, *out.shape[1:]),
+          lse.reshape(size, batch, *lse.shape[1:])), (0, 0)
+
+
+def _bwd_batch_rule(prim, args, dims, *, with_dbias, **params):
+  if dims[7] is not NOT_MAPPED:
+    return None
+  size, batch = _sizes(args, dims)
+  args, dims = list(args), list(dims)
+  bias_batched = dims[3] is not NOT_MAPPED
+  bias = jnp.moveaxis(args[3], dims[3], 0) if bias_batched else args[3][None]
+  if with_dbias:
+    # dbias is per example: every (example, b) gets its own bias slot, and the
+    # slots are summed back over b where the bias was broadcast along B.
+    args[3] = jnp.broadcast_to(bias, (size, batch, *bias.shape[2:]))
+    dims[3] = 0
+  order = [0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11]
+  folded = _fold_all([args[i] for i in order], [dims[i] for i in order], size, batch)
+  dq, dk, dv, dbias = prim(*folded[:7], args[7], *folded[7:], with_dbias=with_dbias, **params)
+  unfold = lambda x: x.reshape(size, batch, *x.shape[1:])
+  if with_dbias:
+    dbias = unfold(dbias)
+    if bias.shape[1] == 1:
+      dbias = dbias.sum(axis=1, keepdims=True)
+  else:
+    dbias = jnp.broadcast_to(dbias[None], (size, *dbias.shape))
+  return (unfold(dq), unfold(dk), unfold(dv), dbias), (0, 0, 0, 0)
+
+
+attention_fwd_p = FfiPrimitive(
+    name="jaxops_attention_fwd", target="jaxops_attention_fwd",
+    abstract_eval=_fwd_abstract_eval, reference=_fwd_reference, attributes=_ATTRIBUTES,
+    batch_rule=_fwd_batch_rule)
+
+attention_bwd_p = FfiPrimitive(
+    name="jaxops_attention_bwd", target="jaxops_attention_bwd",
+    abstract_eval=_bwd_abstract_eval, reference=_bwd_reference,
+    attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, batch_rule=_bwd_batch_rule)
+
+
+# -- custom VJP over the primitives ------------------------------------------------------
+
+
+class _Config(NamedTuple):
+  scale: float
+  is_causal: bool
+  window_left: int
+  window_right: int
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _attention_kernel(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, config):
+  return attention_fwd_p(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset,
+                         **config._asdict())
+
+
+def _attention_kernel_fwd(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, config):
+  # symbolic_zeros: each argument arrives as (value, perturbed).
+  values = [a.value for a in (q, k, v, bias, mask, q_lengths, kv_lengths, query_offset)]
+  out, lse = attention_fwd_p(*values, **config._asdict())
+  # The bias gradient costs an extra pass: computed only when bias is differentiated
+  # (the marker's presence is static pytree structure).
+  dbias_marker = _absent(_F32) if bias.perturbed and not _is_absent(bias.value) else None
+  return (out, lse), (*values, out, lse, dbias_marker)
+
+
+def _attention_kernel_bwd(config, residuals, cotangents):
+  q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dbias_marker = residuals
+  wants_dbias = dbias_marker is not None
+  dout, dlse = cotangents
+  dout = jnp.zeros_like(out) if isinstance(dout, SymbolicZero) else dout
+  dlse = _absent(_F32) if isinstance(dlse, SymbolicZero) else dlse
+  dq, dk, dv, dbias = attention_bwd_p(
+      q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dout, dlse,
+      with_dbias=wants_dbias, **config._asdict())
+  return dq, dk, dv, (dbias if wants_dbias else None), None, None, None, None
+
+
+_attention_kernel.defvjp(_attention_kernel_fwd, _attention_kernel_bwd, symbolic_zeros=True)
+
+
+# -- public function ------------------------------------------------------------------
+
+
+def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+              query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
+              return_residual=False, query_offset=0, implementation=None):
+  """Scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
+
+  ``softmax(scale * query @ key^T + bias, masked) @ value`` per head, computed
+  by a fused flash-attention kernel (no [T, S] matrix is ever stored).
+
+  Args:
+    query: [B, T, N, H] (or [T, N, H]), float32, bfloat16 or float16.
+    key, value: [B, S, K, H] (or [S, K, H]) with N a multiple of K (grouped-query
+      and multi-query attention), the query's dtype.
+    bias: optional float array added to the logits, broadcastable to [B, N, T, S]
+      (rank <= 4; missing leading axes are added, as jax.nn does).
+    mask: optional boolean array broadcastable to [B, N, T, S]; True attends.
+    scale: logit scale; default 1 / sqrt(H).
+    is_causal: query row t attends keys j <= t + query_offset.
+    query_seq_lengths, key_value_seq_lengths: optional int32 [B]: rows t >=
+      query_seq_lengths[b] output 0; keys j >= key_value_seq_lengths[b] are masked.
+    local_window_size: optional int or (left, right): row t attends keys with
+      t + query_offset - left <= j <= t + query_offset + right.
+    return_residual: also return the log-sum-exp of the logits, [B, T, N] (or
+      [T, N]) in the query's dtype. Unlike jax.nn's it is differentiable.
+    query_offset: absolute position of query row 0 for the causal and window
+      masks (decoding T new tokens against S cached ones: S - T). A Python int
+      or an int32 scalar array, which may be traced.
+    implementation: None (the fused kernel where one exists, else the jnp
+      reference), "ffi" (the kernel, or an error) or "xla" (the reference).
+
+  Returns:
+    The attention output shaped like ``query`` (and the log-sum-exp when
+    ``return_residual``). A row with no attended key returns 0 (jax.nn returns
+    the mean of V there, an artifact of its large-negative fill) and log-sum-exp
+    -inf, with zero gradients.
+  """
+  op = "jaxops.attention"
+  query = _check_float(op, "query", query)
+  key = _check_float(op, "key", key)
+  value = _check_float(op, "value", value)
+  unbatched = query.ndim == 3
+  if query.ndim not in (3, 4):
+    raise ValueError(f"{op}: query must have rank 4 [B, T, N, H] or 3 [T, N, H], "
+                     f"got shape {query.shape}")
+  for name, x in (("key", key), ("value", value)):
+    if x.ndim != query.ndim:
+      raise ValueError(f"{op}: {name} must have the rank of query ({query.ndim}), "
+                       f"got shape {x.shape}")
+  if unbatched:
+    query, key, value = query[None], key[None], value[None]
+  B, T, N, H = query.shape
+  _, S, K, _ = key.shape
+  if value.shape != key.shape:
+    raise ValueError(f"{op}: value must have the shape of key {key.shape}, got {value.shape}")
+  if key.shape[0] != B or key.shape[3] != H:
+    raise ValueError(f"{op}: key [B, S, K, H] must share query's batch ({B}) and head dim "
+                     f"({H}); got key {key.shape}, query {query.shape}")
+  if key.dtype != query.dtype or value.dtype != query.dtype:
+    raise TypeError(f"{op}: query, key and value must have one dtype, got "
+                    f"{query.dtype}, {key.dtype}, {value.dtype}")
+  if K == 0 or N % K != 0:
+    raise ValueError(f"{op}: the number of query heads ({N}) must be a multiple of the number "
+                     f"of key/value heads ({K})")
+  full = (B, N, T, S)
+  bias = _check_broadcastable(op, "bias", bias, full, unbatched)
+  if bias is not None and not jnp.issubdtype(bias.dtype, jnp.floating):
+    raise TypeError(f"{op}: bias must have a floating dtype, got {bias.dtype}")
+  mask = _check_broadcastable(op, "mask", mask, full, unbatched)
+  if mask is not None and mask.dtype != jnp.bool_:
+    raise TypeError(f"{op}: mask must be boolean, got {mask.dtype}")
+  q_lengths = _check_lengths(op, "query_seq_lengths", query_seq_lengths, B, unbatched)
+  kv_lengths = _check_lengths(op, "key_value_seq_lengths", key_value_seq_lengths, B, unbatched)
+  window = _check_window(op, local_window_size)
+  scale = _check_scale(op, scale, H)
+  if not isinstance(is_causal, (bool, np.bool_)):
+    raise TypeError(f"{op}: is_causal must be a bool, got {type(is_causal).__name__}")
+  if not isinstance(return_residual, (bool, np.bool_)):
+    raise TypeError(f"{op}: return_residual must be a bool, got {type(return_residual).__name__}")
+  query_offset = _check_offset(op, query_offset)
+
+  if _use_kernel(op, implementation, query.dtype):
+    config = _Config(scale, bool(is_causal), *(window if window else (-1, -1)))
+    out, lse = _attention_kernel(
+        query, key, value,
+        _absent(_F32) if bias is None else bias.astype(_F32),
+        _absent(jnp.bool_) if mask is None else mask,
+        _absent(_I32) if q_lengths is None else q_lengths,
+        _absent(_I32) if kv_lengths is None else kv_lengths,
+        query_offset, config)
+  else:
+    out, lse = reference.attention_with_logsumexp(
+        query, key, value, bias, mask, scale=scale, is_causal=bool(is_causal),
+        query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
+        local_window_size=window, query_offset=query_offset)
+  if unbatched:
+    out, lse = out[0], lse[0]
+  if not return_residual:
+    return out
+  return out, jnp.swapaxes(lse, -1, -2).astype(query.dtype)
+
+
+# -- argument checks ---------------------------------------------------------------------
+
+
+def _use_kernel(op, implementation, dtype):
+  """primitive.use_kernel, and the platform's module must have the attention targets
+  (the CPU one has; a CUDA build without them takes the reference)."""
+  if not primitive.use_kernel(op, implementation, [dtype]):
+    return False
+  platform = primitive.current_platform()
+  if attention_fwd_p.target in ffi_targets.targets(platform):
+    return True
+  if implementation == "ffi":
+    raise ValueError(f"{op}: implementation='ffi': jaxops has no attention kernel for the "
+                     f"{platform!r} backend")
+  return False
+
+
+def _check_float(op, name, x):
+  x = check_array(op, name, x)
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"{op}: {name} must have a floating dtype (float32, bfloat16 or float16), "
+                    f"got {x.dtype}")
+  return x
+
+
+def _check_broadcastable(op, name, x, full, unbatched):
+  """Rank <= 4 (<= 3 for unbatched inputs), each axis 1 or the full extent."""
+  if x is None:
+    return None
+  x = check_array(op, name, x)
+  max_rank = 3 if unbatched else 4
+  expected = full[1:] if unbatched else full
+  if x.ndim > max_rank:
+    raise ValueError(f"{op}: {name} must have rank <= {max_rank}, broadcastable to "
+                     f"{list(expected)}, got shape {x.shape}")
+  x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+  if any(d not in (1, f) for d, f in zip(x.shape, full)):
+    raise ValueError(f"{op}: {name} of shape {x.shape[4 - max_rank:]} is not broadcastable "
+                     f"to {list(expected)}")
+  return x
+
+
+def _check_lengths(op, name, x, batch, unbatched):
+  if x is None:
+    return None
+  x = check_array(op, name, x)
+  if not jnp.issubdtype(x.dtype, jnp.integer):
+    raise TypeError(f"{op}: {name} must be int32, got {x.dtype}")
+  if unbatched and x.ndim == 0:
+    x = x[None]
+  if x.shape != (batch,):
+    raise ValueError(f"{op}: {name} must have shape ({batch},), got {x.shape}")
+  return x.astype(_I32)
+
+
+def _check_window(op, window):
+  if window is None:
+    return None
+  if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
+    window = (window, window)
+  if (not isinstance(window, (tuple, list)) or len(window) != 2 or
+      not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)):
+    raise TypeError(f"{op}: local_window_size must be None, an int or a pair of ints, "
+                    f"got {window!r}")
+  left, right = int(window[0]), int(window[1])
+  if left < 0 or right < 0:
+    raise ValueError(f"{op}: local_window_size must be non-negative, got {tuple(window)}")
+  return left, right
+
+
+def _check_scale(op, scale, head_dim):
+  if scale is None:
+    return 1.0 / math.sqrt(head_dim)
+  if isinstance(scale, jax.core.Tracer) or not np.isscalar(scale) or isinstance(scale, bool):
+    raise TypeError(f"{op}: scale must be a Python float, got {type(scale).__name__}")
+  scale = float(scale)
+  if not math.isfinite(scale):
+    raise ValueError(f"{op}: scale must be finite, got {scale}")
+  return scale
+
+
+def _check_offset(op, offset):
+  if isinstance(offset, (bool, np.bool_)):
+    raise TypeError(f"{op}: query_offset must be an int or an int32 scalar, got a bool")
+  if isinstance(offset, (int, np.integer)):
+    if not -2**31 <= int(offset) < 2**31:
+      raise ValueError(f"{op}: query_offset must fit in int32, got {offset}")
+    return jnp.asarray(offset, _I32)
+  offset = check_array(op, "query_offset", offset)
+  if offset.shape != () or not jnp.issubdtype(offset.dtype, jnp.integer):
+    raise TypeError(f"{op}: query_offset must be an int or an integer scalar array, got "
+                    f"{offset.dtype}{list(offset.shape)}")
+  return offset.astype(_I32)
