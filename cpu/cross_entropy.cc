@@ -58,15 +58,22 @@ struct RowLoss {
 };
 
 RowLoss row_loss(const float* z, int64_t vocab, int64_t label, CrossEntropyOptions options) {
+  // Maxima spelled as the select vmaxps implements (GCC's std::max is 3x slower
+  // here); the row sum only when label smoothing needs it.
   float m = kNegInf, total = 0.f;
+  if (options.label_smoothing != 0.f) {
 #pragma omp simd reduction(max : m) reduction(+ : total)
-  for (int64_t c = 0; c < vocab; ++c) {
-    m = std::max(m, z[c]);
-    total += z[c];
+    for (int64_t c = 0; c < vocab; ++c) {
+      m = m > z[c] ? m : z[c];
+      total += z[c];
+    }
+  } else {
+#pragma omp simd reduction(max : m)
+    for (int64_t c = 0; c < vocab; ++c) m = m > z[c] ? m : z[c];
   }
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t c = 0; c < vocab; ++c) sum += vexp(z[c] - m);
+  for (int64_t c = 0; c < vocab; ++c) sum += vexp_nonpositive(z[c] - m);
   const float lse = m + std::log(sum);
   const float eps = options.label_smoothing;
   const float loss = (1.f - eps) * (lse - z[label]) +
@@ -83,8 +90,8 @@ void row_grad(const float* z, float lse, int64_t label, float g, float* d, int64
   const float uniform = g * eps / static_cast<float>(vocab);
   const float target = z[label];
 #pragma omp simd
-  for (int64_t c = 0; c < vocab; ++c) d[c] = scale * vexp(z[c] - lse) - uniform;
-  d[label] = scale * vexp(target - lse) - uniform - g * (1.f - eps);
+  for (int64_t c = 0; c < vocab; ++c) d[c] = scale * vexp_nonpositive(z[c] - lse) - uniform;
+  d[label] = scale * vexp_nonpositive(target - lse) - uniform - g * (1.f - eps);
 }
 
 template <typename T>

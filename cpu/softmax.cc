@@ -48,8 +48,10 @@ class RowBuffer {
 
 float row_max(const float* v, int64_t n) {
   float out = kNegInf;
+  // Spelled as the select vmaxps implements: GCC turns std::max into a slower
+  // compare-and-blend chain (measured 3x slower).
 #pragma omp simd reduction(max : out)
-  for (int64_t i = 0; i < n; ++i) out = std::max(out, v[i]);
+  for (int64_t i = 0; i < n; ++i) out = out > v[i] ? out : v[i];
   return out;
 }
 
@@ -122,7 +124,7 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
       } else if (log_output) {
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < n; ++c) sum += vexp(z[c] - m);
+        for (int64_t c = 0; c < n; ++c) sum += vexp_nonpositive(z[c] - m);
         const float lse = m + std::log(sum);
 #pragma omp simd
         for (int64_t c = 0; c < n; ++c) out[c] = z[c] - lse;
@@ -130,7 +132,7 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t c = 0; c < n; ++c) {
-          out[c] = vexp(z[c] - m);
+          out[c] = vexp_nonpositive(z[c] - m);
           sum += out[c];
         }
         const float inv_sum = 1.f / sum;
@@ -183,7 +185,7 @@ void log_softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape) {
       float* out = dx_rows.target(dx + r * cols);
 #pragma omp simd
       for (int64_t c = 0; c < cols; ++c) {
-        out[c] = logp[c] > kNegInf ? g[c] - vexp(logp[c]) * visible_sum : 0.f;
+        out[c] = logp[c] > kNegInf ? g[c] - vexp_nonpositive(logp[c]) * visible_sum : 0.f;
       }
       dx_rows.commit(dx + r * cols, cols);
     }

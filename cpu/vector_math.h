@@ -1,7 +1,7 @@
-// exp and log written as branch-free float arithmetic, so that loops calling
-// them inside `#pragma omp simd` vectorise (libm's expf/logf do not, without
-// -ffast-math). Accurate to ~2 ulp over the float range; exp flushes to 0 below
-// -87.3 (so exp(-inf) == 0), overflows to +inf above 88.37, and both propagate NaN.
+// exp written as branch-free float arithmetic, so that loops calling it inside
+// `#pragma omp simd` vectorise (libm's expf does not, without -ffast-math).
+// Relative error ~1.2e-7; results below exp(-87.3) flush to 0 (so
+// exp(-inf) == 0) and NaN propagates.
 #pragma once
 
 #include <algorithm>
@@ -17,35 +17,41 @@ inline float bits_to_float(uint32_t bits) {
   return value;
 }
 
-inline uint32_t float_to_bits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
+namespace vector_math_internal {
 
-inline float vexp(float x) {
-  constexpr float kLow = -87.3f, kHigh = 88.37f;
-  // x < kLow and x > kHigh are false for NaN, which then flows through the
-  // polynomial and comes out as NaN.
-  const float clamped = std::min(std::max(x, kLow), kHigh);
+constexpr float kExpLow = -87.3f;    // exp(kExpLow) is still a normal float
+constexpr float kExpHigh = 88.37f;   // 2^n of the reduction stays below 2^128
+
+// exp of x in [kExpLow, kExpHigh] (NaN passes through to the result).
+inline float exp_in_range(float x) {
   // exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln(2) / 2; ln 2 split in
-  // two parts so that x - n * ln 2 is exact (Cody-Waite).
-  // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer (|t| < 2^22);
-  // floorf would be exact too but GCC does not vectorise it under trapping math.
+  // two parts so that x - n * ln 2 is exact (Cody-Waite). Adding and
+  // subtracting 1.5 * 2^23 rounds to the nearest integer; floorf would too, but
+  // GCC does not vectorise it under the default -ftrapping-math.
   constexpr float kRound = 12582912.f;
-  const float n = (clamped * 1.44269504088896341f + kRound) - kRound;
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;  // Cephes' expf polynomial
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const float scale = bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-  const float result = p * scale;
-  const float high = x > kHigh ? std::numeric_limits<float>::infinity() : result;
-  return x < kLow ? 0.f : high;
+  return p * bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+}
+
+}  // namespace vector_math_internal
+
+// exp(x) for the x <= 0 (or -inf, or NaN) that softmax and cross-entropy
+// need after subtracting the row maximum. Larger x saturate at exp(88.37)
+// instead of overflowing to inf, which spares the select that would handle it.
+inline float vexp_nonpositive(float x) {
+  using namespace vector_math_internal;
+  // std::max/min keep NaN (their first argument), which the polynomial then
+  // carries to the result.
+  const float result = exp_in_range(std::min(std::max(x, kExpLow), kExpHigh));
+  return x < kExpLow ? 0.f : result;
 }
 
 }  // namespace jaxops::cpu

@@ -58,7 +58,8 @@ def small_blocks(monkeypatch):
 def test_forward_matches_reference(dtype, shape):
   logits, = random_inputs(0, [shape], dtype, scale=3.0)
   labels = _labels(1, shape[:-1], shape[-1])
-  for reduction in REDUCTIONS:
+  # "sum" is the jnp sum of the same per-token kernel losses as "mean".
+  for reduction in ("mean", "none"):
     f = jax.jit(functools.partial(jaxops.cross_entropy, reduction=reduction))
     out = f(logits, labels)
     assert out.dtype == logits.dtype
@@ -78,14 +79,14 @@ def test_options_vjp_matches_reference(options, reduction):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (11, 257), (3, 4099)], ids=str)
-def test_vjp_matches_reference(dtype, shape):
+@pytest.mark.parametrize("shape,reduction", [((1, 1), "mean"), ((5, 3), "none"),
+                                             ((11, 257), "mean"), ((3, 4099), "none")], ids=str)
+def test_vjp_matches_reference(dtype, shape, reduction):
   logits, = random_inputs(4, [shape], dtype, scale=2.0)
   labels = _labels(5, shape[:-1], shape[-1])
-  for reduction in ("mean", "none"):
-    f = jax.jit(lambda x: jaxops.cross_entropy(x, labels, reduction=reduction, label_smoothing=0.1))
-    r = lambda x: reference.cross_entropy(x, labels, reduction=reduction, label_smoothing=0.1)
-    vjp_against_reference(f, r, [logits], dtype=dtype, reduce_size=shape[-1])
+  f = jax.jit(lambda x: jaxops.cross_entropy(x, labels, reduction=reduction, label_smoothing=0.1))
+  r = lambda x: reference.cross_entropy(x, labels, reduction=reduction, label_smoothing=0.1)
+  vjp_against_reference(f, r, [logits], dtype=dtype, reduce_size=shape[-1])
 
 
 def test_check_grads_orders_1_and_2():
@@ -202,30 +203,31 @@ def _linear_args(seed, tokens_shape, hidden, vocab, dtype=jnp.float32, bias=True
 
 # "sum" shares the code of "mean" but for the final scale (covered elsewhere).
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-@pytest.mark.parametrize("tokens,hidden,vocab,per_block", [
-    ((1,), 1, 1, 4), ((13,), 8, 37, 4), ((2, 7), 16, 101, 5), ((29,), 5, 13, 64)], ids=str)
-def test_linear_vjp_matches_reference(small_blocks, reduction, tokens, hidden, vocab, per_block):
+@pytest.mark.parametrize("tokens,hidden,vocab,per_block,bias", [
+    ((1,), 1, 1, 4, True), ((13,), 8, 37, 4, False), ((2, 7), 16, 101, 5, True),
+    ((29,), 5, 13, 64, False)], ids=str)
+def test_linear_vjp_matches_reference(small_blocks, reduction, tokens, hidden, vocab, per_block,
+                                      bias):
   small_blocks(per_block, vocab)
-  for bias in (True, False):
-    x, weight, b, labels = _linear_args(20, tokens, hidden, vocab, bias=bias)
-    options = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
-    if bias:
-      f = lambda x, w, b: _weighted_sum(jaxops.linear_cross_entropy(x, w, labels, bias=b, **options))
-      r = lambda x, w, b: _weighted_sum(
-          reference.linear_cross_entropy(x, w, labels, bias=b, **options))
-      args = [x, weight, b]
-    else:
-      f = lambda x, w: _weighted_sum(jaxops.linear_cross_entropy(x, w, labels, **options))
-      r = lambda x, w: _weighted_sum(reference.linear_cross_entropy(x, w, labels, **options))
-      args = [x, weight]
-    vjp_against_reference(jax.jit(f), r, args, reduce_size=max(vocab, int(np.prod(tokens))))
+  x, weight, b, labels = _linear_args(20, tokens, hidden, vocab, bias=bias)
+  options = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+  if bias:
+    f = lambda x, w, b: _weighted_sum(jaxops.linear_cross_entropy(x, w, labels, bias=b, **options))
+    r = lambda x, w, b: _weighted_sum(
+        reference.linear_cross_entropy(x, w, labels, bias=b, **options))
+    args = [x, weight, b]
+  else:
+    f = lambda x, w: _weighted_sum(jaxops.linear_cross_entropy(x, w, labels, **options))
+    r = lambda x, w: _weighted_sum(reference.linear_cross_entropy(x, w, labels, **options))
+    args = [x, weight]
+  vjp_against_reference(jax.jit(f), r, args, reduce_size=max(vocab, int(np.prod(tokens))))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 def test_linear_dtypes(small_blocks, dtype):
   small_blocks(8, 67)
   x, weight, b, labels = _linear_args(22, (19,), 24, 67, dtype)
-  for reduction in ("mean", "none"):
+  for reduction in ("mean", "none") if dtype == jnp.float32 else ("mean",):
     f = lambda x, w, b: jaxops.linear_cross_entropy(x, w, labels, bias=b, reduction=reduction)
     r = lambda x, w, b: reference.linear_cross_entropy(x, w, labels, bias=b, reduction=reduction)
     out, grads = vjp_against_reference(jax.jit(f), r, [x, weight, b], dtype=dtype,
@@ -249,10 +251,11 @@ def test_linear_vmap(small_blocks):
   x, weight, b, labels = _linear_args(24, (3, 6), 5, 11)
   for reduction in ("mean", "none"):
     f = lambda x, w, b, l: jaxops.linear_cross_entropy(x, w, l, bias=b, reduction=reduction)
-    vmap_against_loop(f, [x, weight, b, labels], (0, None, None, 0))
     vmap_against_loop(f, [jnp.moveaxis(x, 0, 1), weight, b, labels], (1, None, None, 0))
-    vmap_against_loop(f, [x[0], weight, b, labels], (None, None, None, 0))
-    vmap_against_loop(f, [x, jnp.stack([weight, 2 * weight, -weight]), b, labels], (0, 0, None, 0))
+    if reduction == "mean":
+      vmap_against_loop(f, [x[0], weight, b, labels], (None, None, None, 0))
+      vmap_against_loop(f, [x, jnp.stack([weight, 2 * weight, -weight]), b, labels],
+                        (0, 0, None, 0))
     # Per-example gradients (weight shared) and the gradient of a vmapped loss.
     loss = lambda ce: lambda x, w, b, l: _weighted_sum(ce(x, w, l, bias=b, reduction=reduction))
     in_axes = (0, None, None, 0)

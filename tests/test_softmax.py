@@ -76,7 +76,10 @@ BROADCASTS = [
 def test_where_and_bias_broadcast(name, fn, ref, x_shape, where_shape, bias_shape, axis):
   x, bias = random_inputs(2, [x_shape, bias_shape], scale=2.0)
   where = _mask(3, where_shape)
-  for kwargs in (dict(where=where), dict(bias=bias), dict(where=where, bias=bias)):
+  both = dict(where=where, bias=bias)
+  # Each broadcast alone on the first cases; together on all.
+  combos = [dict(where=where), dict(bias=bias), both] if x_shape == (6, 37) else [both]
+  for kwargs in combos:
     f = lambda x, b=None: fn(x, axis, where=kwargs.get("where"), bias=b)
     r = lambda x, b=None: ref(x, axis, where=kwargs.get("where"), bias=b)
     args = [x, bias] if "bias" in kwargs else [x]
@@ -85,7 +88,7 @@ def test_where_and_bias_broadcast(name, fn, ref, x_shape, where_shape, bias_shap
 
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (11, 257), (3, 2, 4099)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (11, 257), (3, 2, 4099)], ids=str)
 def test_vjp_matches_reference(name, fn, ref, dtype, shape):
   x, bias = random_inputs(4, [shape, shape[-1:]], dtype, scale=2.0)
   where = _mask(5, shape)
