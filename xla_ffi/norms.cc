@@ -1,7 +1,7 @@
 // CPU FFI handlers of the norms: decode and validate, then call cpu/norms.
 #include "cpu/float_convert.h"
 #include "cpu/norms.h"
-#include "xla_ffi/norms_checks.h"
+#include "xla_ffi/norms_common.h"
 #include "xla_ffi/registry.h"
 
 namespace jaxops {
@@ -9,7 +9,7 @@ namespace {
 
 namespace ffi = xla::ffi;
 using namespace ffi_common;
-using namespace norms_checks;
+using namespace norms_common;
 
 template <typename Fn>
 ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
@@ -21,11 +21,7 @@ ffi::Error LayerNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer 
                         ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
   const std::string op = "jaxops_layer_norm_fwd";
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *y, "y", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "bias", bias, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "mean", *mean, s.rows));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", *rstd, s.rows));
+  JAXOPS_RETURN_IF_ERROR(check_layer_norm_fwd(x, weight, bias, *y, *mean, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::layer_norm_fwd<T>(data<const T>(x), data_or_null<const T>(weight),
@@ -43,15 +39,8 @@ ffi::Error LayerNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weig
   const std::string op = "jaxops_layer_norm_bwd";
   RowsCols s;
   int64_t parts;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *dx, "dx", &s));
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "bias", bias, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "mean", mean, s.rows));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s.rows));
-  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, s, *workspace, 2, &parts));
-  JAXOPS_RETURN_IF_ERROR(check_weight_grad(op, "dweight", *dweight, weight, groups, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_weight_grad(op, "dbias", *dbias, bias, groups, s.cols));
+  JAXOPS_RETURN_IF_ERROR(check_layer_norm_bwd(dy, x, weight, bias, mean, rstd, *dx, *dweight, *dbias,
+                                              *workspace, groups, &s, &parts));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::layer_norm_bwd<T>(data<const T>(dy), data<const T>(x), data_or_null<const T>(weight),
@@ -66,9 +55,7 @@ ffi::Error RmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Result<ffi::
                       ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
   const std::string op = "jaxops_rms_norm_fwd";
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *y, "y", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", *rstd, s.rows));
+  JAXOPS_RETURN_IF_ERROR(check_rms_norm_fwd(x, weight, *y, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::rms_norm_fwd<T>(data<const T>(x), data_or_null<const T>(weight), data<T>(*y),
@@ -84,15 +71,8 @@ ffi::Error RmsNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weight
   const std::string op = "jaxops_rms_norm_bwd";
   RowsCols s;
   int64_t parts;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *dx, "dx", &s));
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s.rows));
-  if (dresidual.element_count() != 0) {
-    JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dresidual, "dresidual", &s));
-  }
-  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, s, *workspace, 1, &parts));
-  JAXOPS_RETURN_IF_ERROR(check_weight_grad(op, "dweight", *dweight, weight, groups, s.cols));
+  JAXOPS_RETURN_IF_ERROR(check_rms_norm_bwd(dy, x, weight, rstd, dresidual, *dx, *dweight,
+                                            *workspace, groups, &s, &parts));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::rms_norm_bwd<T>(data<const T>(dy), data<const T>(x), data_or_null<const T>(weight),
@@ -108,11 +88,7 @@ ffi::Error AddRmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuff
                          ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
   const std::string op = "jaxops_add_rms_norm_fwd";
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *y, "y", &s));
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, residual, "residual", &s));
-  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, *h, "h", &s));
-  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s.cols));
-  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", *rstd, s.rows));
+  JAXOPS_RETURN_IF_ERROR(check_add_rms_norm_fwd(x, residual, weight, *y, *h, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::add_rms_norm_fwd<T>(data<const T>(x), data<const T>(residual),
@@ -124,59 +100,11 @@ ffi::Error AddRmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuff
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormFwd, LayerNormFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // mean
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Attr<float>("epsilon"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwd, LayerNormBwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // mean
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Ret<ffi::AnyBuffer>()  // dx
-                                  .Ret<ffi::AnyBuffer>()  // dweight
-                                  .Ret<ffi::AnyBuffer>()  // dbias
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // workspace
-                                  .Attr<int64_t>("groups"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwd, RmsNormFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Attr<float>("epsilon"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwd, RmsNormBwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Arg<ffi::AnyBuffer>()  // dresidual
-                                  .Ret<ffi::AnyBuffer>()  // dx
-                                  .Ret<ffi::AnyBuffer>()  // dweight
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // workspace
-                                  .Attr<int64_t>("groups"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwd, AddRmsNormFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // residual
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::AnyBuffer>()  // h
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // rstd
-                                  .Attr<float>("epsilon"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormFwd, LayerNormFwd, bind_layer_norm_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwd, LayerNormBwd, bind_layer_norm_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwd, RmsNormFwd, bind_rms_norm_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwd, RmsNormBwd, bind_rms_norm_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwd, AddRmsNormFwd, bind_add_rms_norm_fwd(ffi::Ffi::Bind()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_fwd", kLayerNormFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_bwd", kLayerNormBwd);

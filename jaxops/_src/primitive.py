@@ -88,7 +88,7 @@ class FfiPrimitive:
     mlir.register_lowering(
         prim, mlir.lower_fun(self._reference_tuple, multiple_results=True))
     for platform in KERNEL_PLATFORMS:
-      mlir.register_lowering(prim, self._ffi_lowering(platform), platform=platform)
+      mlir.register_lowering(prim, self.ffi_lowering(platform), platform=platform)
     batching.primitive_batchers[prim] = self._batch
     ad.primitive_jvps[prim] = self._jvp
 
@@ -106,7 +106,16 @@ class FfiPrimitive:
   def _eager(self, *args, **params):
     return _jitted_bind(self.primitive, tuple(sorted(params.items())))(*args)
 
-  def _ffi_lowering(self, platform: str):
+  def ffi_lowering(self, platform: str, target: str | None = None):
+    """The lowering rule of this primitive for ``platform``: a custom call to ``target``
+    (default ``self.target``) laid out as ``platform``'s handler expects it.
+
+    The one hook tests use to run another build of a kernel: the CUDA harness
+    (tests/cuda_harness) lowers the ``cpu`` platform as ``cuda`` to a CPU
+    compilation of the CUDA handlers registered under another target name.
+    """
+    target = self.target if target is None else target
+
     def lowering(ctx, *operands, **params):
       attrs = {key: self._typed_attribute(key, value) for key, value in params.items()}
       workspace = None
@@ -114,7 +123,7 @@ class FfiPrimitive:
         workspace = self.workspace(ctx.avals_in, params, platform)
         ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
       rule = jax.ffi.ffi_lowering(
-          self.target, operand_output_aliases=dict(self.input_output_aliases) or None)
+          target, operand_output_aliases=dict(self.input_output_aliases) or None)
       results = rule(ctx, *operands, **attrs)
       return results[:-1] if workspace is not None else results
 

@@ -1,0 +1,58 @@
+# CUDA kernels (cuda/) and the _jaxops_cuda module (xla_ffi/cuda/), built when
+# nvcc is found (CMAKE_CUDA_COMPILER, CUDACXX or PATH); otherwise the build is
+# CPU-only. cudart is linked statically and loads the driver only when a kernel
+# runs, so the module imports on machines without a GPU or driver.
+include(CheckLanguage)
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER)
+  message(STATUS "jaxops: nvcc not found, building the CPU kernels only")
+  return()
+endif()
+
+set(JAXOPS_CUDA_ARCHITECTURES "80;90" CACHE STRING
+    "GPU architectures of the CUDA kernels, in CMAKE_CUDA_ARCHITECTURES syntax")
+option(JAXOPS_CUDA_RESOURCE_USAGE
+       "Print the registers and shared memory ptxas gives every kernel" OFF)
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES ${JAXOPS_CUDA_ARCHITECTURES})
+endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+message(STATUS
+  "jaxops: CUDA ${CUDAToolkit_VERSION} kernels for architectures ${JAXOPS_CUDA_ARCHITECTURES}")
+
+# CUDA kernels: no XLA, no Python. A register spill or any other warning is an
+# error: the kernels are tuned to fit in registers on every shipped architecture.
+file(GLOB JAXOPS_CUDA_SOURCES CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cu")
+add_library(jaxops_cuda_kernels STATIC ${JAXOPS_CUDA_SOURCES})
+set_target_properties(jaxops_cuda_kernels PROPERTIES
+  CUDA_ARCHITECTURES "${JAXOPS_CUDA_ARCHITECTURES}"
+  CUDA_RUNTIME_LIBRARY Static
+  CUDA_STANDARD 17
+  CUDA_STANDARD_REQUIRED ON)
+target_include_directories(jaxops_cuda_kernels PUBLIC "${CMAKE_CURRENT_SOURCE_DIR}")
+target_link_libraries(jaxops_cuda_kernels PUBLIC CUDA::cudart_static)
+target_compile_options(jaxops_cuda_kernels PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:-O3 -Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror
+    -Xptxas=-warn-spills,-warn-lmem-usage,-Werror>)
+if(JAXOPS_CUDA_RESOURCE_USAGE)
+  target_compile_options(jaxops_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
+endif()
+
+# FFI handlers for CUDA: the same targets as the CPU module, registered for
+# platform "CUDA" by jaxops/_src/ffi_targets.py.
+file(GLOB JAXOPS_CUDA_HANDLERS CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/cuda/*.cc")
+nanobind_add_module(_jaxops_cuda NB_STATIC
+  "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/python_module.cc" ${JAXOPS_CUDA_HANDLERS})
+target_include_directories(_jaxops_cuda SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
+target_include_directories(_jaxops_cuda PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
+target_compile_definitions(_jaxops_cuda PRIVATE
+  JAXOPS_MODULE_NAME=_jaxops_cuda JAXOPS_PLATFORM_CUDA)
+target_link_libraries(_jaxops_cuda PRIVATE jaxops_cuda_kernels CUDA::cudart_static)
+
+if(SKBUILD)
+  install(TARGETS _jaxops_cuda LIBRARY DESTINATION jaxops)
+else()
+  set_target_properties(_jaxops_cuda PROPERTIES
+    LIBRARY_OUTPUT_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/jaxops")
+endif()

@@ -1,0 +1,718 @@
+#include "cuda/norms.h"
+
+#include <climits>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "cuda/launch.cuh"
+
+namespace jaxops::cuda {
+namespace {
+
+// Work layout. A row is handled by a "row group" of threads: one warp for short
+// rows (several per block), else a whole block of up to kMaxRowThreads threads
+// (one row per block). Each thread holds kItems<kVec> packs of kVec elements of
+// a row in registers, so a row of up to kMaxRowThreads * kElements<kVec>
+// elements is read from memory once; longer rows are processed in chunks of that
+// size and re-read. Packs are 16 bytes when the row length is a multiple of 16
+// bytes and the buffers are 16-byte aligned; otherwise rows start at every
+// alignment and the kernels take the scalar path (packs of one element).
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr int kMaxRowThreads = 512;
+constexpr int kMaxWarpsPerRow = kMaxRowThreads / kWarpSize;
+// One-warp row groups per block: rows in the forward, warps sharing a part's
+// rows in the backward (whose parallelism is the number of parts, which the
+// caller sizes to a few blocks per SM).
+constexpr int kFwdRowsPerWarpBlock = 4;
+constexpr int kBwdWarpsPerPart = 8;
+constexpr int kVectorBytes = 16;
+// 16 elements per thread when loads are vectorised; the scalar path (rows whose
+// length is not a multiple of the pack) holds 8, as every element then needs its
+// own address registers and 16 would spill in the backward.
+template <int kVec>
+constexpr int kItems = kVec == 1 ? 8 : 16 / kVec;
+template <int kVec>
+constexpr int kElements = kItems<kVec> * kVec;
+constexpr int kSumPartsThreads = 256;
+// Column indices are int; this bound keeps chunk arithmetic far from overflow.
+constexpr int64_t kMaxCols = int64_t{1} << 30;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// The type that moves `kBytes` bytes in one load/store instruction. Packs go
+// through it (in a union with their elements): copied as an array or struct of
+// T, a pack is moved element by element.
+template <int kBytes>
+struct Raw;
+template <>
+struct Raw<2> {
+  using type = unsigned short;
+};
+template <>
+struct Raw<4> {
+  using type = unsigned int;
+};
+template <>
+struct Raw<16> {
+  using type = uint4;
+};
+
+// Loads kVec consecutive elements (16 bytes when vectorised, one element
+// otherwise) into f32.
+template <typename T, int kVec>
+__device__ __forceinline__ void load_pack(const T* p, float* out) {
+  using RawPack = typename Raw<sizeof(T) * kVec>::type;
+  union {
+    RawPack raw;
+    T values[kVec];
+  } pack;
+  pack.raw = *reinterpret_cast<const RawPack*>(p);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) out[j] = to_float(pack.values[j]);
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_pack(T* p, const float* in) {
+  using RawPack = typename Raw<sizeof(T) * kVec>::type;
+  union {
+    RawPack raw;
+    T values[kVec];
+  } pack;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) pack.values[j] = from_float<T>(in[j]);
+  if constexpr (sizeof(RawPack) == 16) {
+    // A plain 16-byte store is split into 4- or 2-byte stores in some of the
+    // backward's loops; the intrinsic keeps it one instruction.
+    __stwb(reinterpret_cast<RawPack*>(p), pack.raw);
+  } else {
+    *reinterpret_cast<RawPack*>(p) = pack.raw;
+  }
+}
+
+// f32 workspace stores, at most 16 bytes per instruction.
+template <int kVec>
+__device__ __forceinline__ void store_f32(float* p, const float* in) {
+  constexpr int kStep = kVec < 4 ? kVec : 4;
+#pragma unroll
+  for (int j = 0; j < kVec; j += kStep) store_pack<float, kStep>(p + j, in + j);
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void load_or_fill(const T* p, int col, float fill,
+                                             float* out) {
+  if (p != nullptr) {
+    load_pack<T, kVec>(p + col, out);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = fill;
+  }
+}
+
+// The columns a thread owns in the chunk starting at `base`: item i covers
+// [item_col(i), item_col(i) + kVec). Consecutive threads own consecutive packs, so
+// each load instruction of a warp reads one contiguous span.
+template <int kVec>
+__device__ __forceinline__ int item_col(int base, int item) {
+  return base + (item * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * kVec;
+}
+
+// Loads this thread's part of a chunk; columns past the end read as zero.
+template <typename T, int kVec>
+__device__ __forceinline__ void load_chunk(const T* row, int base, int cols,
+                                           float (&v)[kElements<kVec>]) {
+#pragma unroll
+  for (int i = 0; i < kItems<kVec>; ++i) {
+    const int col = item_col<kVec>(base, i);
+    if (col < cols) {
+      load_pack<T, kVec>(row + col, &v[i * kVec]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[i * kVec + j] = 0.f;
+    }
+  }
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_chunk(T* row, int base, int cols,
+                                            const float (&v)[kElements<kVec>]) {
+#pragma unroll
+  for (int i = 0; i < kItems<kVec>; ++i) {
+    const int col = item_col<kVec>(base, i);
+    if (col < cols) store_pack<T, kVec>(row + col, &v[i * kVec]);
+  }
+}
+
+// Sums each of v[0..N) over the threads of the row group; every thread receives
+// the same bits (the butterfly adds the same pairs in every lane, and every thread
+// adds the per-warp sums in the same order).
+template <int N>
+__device__ __forceinline__ void row_sum(float (&v)[N]) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(kFullWarp, v[i], offset);
+  }
+  if (blockDim.x > kWarpSize) {
+    __shared__ float warp_sums[N][kMaxWarpsPerRow];
+    const int warp = threadIdx.x / kWarpSize;
+    if (threadIdx.x % kWarpSize == 0) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) warp_sums[i][warp] = v[i];
+    }
+    __syncthreads();
+    const int warps = blockDim.x / kWarpSize;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float sum = warp_sums[i][0];
+      for (int w = 1; w < warps; ++w) sum += warp_sums[i][w];
+      v[i] = sum;
+    }
+    __syncthreads();  // warp_sums is reused by the next call
+  }
+}
+
+// Count, mean and sum of squared deviations of a set of values; two sets merge
+// with Chan et al.'s formula, which stays accurate when |mean| >> stddev, where
+// E[x^2] - E[x]^2 would cancel.
+struct MeanM2 {
+  float count;
+  float mean;
+  float m2;
+};
+
+__device__ __forceinline__ MeanM2 merge(const MeanM2& a, const MeanM2& b) {
+  const float count = a.count + b.count;
+  if (count == 0.f) return a;
+  const float delta = b.mean - a.mean;
+  const float b_share = __fdividef(b.count, count);
+  return {count, a.mean + delta * b_share,
+          a.m2 + b.m2 + delta * delta * a.count * b_share};
+}
+
+// merge is not symmetric in its arguments, so both lanes of a butterfly pair
+// merge (lower lane, upper lane) to agree bit for bit.
+__device__ __forceinline__ MeanM2 row_mean_m2(MeanM2 s) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const MeanM2 other{__shfl_xor_sync(kFullWarp, s.count, offset),
+                       __shfl_xor_sync(kFullWarp, s.mean, offset),
+                       __shfl_xor_sync(kFullWarp, s.m2, offset)};
+    s = (lane & offset) ? merge(other, s) : merge(s, other);
+  }
+  if (blockDim.x > kWarpSize) {
+    __shared__ MeanM2 warp_stats[kMaxWarpsPerRow];
+    const int warp = threadIdx.x / kWarpSize;
+    if (lane == 0) warp_stats[warp] = s;
+    __syncthreads();
+    const int warps = blockDim.x / kWarpSize;
+    s = warp_stats[0];
+    for (int w = 1; w < warps; ++w) s = merge(s, warp_stats[w]);
+    __syncthreads();  // warp_stats is reused by the next call
+  }
+  return s;
+}
+
+// Exact two-pass statistics of the values this thread holds for one chunk.
+template <int kVec>
+__device__ __forceinline__ MeanM2 chunk_mean_m2(const float (&v)[kElements<kVec>],
+                                                int base, int cols) {
+  float count = 0.f;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kItems<kVec>; ++i) {
+    if (item_col<kVec>(base, i) < cols) {
+      count += kVec;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum += v[i * kVec + j];
+    }
+  }
+  const float mean = count > 0.f ? __fdividef(sum, count) : 0.f;
+  float m2 = 0.f;
+#pragma unroll
+  for (int i = 0; i < kItems<kVec>; ++i) {
+    if (item_col<kVec>(base, i) < cols) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = v[i * kVec + j] - mean;
+        m2 += d * d;
+      }
+    }
+  }
+  return {count, mean, m2};
+}
+
+// Row of this thread's row group in the forward. Only blocks of one-warp row
+// groups can run past the last row; they never synchronise the block, so those
+// warps may return early.
+__device__ __forceinline__ int64_t forward_row() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kMaxRowThreads, 1)
+    layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ weight,
+                          const T* __restrict__ bias, T* __restrict__ y,
+                          float* __restrict__ mean, float* __restrict__ rstd,
+                          int64_t rows, int cols, float inv_cols, float epsilon) {
+  const int64_t row = forward_row();
+  if (row >= rows) return;
+  const T* x_row = x + row * cols;
+  T* y_row = y + row * cols;
+  const int chunk = blockDim.x * kElements<kVec>;
+  const int chunks = (cols + chunk - 1) / chunk;
+
+  float v[kElements<kVec>];
+  MeanM2 stats{0.f, 0.f, 0.f};
+  for (int c = 0; c < chunks; ++c) {
+    load_chunk<T, kVec>(x_row, c * chunk, cols, v);
+    stats = merge(stats, chunk_mean_m2<kVec>(v, c * chunk, cols));
+  }
+  stats = row_mean_m2(stats);
+  const float row_mean = stats.mean;
+  const float row_rstd = rsqrtf(stats.m2 * inv_cols + epsilon);
+  if (threadIdx.x == 0) {
+    mean[row] = row_mean;
+    rstd[row] = row_rstd;
+  }
+
+  // The last chunk is still in registers: write it first, re-read the others.
+  for (int c = chunks - 1; c >= 0; --c) {
+    if (c != chunks - 1) load_chunk<T, kVec>(x_row, c * chunk, cols, v);
+#pragma unroll
+    for (int i = 0; i < kItems<kVec>; ++i) {
+      const int col = item_col<kVec>(c * chunk, i);
+      if (col >= cols) continue;
+      float w[kVec], b[kVec], out[kVec];
+      load_or_fill<T, kVec>(weight, col, 1.f, w);
+      load_or_fill<T, kVec>(bias, col, 0.f, b);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        out[j] = (v[i * kVec + j] - row_mean) * row_rstd * w[j] + b[j];
+      }
+      store_pack<T, kVec>(y_row + col, out);
+    }
+  }
+}
+
+// rms_norm, and add_rms_norm when residual is not null: then the normalised row
+// is h = x + residual rounded to T, which is also written out. x, residual and h
+// are not __restrict__: h may alias either input.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kMaxRowThreads, 1)
+    rms_norm_fwd_kernel(const T* x, const T* residual, const T* __restrict__ weight,
+                        T* __restrict__ y, T* h, float* __restrict__ rstd,
+                        int64_t rows, int cols, float inv_cols, float epsilon) {
+  const int64_t row = forward_row();
+  if (row >= rows) return;
+  const T* x_row = x + row * cols;
+  T* y_row = y + row * cols;
+  T* h_row = residual != nullptr ? h + row * cols : nullptr;
+  const int chunk = blockDim.x * kElements<kVec>;
+  const int chunks = (cols + chunk - 1) / chunk;
+
+  float v[kElements<kVec>];
+  float sum_sq[1] = {0.f};
+  for (int c = 0; c < chunks; ++c) {
+    load_chunk<T, kVec>(x_row, c * chunk, cols, v);
+    if (residual != nullptr) {
+      float r[kElements<kVec>];
+      load_chunk<T, kVec>(residual + row * cols, c * chunk, cols, r);
+#pragma unroll
+      for (int e = 0; e < kElements<kVec>; ++e) {
+        v[e] = to_float(from_float<T>(v[e] + r[e]));
+      }
+      store_chunk<T, kVec>(h_row, c * chunk, cols, v);
+    }
+#pragma unroll
+    for (int e = 0; e < kElements<kVec>; ++e) sum_sq[0] += v[e] * v[e];
+  }
+  row_sum(sum_sq);
+  const float row_rstd = rsqrtf(sum_sq[0] * inv_cols + epsilon);
+  if (threadIdx.x == 0) rstd[row] = row_rstd;
+
+  // The last chunk is still in registers: write it first, re-read the others
+  // (from h, which this thread wrote above).
+  for (int c = chunks - 1; c >= 0; --c) {
+    if (c != chunks - 1) {
+      load_chunk<T, kVec>(h_row != nullptr ? h_row : x_row, c * chunk, cols, v);
+    }
+#pragma unroll
+    for (int i = 0; i < kItems<kVec>; ++i) {
+      const int col = item_col<kVec>(c * chunk, i);
+      if (col >= cols) continue;
+      float w[kVec], out[kVec];
+      load_or_fill<T, kVec>(weight, col, 1.f, w);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) out[j] = v[i * kVec + j] * row_rstd * w[j];
+      store_pack<T, kVec>(y_row + col, out);
+    }
+  }
+}
+
+// Backward of layer_norm (kCentered) and rms_norm. Block b handles part b: the
+// rows [row_begin, row_end) of one group, one row per row group at a time (rows
+// interleaved over the block's one-warp row groups for short rows). For every
+// row it computes dx from two (one) row sums. The part's column sums of
+// dy * xhat (and dy) go to workspace[part][0] (and [1]): when the row fits in
+// one chunk they accumulate in registers while the rows stream by, and the
+// warps of a block add theirs in warp order; otherwise a final pass over the
+// part, chunk by chunk, accumulates them. dresidual may alias dx; dx must not
+// alias dy or x.
+template <typename T, int kVec, bool kCentered>
+__global__ void __launch_bounds__(kMaxRowThreads, 1)
+    norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                    const T* __restrict__ weight, const float* __restrict__ mean,
+                    const float* __restrict__ rstd, const T* dresidual, T* dx,
+                    float* __restrict__ workspace, int64_t rows, int cols,
+                    int64_t groups, int64_t parts_per_group, float inv_cols) {
+  constexpr int kSums = kCentered ? 2 : 1;
+  constexpr int kElems = kElements<kVec>;
+  const int64_t part = blockIdx.x;
+  const int64_t rows_per_group = rows / groups;
+  const int64_t group_begin = part / parts_per_group * rows_per_group;
+  const int64_t index = part % parts_per_group;
+  const int64_t row_begin = group_begin + rows_per_group * index / parts_per_group;
+  const int64_t row_end = group_begin + rows_per_group * (index + 1) / parts_per_group;
+  float* part_sums = workspace != nullptr ? workspace + part * kSums * cols : nullptr;
+  const int chunk = blockDim.x * kElems;
+  const int chunks = (cols + chunk - 1) / chunk;
+
+  float x_v[kElems], dy_v[kElems];
+  float dweight_sum[kElems], dbias_sum[kElems];
+  const auto zero_column_sums = [&] {
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) dweight_sum[e] = dbias_sum[e] = 0.f;
+  };
+  // Adds the chunk in x_v/dy_v of `row` to the column sums.
+  const auto add_column_sums = [&](int64_t row) {
+    const float row_mean = kCentered ? mean[row] : 0.f;
+    const float row_rstd = rstd[row];
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) {
+      dweight_sum[e] += dy_v[e] * ((x_v[e] - row_mean) * row_rstd);
+      if (kCentered) dbias_sum[e] += dy_v[e];
+    }
+  };
+  const auto store_column_sums = [&](int base) {
+#pragma unroll
+    for (int i = 0; i < kItems<kVec>; ++i) {
+      const int col = item_col<kVec>(base, i);
+      if (col >= cols) continue;
+      store_f32<kVec>(part_sums + col, &dweight_sum[i * kVec]);
+      if (kCentered) store_f32<kVec>(part_sums + cols + col, &dbias_sum[i * kVec]);
+    }
+  };
+  const auto load_row_chunk = [&](int64_t row, int base) {
+    load_chunk<T, kVec>(x + row * cols, base, cols, x_v);
+    load_chunk<T, kVec>(dy + row * cols, base, cols, dy_v);
+  };
+
+  zero_column_sums();
+  for (int64_t row = row_begin + threadIdx.y; row < row_end; row += blockDim.y) {
+    const float row_mean = kCentered ? mean[row] : 0.f;
+    const float row_rstd = rstd[row];
+    // sums[0] = sum of g * xhat, sums[1] = sum of g.
+    float sums[kSums] = {};
+    for (int c = 0; c < chunks; ++c) {
+      load_row_chunk(row, c * chunk);
+#pragma unroll
+      for (int i = 0; i < kItems<kVec>; ++i) {
+        const int col = item_col<kVec>(c * chunk, i);
+        if (col >= cols) continue;
+        float w[kVec];
+        load_or_fill<T, kVec>(weight, col, 1.f, w);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float g = dy_v[i * kVec + j] * w[j];
+          sums[0] += g * ((x_v[i * kVec + j] - row_mean) * row_rstd);
+          if (kCentered) sums[kSums - 1] += g;
+        }
+      }
+      if (chunks == 1) add_column_sums(row);
+    }
+    row_sum(sums);
+    const float mean_gx = sums[0] * inv_cols;
+    const float mean_g = kCentered ? sums[kSums - 1] * inv_cols : 0.f;
+
+    // The last chunk is still in registers: write it first, re-read the others.
+    for (int c = chunks - 1; c >= 0; --c) {
+      if (c != chunks - 1) load_row_chunk(row, c * chunk);
+#pragma unroll
+      for (int i = 0; i < kItems<kVec>; ++i) {
+        const int col = item_col<kVec>(c * chunk, i);
+        if (col >= cols) continue;
+        float w[kVec], extra[kVec], out[kVec];
+        load_or_fill<T, kVec>(weight, col, 1.f, w);
+        load_or_fill<T, kVec>(dresidual == nullptr ? nullptr : dresidual + row * cols,
+                              col, 0.f, extra);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xhat = (x_v[i * kVec + j] - row_mean) * row_rstd;
+          const float g = dy_v[i * kVec + j] * w[j];
+          out[j] = (g - mean_g - xhat * mean_gx) * row_rstd + extra[j];
+        }
+        store_pack<T, kVec>(dx + row * cols + col, out);
+      }
+    }
+  }
+
+  if (part_sums == nullptr) return;
+  if (chunks == 1) {
+    if (blockDim.y > 1) {
+      // One-warp row groups (a row fits in one warp's registers): warp y adds
+      // the running total of warps 0..y-1 to its own sums, and the last warp
+      // holds the part's.
+      __shared__ float running[kSums][kWarpSize * kElems];
+      for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
+        if (threadIdx.y == y) {
+#pragma unroll
+          for (int i = 0; i < kItems<kVec>; ++i) {
+            const int col = item_col<kVec>(0, i);
+            if (col >= cols) continue;
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              float* total = &running[0][col + j];
+              if (y > 0) dweight_sum[i * kVec + j] += total[0];
+              total[0] = dweight_sum[i * kVec + j];
+              if (kCentered) {
+                total = &running[kSums - 1][col + j];
+                if (y > 0) dbias_sum[i * kVec + j] += total[0];
+                total[0] = dbias_sum[i * kVec + j];
+              }
+            }
+          }
+        }
+        __syncthreads();
+      }
+      if (threadIdx.y != blockDim.y - 1) return;
+    }
+    store_column_sums(0);
+    return;
+  }
+  for (int c = 0; c < chunks; ++c) {
+    zero_column_sums();
+    for (int64_t row = row_begin; row < row_end; ++row) {
+      load_row_chunk(row, c * chunk);
+      add_column_sums(row);
+    }
+    store_column_sums(c * chunk);
+  }
+}
+
+// out_k[g][c] = sum over the parts p of group g of workspace[g * parts + p][k][c],
+// in part order; out_k may be null (k = blockIdx.y).
+template <typename T>
+__global__ void __launch_bounds__(kSumPartsThreads)
+    sum_parts_kernel(const float* __restrict__ workspace, T* __restrict__ out0,
+                     T* __restrict__ out1, int64_t groups, int64_t parts_per_group,
+                     int sums, int cols) {
+  T* out = blockIdx.y == 0 ? out0 : out1;
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (out == nullptr || index >= groups * cols) return;
+  const int64_t group = index / cols;
+  const int64_t col = index % cols;
+  const float* p = workspace + (group * parts_per_group * sums + blockIdx.y) * cols + col;
+  const int64_t stride = static_cast<int64_t>(sums) * cols;
+  float sum = 0.f;
+  for (int64_t t = 0; t < parts_per_group; ++t) sum += p[t * stride];
+  out[index] = from_float<T>(sum);
+}
+
+struct RowLaunch {
+  dim3 grid;
+  dim3 block;
+};
+
+// Launch shape for `units` independent units of work of `cols` columns: rows in
+// the forward (rows_per_warp_block one-warp rows per block for short rows),
+// parts in the backward (one block per part, rows_per_warp_block warps sharing
+// its rows).
+template <int kVec>
+cudaError_t row_launch(int64_t cols, int64_t units, bool unit_per_block,
+                       int rows_per_warp_block, RowLaunch* launch) {
+  const int64_t threads = ((cols + kVec - 1) / kVec + kItems<kVec> - 1) / kItems<kVec>;
+  int row_threads = kWarpSize;
+  int rows_per_block = rows_per_warp_block;
+  if (threads > kWarpSize) {
+    const int64_t rounded = (threads + kWarpSize - 1) / kWarpSize * kWarpSize;
+    row_threads = static_cast<int>(rounded < kMaxRowThreads ? rounded : kMaxRowThreads);
+    rows_per_block = 1;
+  }
+  const int64_t blocks = unit_per_block ? units : (units + rows_per_block - 1) / rows_per_block;
+  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  launch->grid = dim3(static_cast<unsigned>(blocks));
+  launch->block = dim3(row_threads, rows_per_block);
+  return cudaSuccess;
+}
+
+// True when every row starts 16-byte aligned in every buffer (null is aligned).
+template <typename T>
+bool can_vectorize(int64_t cols, std::initializer_list<const void*> buffers) {
+  if (cols % (kVectorBytes / sizeof(T)) != 0) return false;
+  for (const void* p : buffers) {
+    if (reinterpret_cast<uintptr_t>(p) % kVectorBytes != 0) return false;
+  }
+  return true;
+}
+
+// Calls body with the pack width as a compile-time constant.
+template <typename T, typename Body>
+cudaError_t with_pack_width(bool vectorize, Body&& body) {
+  if (vectorize) {
+    return body(std::integral_constant<int, kVectorBytes / static_cast<int>(sizeof(T))>());
+  }
+  return body(std::integral_constant<int, 1>());
+}
+
+bool valid_shape(NormShape shape) {
+  return shape.rows >= 0 && shape.cols > 0 && shape.cols <= kMaxCols;
+}
+
+bool valid_layout(NormShape shape, WeightGradLayout layout) {
+  return layout.groups > 0 && shape.rows % layout.groups == 0 && layout.parts > 0 &&
+         layout.groups <= INT_MAX / layout.parts;
+}
+
+template <typename T, bool kCentered>
+cudaError_t norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weight,
+                     const float* mean, const float* rstd, const T* dresidual, T* dx,
+                     T* dweight, T* dbias, float* workspace, NormShape shape,
+                     WeightGradLayout layout) {
+  if (!valid_shape(shape) || !valid_layout(shape, layout)) return cudaErrorInvalidValue;
+  const bool column_sums = dweight != nullptr || dbias != nullptr;
+  if (column_sums && workspace == nullptr) return cudaErrorInvalidValue;
+  if (!column_sums) workspace = nullptr;
+  const int cols = static_cast<int>(shape.cols);
+  const int64_t parts = layout.groups * layout.parts;
+  const bool vectorize = can_vectorize<T>(cols, {dy, x, weight, dresidual, dx, workspace});
+  const cudaError_t status = with_pack_width<T>(vectorize, [&](auto pack_width) {
+    constexpr int kVec = decltype(pack_width)::value;
+    RowLaunch launch;
+    const cudaError_t shaped = row_launch<kVec>(cols, parts, true, kBwdWarpsPerPart, &launch);
+    if (shaped != cudaSuccess) return shaped;
+    return launch_kernel(norm_bwd_kernel<T, kVec, kCentered>, launch.grid, launch.block, stream,
+                         dy, x, weight, mean, rstd, dresidual, dx, workspace, shape.rows, cols,
+                         layout.groups, layout.parts, 1.f / static_cast<float>(cols));
+  });
+  if (status != cudaSuccess || !column_sums) return status;
+  constexpr int kSums = kCentered ? 2 : 1;
+  const int64_t blocks = (layout.groups * cols + kSumPartsThreads - 1) / kSumPartsThreads;
+  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  return launch_kernel(sum_parts_kernel<T>, dim3(static_cast<unsigned>(blocks), kSums),
+                       dim3(kSumPartsThreads), stream, workspace, dweight, dbias, layout.groups,
+                       layout.parts, kSums, cols);
+}
+
+// rms_norm when residual is null, else add_rms_norm.
+template <typename T>
+cudaError_t rms_norm_fwd_launch(cudaStream_t stream, const T* x, const T* residual,
+                                const T* weight, T* y, T* h, float* rstd, NormShape shape,
+                                float epsilon) {
+  if (!valid_shape(shape)) return cudaErrorInvalidValue;
+  if (shape.rows == 0) return cudaSuccess;
+  const int cols = static_cast<int>(shape.cols);
+  const bool vectorize = can_vectorize<T>(cols, {x, residual, weight, y, h});
+  return with_pack_width<T>(vectorize, [&](auto pack_width) {
+    constexpr int kVec = decltype(pack_width)::value;
+    RowLaunch launch;
+    const cudaError_t shaped =
+        row_launch<kVec>(cols, shape.rows, false, kFwdRowsPerWarpBlock, &launch);
+    if (shaped != cudaSuccess) return shaped;
+    return launch_kernel(rms_norm_fwd_kernel<T, kVec>, launch.grid, launch.block, stream, x,
+                         residual, weight, y, h, rstd, shape.rows, cols,
+                         1.f / static_cast<float>(cols), epsilon);
+  });
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t layer_norm_fwd(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
+                           float* mean, float* rstd, NormShape shape, float epsilon) {
+  if (!valid_shape(shape)) return cudaErrorInvalidValue;
+  if (shape.rows == 0) return cudaSuccess;
+  const int cols = static_cast<int>(shape.cols);
+  const bool vectorize = can_vectorize<T>(cols, {x, weight, bias, y});
+  return with_pack_width<T>(vectorize, [&](auto pack_width) {
+    constexpr int kVec = decltype(pack_width)::value;
+    RowLaunch launch;
+    const cudaError_t shaped =
+        row_launch<kVec>(cols, shape.rows, false, kFwdRowsPerWarpBlock, &launch);
+    if (shaped != cudaSuccess) return shaped;
+    return launch_kernel(layer_norm_fwd_kernel<T, kVec>, launch.grid, launch.block, stream, x,
+                         weight, bias, y, mean, rstd, shape.rows, cols,
+                         1.f / static_cast<float>(cols), epsilon);
+  });
+}
+
+template <typename T>
+cudaError_t layer_norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weight,
+                           const float* mean, const float* rstd, T* dx, T* dweight, T* dbias,
+                           float* workspace, NormShape shape, WeightGradLayout layout) {
+  return norm_bwd<T, true>(stream, dy, x, weight, mean, rstd, nullptr, dx, dweight, dbias,
+                           workspace, shape, layout);
+}
+
+template <typename T>
+cudaError_t rms_norm_fwd(cudaStream_t stream, const T* x, const T* weight, T* y, float* rstd,
+                         NormShape shape, float epsilon) {
+  return rms_norm_fwd_launch<T>(stream, x, nullptr, weight, y, nullptr, rstd, shape, epsilon);
+}
+
+template <typename T>
+cudaError_t rms_norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weight,
+                         const float* rstd, const T* dresidual, T* dx, T* dweight,
+                         float* workspace, NormShape shape, WeightGradLayout layout) {
+  return norm_bwd<T, false>(stream, dy, x, weight, nullptr, rstd, dresidual, dx, dweight,
+                            nullptr, workspace, shape, layout);
+}
+
+template <typename T>
+cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual, const T* weight,
+                             T* y, T* h, float* rstd, NormShape shape, float epsilon) {
+  if (shape.rows > 0 && (residual == nullptr || h == nullptr)) return cudaErrorInvalidValue;
+  return rms_norm_fwd_launch<T>(stream, x, residual, weight, y, h, rstd, shape, epsilon);
+}
+
+#define JAXOPS_CUDA_NORMS_INSTANTIATE(T)                                                        \
+  template cudaError_t layer_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*, T*,       \
+                                         float*, float*, NormShape, float);                     \
+  template cudaError_t layer_norm_bwd<T>(cudaStream_t, const T*, const T*, const T*,           \
+                                         const float*, const float*, T*, T*, T*, float*,        \
+                                         NormShape, WeightGradLayout);                          \
+  template cudaError_t rms_norm_fwd<T>(cudaStream_t, const T*, const T*, T*, float*, NormShape, \
+                                       float);                                                  \
+  template cudaError_t rms_norm_bwd<T>(cudaStream_t, const T*, const T*, const T*, const float*, \
+                                       const T*, T*, T*, float*, NormShape, WeightGradLayout);   \
+  template cudaError_t add_rms_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*, T*, T*,  \
+                                           float*, NormShape, float);
+
+JAXOPS_CUDA_NORMS_INSTANTIATE(float)
+JAXOPS_CUDA_NORMS_INSTANTIATE(__half)
+JAXOPS_CUDA_NORMS_INSTANTIATE(__nv_bfloat16)
+
+#undef JAXOPS_CUDA_NORMS_INSTANTIATE
+
+}  // namespace jaxops::cuda

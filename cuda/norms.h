@@ -1,0 +1,90 @@
+// CUDA kernels for layer_norm, rms_norm and add_rms_norm. No XLA, no Python.
+//
+// The same operations, arguments and math as cpu/norms.h (keep the two in step),
+// plus the stream to launch on: rows = product of the leading axes, cols = the
+// last axis, row-major; T is float, __half or __nv_bfloat16; statistics and
+// accumulation in float32. `weight` / `bias` may be nullptr (identity scale /
+// zero shift); so may `dweight` / `dbias`, and then those sums are not computed.
+//
+// Weight gradients: the rows are split into `groups` equal contiguous groups and
+// each group into `parts` contiguous pieces. Block t = g * parts + p reduces its
+// piece into workspace[t] ([groups * parts, sums, cols] float32), then a second
+// kernel adds the pieces of each group in order: deterministic, no atomics. The
+// pieces are the backward's parallelism: a few per SM.
+//
+// Every function launches on `stream` and returns cudaGetLastError() after its
+// launches (cudaErrorInvalidValue for sizes it cannot handle).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+namespace jaxops::cuda {
+
+struct NormShape {
+  int64_t rows;
+  int64_t cols;  // at most 2^30
+};
+
+struct WeightGradLayout {
+  int64_t groups = 1;  // divides rows
+  int64_t parts = 1;   // pieces per group reduced in parallel
+};
+
+// y = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(biased var + epsilon).
+template <typename T>
+cudaError_t layer_norm_fwd(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
+                           float* mean, float* rstd, NormShape shape, float epsilon);
+
+// dx = (g - mean(g) - xhat * mean(g * xhat)) * rstd with g = dy * weight;
+// dweight[g] = sum of dy * xhat, dbias[g] = sum of dy over the rows of group g.
+// workspace: [groups * parts, 2, cols]. dx must not alias dy or x.
+template <typename T>
+cudaError_t layer_norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weight,
+                           const float* mean, const float* rstd, T* dx, T* dweight, T* dbias,
+                           float* workspace, NormShape shape, WeightGradLayout layout);
+
+// y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + epsilon).
+template <typename T>
+cudaError_t rms_norm_fwd(cudaStream_t stream, const T* x, const T* weight, T* y, float* rstd,
+                         NormShape shape, float epsilon);
+
+// dx = (g - xhat * mean(g * xhat)) * rstd + dresidual with g = dy * weight,
+// xhat = x * rstd; `dresidual` (nullable) is a gradient that reaches x by another
+// path (add_rms_norm's backward is rms_norm_bwd on h with dresidual = the
+// cotangent of h) and may alias dx. workspace: [groups * parts, 1, cols].
+template <typename T>
+cudaError_t rms_norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weight,
+                         const float* rstd, const T* dresidual, T* dx, T* dweight,
+                         float* workspace, NormShape shape, WeightGradLayout layout);
+
+// h = x + residual (rounded to T, so the norm sees exactly the h it returns),
+// y = rms_norm(h) * weight. h may alias x or residual.
+template <typename T>
+cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual, const T* weight,
+                             T* y, T* h, float* rstd, NormShape shape, float epsilon);
+
+#define JAXOPS_CUDA_NORMS_DECLARE(T)                                                             \
+  extern template cudaError_t layer_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*, T*, \
+                                                float*, float*, NormShape, float);               \
+  extern template cudaError_t layer_norm_bwd<T>(cudaStream_t, const T*, const T*, const T*,     \
+                                                const float*, const float*, T*, T*, T*, float*,  \
+                                                NormShape, WeightGradLayout);                    \
+  extern template cudaError_t rms_norm_fwd<T>(cudaStream_t, const T*, const T*, T*, float*,     \
+                                              NormShape, float);                                 \
+  extern template cudaError_t rms_norm_bwd<T>(cudaStream_t, const T*, const T*, const T*,       \
+                                              const float*, const T*, T*, T*, float*, NormShape, \
+                                              WeightGradLayout);                                 \
+  extern template cudaError_t add_rms_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*,   \
+                                                  T*, T*, float*, NormShape, float);
+
+JAXOPS_CUDA_NORMS_DECLARE(float)
+JAXOPS_CUDA_NORMS_DECLARE(__half)
+JAXOPS_CUDA_NORMS_DECLARE(__nv_bfloat16)
+
+#undef JAXOPS_CUDA_NORMS_DECLARE
+
+}  // namespace jaxops::cuda

@@ -1,0 +1,96 @@
+"""Runs jaxops' CUDA kernels on the CPU, through the production primitives (tests only).
+
+The harness library (build.py) holds the unchanged CUDA kernels and CUDA FFI
+handlers compiled with g++ against cuda_on_cpu.h. Its handlers are registered as
+CPU FFI targets named ``jaxops_harness_<op>`` (for the handler of
+``jaxops_<op>``), and :func:`cuda_kernels_on_cpu` lowers every jaxops primitive
+with a harness handler on the CPU exactly as it lowers for CUDA (same operands,
+attributes and CUDA-sized workspace), to that target. Public functions, custom
+VJPs and batching rules are the production ones: only the kernel differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import importlib
+import pkgutil
+
+import jax
+from jax.interpreters import mlir
+
+import jaxops._src
+from jaxops._src.primitive import FfiPrimitive
+
+from . import build
+
+PREFIX = "jaxops_harness_"
+_MODES = {"fibers": 0, "threads": 1}
+
+
+def harness_target(target: str) -> str:
+  return PREFIX + target.removeprefix("jaxops_")
+
+
+class Harness:
+  """The loaded harness library: its FFI targets and its scheduling controls."""
+
+  def __init__(self, path):
+    self.path = path
+    self._lib = ctypes.CDLL(str(path))
+    self._lib.jaxops_harness_target_name.restype = ctypes.c_char_p
+    self._lib.jaxops_harness_target_handler.restype = ctypes.c_void_p
+    self._lib.jaxops_harness_launches.restype = ctypes.c_ulonglong
+    self._lib.jaxops_harness_configure.argtypes = (ctypes.c_int, ctypes.c_ulonglong)
+    self.targets = {}
+    for i in range(self._lib.jaxops_harness_target_count()):
+      name = self._lib.jaxops_harness_target_name(i).decode()
+      handler = self._lib.jaxops_harness_target_handler(i)
+      self.targets[name] = harness_target(name)
+      jax.ffi.register_ffi_target(harness_target(name), jax.ffi.pycapsule(handler),
+                                  platform="cpu")
+
+  def launches(self) -> int:
+    """Kernel launches run so far (a test can check that the harness ran)."""
+    return self._lib.jaxops_harness_launches()
+
+  def configure(self, mode: str = "fibers", seed: int = 0) -> None:
+    """Fibers or OS threads per CUDA thread; seed 0 runs threads and blocks in order."""
+    self._lib.jaxops_harness_configure(_MODES[mode], seed)
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Harness:
+  """Builds (or finds in the cache) the harness library and registers its targets."""
+  return Harness(build.library("plain"))
+
+
+def ffi_primitives() -> list[FfiPrimitive]:
+  """Every FfiPrimitive defined in a module of jaxops._src."""
+  found = []
+  for info in pkgutil.iter_modules(jaxops._src.__path__):
+    module = importlib.import_module(f"jaxops._src.{info.name}")
+    found += [v for v in vars(module).values() if isinstance(v, FfiPrimitive)]
+  return found
+
+
+@contextlib.contextmanager
+def cuda_kernels_on_cpu(harness: Harness):
+  """Within the context, primitives with a CUDA kernel run it (harness) on the CPU.
+
+  JAX caches traces and lowerings by function, not by lowering rule, so the
+  caches are cleared on entry and exit: nothing compiled inside leaks out, and
+  nothing compiled before is reused inside.
+  """
+  primitives = [p for p in ffi_primitives() if p.target in harness.targets]
+  jax.clear_caches()
+  for p in primitives:
+    mlir.register_lowering(p.primitive, p.ffi_lowering("cuda", harness.targets[p.target]),
+                           platform="cpu")
+  try:
+    yield primitives
+  finally:
+    for p in primitives:
+      mlir.register_lowering(p.primitive, p.ffi_lowering("cpu"), platform="cpu")
+    jax.clear_caches()

@@ -1,0 +1,713 @@
+// Test-only: the execution engine behind cuda_on_cpu.h. See that header for the
+// model. Two ways to run the threads of a block:
+//   fibers (default): one ucontext fiber per CUDA thread on the launching OS
+//     thread; a scheduler runs them until they block at a barrier or a warp
+//     collective, in thread order or, with a seed, in a random order;
+//   threads (JAXOPS_HARNESS_MODE=threads, forced under ThreadSanitizer): one OS
+//     thread per CUDA thread, so TSan sees shared-memory races between them.
+// Both share the bookkeeping below (one state per block, guarded by a mutex in
+// the threads mode), which turns every misuse it can see into a report: threads
+// at different barriers, a thread exiting while others wait at a barrier or a
+// warp collective, masks naming lanes
+// that do not exist or have exited, and deadlock (every live thread waiting,
+// which is also how lanes that never meet at a collective end).
+#include "cuda_on_cpu.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define JAXOPS_HARNESS_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define JAXOPS_HARNESS_TSAN 1
+// The runtime's own locking would order every pair of CUDA threads for TSan
+// (each shuffle takes the block's mutex), hiding the races it should find. So
+// its critical sections are invisible to TSan, and the barriers add exactly the
+// orderings CUDA guarantees: __syncthreads orders the block, __syncwarp its lanes.
+extern "C" {
+void AnnotateIgnoreSyncBegin(const char*, int);
+void AnnotateIgnoreSyncEnd(const char*, int);
+void AnnotateIgnoreReadsBegin(const char*, int);
+void AnnotateIgnoreReadsEnd(const char*, int);
+void AnnotateIgnoreWritesBegin(const char*, int);
+void AnnotateIgnoreWritesEnd(const char*, int);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+#endif
+
+// Bounds of the section holding every static __shared__ variable of this binary.
+extern "C" {
+extern char __start_jaxops_shared[] __attribute__((weak, visibility("hidden")));
+extern char __stop_jaxops_shared[] __attribute__((weak, visibility("hidden")));
+}
+
+namespace jaxops_harness {
+namespace {
+
+enum class Mode { kFibers, kThreads };
+
+struct Settings {
+  Mode mode = Mode::kFibers;
+  uint64_t seed = 0;  // 0: thread and block order as numbered; else random with this seed
+};
+
+Settings settings_from_env() {
+  Settings s;
+  if (const char* mode = std::getenv("JAXOPS_HARNESS_MODE")) {
+    if (std::string(mode) == "threads") s.mode = Mode::kThreads;
+  }
+  if (const char* seed = std::getenv("JAXOPS_HARNESS_SEED")) s.seed = std::strtoull(seed, nullptr, 10);
+#ifdef JAXOPS_HARNESS_TSAN
+  s.mode = Mode::kThreads;
+#endif
+  return s;
+}
+
+Settings& settings() {
+  static Settings s = settings_from_env();
+  return s;
+}
+
+std::mutex& launch_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+uint64_t g_launches = 0;
+thread_local cudaError_t tls_last_error = cudaSuccess;
+thread_local std::string tls_last_report;
+
+// Thrown into a waiting thread when its block failed, to unwind its kernel.
+struct Aborted {};
+
+struct Thread {
+  ThreadContext ctx;
+  int index = 0;
+  int warp = 0;
+  bool started = false;
+  bool exited = false;
+  bool blocked = false;
+  bool at_barrier = false;
+  uint64_t barriers_passed = 0;
+  const char* wait_op = nullptr;
+  Site wait_site{};
+  ucontext_t context;
+  void* fake_stack = nullptr;
+};
+
+struct Pending {
+  Collective op;
+  unsigned arrived;
+};
+
+struct Warp {
+  char syncwarp_clock = 0;
+  unsigned existing = 0;
+  unsigned exited = 0;
+  std::vector<Pending> pending;
+};
+
+struct Block {
+  Mode mode;
+  std::vector<Thread> threads;
+  std::vector<Warp> warps;
+  int live = 0;
+  int running = 0;
+  bool any_exited = false;
+  // The barrier being filled: its op, site, first arrival, arrivals, predicate count.
+  const char* barrier_op = nullptr;
+  Site barrier_site{};
+  int barrier_first = -1;
+  int barrier_arrived = 0;
+  int barrier_count = 0;
+  int barrier_result = 0;
+  // Two, used in turn: a thread slow to leave one barrier must not be ordered
+  // after the arrivals at the next.
+  char barrier_clocks[2] = {};
+  std::string error;
+  std::mutex mutex;
+  std::condition_variable wakeup;
+  // Fibers.
+  std::vector<int> ready;
+  ucontext_t scheduler;
+  std::mt19937_64 rng;
+  bool random = false;
+  void* scheduler_fake_stack = nullptr;
+  const void* scheduler_stack_bottom = nullptr;
+  size_t scheduler_stack_size = 0;
+  const std::function<void()>* kernel = nullptr;
+  void* dynamic_shared = nullptr;
+};
+
+thread_local Thread* tls_thread = nullptr;
+thread_local Block* tls_block = nullptr;
+
+Block& current_block() {
+  if (tls_block == nullptr) {
+    std::fprintf(stderr, "[cuda harness] a device function was called outside a kernel launch\n");
+    std::abort();
+  }
+  return *tls_block;
+}
+
+// Holds the block's mutex in the threads mode; fibers share one OS thread.
+struct Guard {
+  std::unique_lock<std::mutex> lock;
+  explicit Guard(Block& b) : lock(b.mutex, std::defer_lock) {
+#ifdef JAXOPS_HARNESS_TSAN
+    AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+#endif
+    if (b.mode == Mode::kThreads) lock.lock();
+  }
+  ~Guard() {
+    if (lock.owns_lock()) lock.unlock();
+#ifdef JAXOPS_HARNESS_TSAN
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+#endif
+  }
+  Guard(const Guard&) = delete;
+};
+
+// The memory ordering of a barrier, for TSan (see the top of the file).
+struct BarrierOrder {
+  void* clock;
+  explicit BarrierOrder(void* c) : clock(c) {
+#ifdef JAXOPS_HARNESS_TSAN
+    if (clock != nullptr) __tsan_release(clock);
+#endif
+  }
+  ~BarrierOrder() {
+#ifdef JAXOPS_HARNESS_TSAN
+    if (clock != nullptr) __tsan_acquire(clock);
+#endif
+  }
+};
+
+std::string thread_name(const Block& b, int index) {
+  const ThreadContext& c = b.threads[index].ctx;
+  std::ostringstream out;
+  out << "thread (" << c.thread_idx.x << "," << c.thread_idx.y << "," << c.thread_idx.z
+      << ") [warp " << b.threads[index].warp << " lane " << c.lane << "]";
+  return out.str();
+}
+
+std::string site_name(const char* op, Site site) {
+  std::ostringstream out;
+  out << op << " at " << site.file << ":" << site.line;
+  return out.str();
+}
+
+std::string hex(unsigned mask) {
+  char buffer[16];
+  std::snprintf(buffer, sizeof(buffer), "0x%08x", mask);
+  return buffer;
+}
+
+void wake(Block& b, Thread& t) {
+  t.blocked = false;
+  ++b.running;
+  if (b.mode == Mode::kFibers) b.ready.push_back(t.index);
+}
+
+// Records the block's first error and releases every waiting thread (each then
+// throws Aborted from the call it waits in).
+void fail(Block& b, const std::string& message) {
+  if (b.error.empty()) b.error = message;
+  for (Thread& t : b.threads) {
+    if (t.blocked) wake(b, t);
+  }
+  if (b.mode == Mode::kThreads) b.wakeup.notify_all();
+}
+
+std::string deadlock_report(const Block& b) {
+  std::map<std::string, std::vector<int>> waits;
+  for (const Thread& t : b.threads) {
+    if (t.blocked) waits[site_name(t.wait_op, t.wait_site)].push_back(t.index);
+  }
+  std::ostringstream out;
+  out << "deadlock: every live thread waits and none can proceed;";
+  for (const auto& [where, indices] : waits) {
+    out << " " << indices.size() << " thread(s) at " << where << " (first: "
+        << thread_name(b, indices.front()) << ");";
+  }
+  int exited = 0;
+  for (const Thread& t : b.threads) exited += t.exited;
+  out << " " << exited << " thread(s) exited";
+  return out.str();
+}
+
+void switch_to_scheduler(Block& b, Thread& t) {
+#ifdef JAXOPS_HARNESS_ASAN
+  __sanitizer_start_switch_fiber(&t.fake_stack, b.scheduler_stack_bottom, b.scheduler_stack_size);
+#endif
+  swapcontext(&t.context, &b.scheduler);
+#ifdef JAXOPS_HARNESS_ASAN
+  __sanitizer_finish_switch_fiber(t.fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Blocks the calling thread until another releases it (or the block fails).
+void wait(Block& b, Thread& t, Guard& guard) {
+  t.blocked = true;
+  --b.running;
+  if (b.running == 0 && b.error.empty()) fail(b, deadlock_report(b));
+  if (b.mode == Mode::kFibers) {
+    while (t.blocked) switch_to_scheduler(b, t);
+  } else {
+    b.wakeup.wait(guard.lock, [&] { return !t.blocked; });
+  }
+  if (!b.error.empty()) throw Aborted{};
+}
+
+// Lets the other fibers run (a scheduling point after a completed collective).
+void yield(Block& b, Thread& t) {
+  if (b.mode == Mode::kThreads) {
+    b.wakeup.notify_all();
+    return;
+  }
+  b.ready.push_back(t.index);
+  switch_to_scheduler(b, t);
+  if (!b.error.empty()) throw Aborted{};
+}
+
+[[noreturn]] void misuse(Block& b, const std::string& message) {
+  {
+    Guard guard(b);
+    fail(b, message);
+  }
+  throw Aborted{};
+}
+
+void thread_exited(Block& b, Thread& t) {
+  Guard guard(b);
+  t.exited = true;
+  --b.live;
+  --b.running;
+  b.any_exited = true;
+  Warp& w = b.warps[t.warp];
+  w.exited |= 1u << t.ctx.lane;
+  if (b.error.empty() && b.barrier_arrived > 0) {
+    fail(b, "barrier divergence: " + thread_name(b, t.index) + " exited while " +
+                std::to_string(b.barrier_arrived) + " thread(s) wait at " +
+                site_name(b.barrier_op, b.barrier_site) + " (first: " +
+                thread_name(b, b.barrier_first) + ")");
+  }
+  for (const Pending& p : w.pending) {
+    if (b.error.empty() && (p.op.mask >> t.ctx.lane & 1u)) {
+      fail(b, "warp divergence: " + thread_name(b, t.index) + " exited while lanes " +
+                  hex(p.arrived) + " of its warp wait for it at " +
+                  site_name(p.op.op, p.op.site) + " with mask " + hex(p.op.mask));
+    }
+  }
+  if (b.error.empty() && b.live > 0 && b.running == 0) fail(b, deadlock_report(b));
+  if (b.mode == Mode::kThreads) b.wakeup.notify_all();
+}
+
+void run_thread(Block& b, Thread& t) {
+  try {
+    (*b.kernel)();
+  } catch (const Aborted&) {
+  } catch (const std::exception& e) {
+    Guard guard(b);
+    fail(b, thread_name(b, t.index) + " threw: " + e.what());
+  } catch (...) {
+    Guard guard(b);
+    fail(b, thread_name(b, t.index) + " threw an exception");
+  }
+  thread_exited(b, t);
+}
+
+// -- fibers ------------------------------------------------------------------------------
+
+#ifdef JAXOPS_HARNESS_ASAN
+constexpr size_t kStackBytes = size_t{1} << 20;
+#else
+constexpr size_t kStackBytes = size_t{256} << 10;
+#endif
+constexpr size_t kGuardBytes = 4096;
+
+// Fiber stacks, reused by every launch; a guard page below each turns an overflow
+// into a fault.
+char* fiber_stack(int index) {
+  static std::vector<char*> stacks(kMaxThreadsPerBlock, nullptr);
+  if (stacks[index] == nullptr) {
+    void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("[cuda harness] mmap of a fiber stack");
+      std::abort();
+    }
+    mprotect(p, kGuardBytes, PROT_NONE);
+    stacks[index] = static_cast<char*>(p) + kGuardBytes;
+  }
+  return stacks[index];
+}
+
+void fiber_main(unsigned high, unsigned low) {
+  Thread& t = *reinterpret_cast<Thread*>((static_cast<uintptr_t>(high) << 32) | low);
+  Block& b = current_block();
+#ifdef JAXOPS_HARNESS_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack_bottom, &b.scheduler_stack_size);
+#endif
+  run_thread(b, t);
+#ifdef JAXOPS_HARNESS_ASAN
+  __sanitizer_start_switch_fiber(nullptr, b.scheduler_stack_bottom, b.scheduler_stack_size);
+#endif
+  setcontext(&b.scheduler);
+}
+
+void run_fibers(Block& b) {
+  for (Thread& t : b.threads) b.ready.push_back(t.index);
+  while (!b.ready.empty()) {
+    size_t pick = 0;
+    if (b.random) pick = std::uniform_int_distribution<size_t>(0, b.ready.size() - 1)(b.rng);
+    Thread& t = b.threads[b.ready[pick]];
+    b.ready.erase(b.ready.begin() + static_cast<std::ptrdiff_t>(pick));
+    if (!t.started) {
+      t.started = true;
+      if (!b.error.empty()) {  // the block failed: threads that never ran stay so
+        tls_thread = &t;
+        thread_exited(b, t);
+        continue;
+      }
+      getcontext(&t.context);
+      t.context.uc_stack.ss_sp = fiber_stack(t.index);
+      t.context.uc_stack.ss_size = kStackBytes;
+      t.context.uc_link = nullptr;
+      const uintptr_t self = reinterpret_cast<uintptr_t>(&t);
+      makecontext(&t.context, reinterpret_cast<void (*)()>(&fiber_main), 2,
+                  static_cast<unsigned>(self >> 32), static_cast<unsigned>(self & 0xffffffffu));
+    }
+    tls_thread = &t;
+#ifdef JAXOPS_HARNESS_ASAN
+    __sanitizer_start_switch_fiber(&b.scheduler_fake_stack, fiber_stack(t.index), kStackBytes);
+#endif
+    swapcontext(&b.scheduler, &t.context);
+#ifdef JAXOPS_HARNESS_ASAN
+    __sanitizer_finish_switch_fiber(b.scheduler_fake_stack, nullptr, nullptr);
+#endif
+    tls_thread = nullptr;
+  }
+}
+
+// -- OS threads ------------------------------------------------------------------------------
+
+void run_os_threads(Block& b) {
+  std::vector<std::thread> threads;
+  threads.reserve(b.threads.size());
+  for (Thread& t : b.threads) {
+    threads.emplace_back([&b, &t] {
+      tls_block = &b;
+      tls_thread = &t;
+      {
+        Guard guard(b);
+        t.started = true;
+      }
+      run_thread(b, t);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+// -- launch --------------------------------------------------------------------------------
+
+std::string dims(dim3 d) {
+  std::ostringstream out;
+  out << "(" << d.x << "," << d.y << "," << d.z << ")";
+  return out.str();
+}
+
+cudaError_t launch_error(cudaError_t error, const std::string& report) {
+  tls_last_error = error;
+  tls_last_report = report;
+  return error;
+}
+
+// Byte by byte and uninstrumented: under AddressSanitizer the section also holds
+// the redzones of the shared arrays, which only kernels must not touch.
+__attribute__((no_sanitize_address)) void poison_static_shared() {
+  if (+__start_jaxops_shared == nullptr) return;
+  for (volatile char* p = __start_jaxops_shared; p < __stop_jaxops_shared; ++p) *p = '\xff';
+}
+
+// Runs one block; returns its error report (empty on success).
+std::string run_block(const Settings& s, uint3 block_idx, dim3 grid, dim3 block_dim,
+                      size_t shared_bytes, const std::function<void()>& kernel, uint64_t seed) {
+  Block b;
+  b.mode = s.mode;
+  b.kernel = &kernel;
+  b.random = s.seed != 0;
+  b.rng.seed(seed);
+  const int n = static_cast<int>(block_dim.x * block_dim.y * block_dim.z);
+  b.threads.resize(n);
+  b.warps.resize((n + 31) / 32);
+  for (int i = 0; i < n; ++i) {
+    Thread& t = b.threads[i];
+    t.index = i;
+    t.warp = i / 32;
+    t.ctx.thread_idx = {i % block_dim.x, i / block_dim.x % block_dim.y,
+                        i / (block_dim.x * block_dim.y)};
+    t.ctx.block_idx = block_idx;
+    t.ctx.block_dim = block_dim;
+    t.ctx.grid_dim = grid;
+    t.ctx.lane = i % 32;
+    b.warps[t.warp].existing |= 1u << t.ctx.lane;
+  }
+  b.live = b.running = n;
+  poison_static_shared();
+  // Exactly the requested bytes, so AddressSanitizer sees reads past the end.
+  b.dynamic_shared = std::malloc(shared_bytes == 0 ? 1 : shared_bytes);
+  poison(b.dynamic_shared, shared_bytes);
+  Block* saved_block = tls_block;
+  Thread* saved_thread = tls_thread;
+  tls_block = &b;
+  if (s.mode == Mode::kFibers) {
+    run_fibers(b);
+  } else {
+    run_os_threads(b);
+  }
+  tls_block = saved_block;
+  tls_thread = saved_thread;
+  std::free(b.dynamic_shared);
+  return b.error;
+}
+
+}  // namespace
+
+// -- the API of cuda_on_cpu.h ----------------------------------------------------------------
+
+cudaError_t& last_error() { return tls_last_error; }
+
+const char* error_name(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* error_string(cudaError_t error) {
+  if (error == cudaErrorLaunchFailure && !tls_last_report.empty()) return tls_last_report.c_str();
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    default: return error_name(error);
+  }
+}
+
+ThreadContext& this_thread() {
+  if (tls_thread == nullptr) {
+    std::fprintf(stderr, "[cuda harness] threadIdx/blockIdx used outside a kernel launch\n");
+    std::abort();
+  }
+  return tls_thread->ctx;
+}
+
+void* dynamic_shared_memory() { return current_block().dynamic_shared; }
+
+unsigned live_lanes() {
+  Block& b = current_block();
+  Guard guard(b);
+  const Warp& w = b.warps[tls_thread->warp];
+  return w.existing & ~w.exited;
+}
+
+void check_shuffle_width(int width, Site site) {
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
+    Block& b = current_block();
+    misuse(b, site_name("shuffle", site) + ": width " + std::to_string(width) +
+                  " is not a power of 2 in [1, 32]");
+  }
+}
+
+int block_barrier(const char* op, Site site, int predicate) {
+  Block& b = current_block();
+  Thread& t = *tls_thread;
+  BarrierOrder order(&b.barrier_clocks[t.barriers_passed++ % 2]);
+  Guard guard(b);
+  if (!b.error.empty()) throw Aborted{};
+  if (b.any_exited) {
+    int exited = 0;
+    while (!b.threads[exited].exited) ++exited;
+    fail(b, "barrier divergence: " + thread_name(b, t.index) + " reached " + site_name(op, site) +
+                " after " + thread_name(b, exited) + " exited");
+    throw Aborted{};
+  }
+  if (b.barrier_arrived == 0) {
+    b.barrier_op = op;
+    b.barrier_site = site;
+    b.barrier_first = t.index;
+    b.barrier_count = 0;
+  } else if (b.barrier_site.line != site.line || std::strcmp(b.barrier_site.file, site.file) != 0 ||
+             std::strcmp(b.barrier_op, op) != 0) {
+    fail(b, "barrier divergence: " + thread_name(b, t.index) + " waits at " + site_name(op, site) +
+                " while " + thread_name(b, b.barrier_first) + " waits at " +
+                site_name(b.barrier_op, b.barrier_site));
+    throw Aborted{};
+  }
+  ++b.barrier_arrived;
+  b.barrier_count += predicate;
+  t.wait_op = op;
+  t.wait_site = site;
+  if (b.barrier_arrived == b.live) {
+    b.barrier_result = b.barrier_count;
+    b.barrier_arrived = 0;
+    for (Thread& other : b.threads) {
+      if (other.blocked && other.at_barrier) {
+        other.at_barrier = false;
+        wake(b, other);
+      }
+    }
+    const int result = b.barrier_result;
+    yield(b, t);
+    return result;
+  }
+  t.at_barrier = true;
+  wait(b, t, guard);
+  return b.barrier_result;
+}
+
+void warp_collective(const char* op, Site site, unsigned mask, const void* in, void* out,
+                     Completer complete) {
+  Block& b = current_block();
+  Thread& t = *tls_thread;
+  const bool orders_memory = complete == &complete_nothing && std::strcmp(op, "__syncwarp") == 0;
+  BarrierOrder order(orders_memory ? &b.warps[t.warp].syncwarp_clock : nullptr);
+  Guard guard(b);
+  if (!b.error.empty()) throw Aborted{};
+  Warp& w = b.warps[t.warp];
+  const unsigned self = 1u << t.ctx.lane;
+  const auto where = [&] {
+    return thread_name(b, t.index) + " at " + site_name(op, site) + " with mask " + hex(mask);
+  };
+  const auto misuse_locked = [&](const std::string& message) {
+    fail(b, message);
+    throw Aborted{};
+  };
+  if (!(mask & self)) misuse_locked(where() + ": the calling lane is not in the mask");
+  if (mask & ~w.existing) {
+    misuse_locked(where() + ": the mask names lanes " + hex(mask & ~w.existing) +
+                  " that do not exist (the block has " + std::to_string(b.threads.size()) +
+                  " threads)");
+  }
+  if (mask & w.exited) {
+    misuse_locked(where() + ": the mask names lanes " + hex(mask & w.exited) + " that have exited");
+  }
+  // Lanes meet at the same intrinsic with the same mask, wherever it is in the
+  // source; other collectives of the warp may be pending meanwhile (disjoint
+  // masks, or lanes that get to this one later). Lanes that never meet end in
+  // a deadlock report.
+  Pending* pending = nullptr;
+  for (Pending& p : w.pending) {
+    if (p.op.mask == mask && p.op.complete == complete && !(p.arrived & self) &&
+        std::strcmp(p.op.op, op) == 0) {
+      pending = &p;
+      break;
+    }
+  }
+  if (pending == nullptr) {
+    w.pending.push_back(Pending{Collective{op, site, mask, {}, {}, complete}, 0u});
+    pending = &w.pending.back();
+  }
+  pending->op.in[t.ctx.lane] = in;
+  pending->op.out[t.ctx.lane] = out;
+  pending->arrived |= self;
+  t.wait_op = op;
+  t.wait_site = site;
+  if (pending->arrived == mask) {
+    const Collective done = pending->op;
+    w.pending.erase(w.pending.begin() + (pending - w.pending.data()));
+    done.complete(done);
+    for (int lane = 0; lane < 32; ++lane) {
+      if ((mask >> lane & 1u) && lane != t.ctx.lane) wake(b, b.threads[t.warp * 32 + lane]);
+    }
+    yield(b, t);
+    return;
+  }
+  wait(b, t, guard);
+}
+
+cudaError_t launch(const char* kernel_name, dim3 grid, dim3 block, size_t shared_bytes,
+                   const std::function<void()>& kernel) {
+  const std::string config = std::string(kernel_name) + "<<<" + dims(grid) + ", " + dims(block) +
+                             ", " + std::to_string(shared_bytes) + ">>>";
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > kMaxThreadsPerBlock || block.z > 64 || grid.x == 0 ||
+      grid.x > 0x7fffffffu || grid.y == 0 || grid.y > 65535 || grid.z == 0 || grid.z > 65535) {
+    return launch_error(cudaErrorInvalidConfiguration, config + ": invalid configuration");
+  }
+  if (shared_bytes > static_cast<size_t>(kMaxDynamicSharedBytes)) {
+    return launch_error(cudaErrorInvalidValue, config + ": too much dynamic shared memory");
+  }
+  std::lock_guard<std::mutex> lock(launch_mutex());
+  const Settings s = settings();
+  std::vector<uint3> blocks;
+  blocks.reserve(uint64_t{grid.x} * grid.y * grid.z);
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) blocks.push_back({x, y, z});
+    }
+  }
+  std::mt19937_64 rng(s.seed + g_launches);
+  if (s.seed != 0) std::shuffle(blocks.begin(), blocks.end(), rng);
+  ++g_launches;
+  for (const uint3& block_idx : blocks) {
+    const std::string error = run_block(s, block_idx, grid, block, shared_bytes, kernel, rng());
+    if (!error.empty()) {
+      const std::string report = "[cuda harness] " + config + ", block " +
+                                 dims(dim3(block_idx)) + ": " + error;
+      std::fprintf(stderr, "%s\n", report.c_str());
+      return launch_error(cudaErrorLaunchFailure, report);
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace jaxops_harness
+
+// -- control from tests (ctypes) -----------------------------------------------------------
+
+extern "C" {
+
+// mode: 0 fibers, 1 OS threads (always OS threads under TSan); seed 0: ordered.
+void jaxops_harness_configure(int mode, unsigned long long seed) {
+  std::lock_guard<std::mutex> lock(jaxops_harness::launch_mutex());
+  auto& s = jaxops_harness::settings();
+  s.mode = mode == 1 ? jaxops_harness::Mode::kThreads : jaxops_harness::Mode::kFibers;
+#ifdef JAXOPS_HARNESS_TSAN
+  s.mode = jaxops_harness::Mode::kThreads;
+#endif
+  s.seed = seed;
+}
+
+unsigned long long jaxops_harness_launches() {
+  std::lock_guard<std::mutex> lock(jaxops_harness::launch_mutex());
+  return jaxops_harness::g_launches;
+}
+
+}  // extern "C"

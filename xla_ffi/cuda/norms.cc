@@ -1,0 +1,137 @@
+// CUDA FFI handlers of the norms: the CPU handlers' targets, bindings and
+// validation (xla_ffi/norms_checks.h), then a launch of cuda/norms on the stream
+// XLA hands over.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda/norms.h"
+#include "xla_ffi/cuda/cuda_status.h"
+#include "xla_ffi/norms_common.h"
+#include "xla_ffi/registry.h"
+
+namespace jaxops {
+namespace {
+
+namespace ffi = xla::ffi;
+using namespace ffi_common;
+using namespace norms_common;
+using ffi_cuda::launch_status;
+
+template <typename Fn>
+ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
+  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
+}
+
+ffi::Error LayerNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                        ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::Buffer<ffi::F32>> mean,
+                        ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
+  const std::string op = "jaxops_layer_norm_fwd";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_layer_norm_fwd(x, weight, bias, *y, *mean, *rstd, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::layer_norm_fwd<T>(stream, data<const T>(x), data_or_null<const T>(weight),
+                                    data_or_null<const T>(bias), data<T>(*y), mean->typed_data(),
+                                    rstd->typed_data(), {s.rows, s.cols}, epsilon));
+  });
+}
+
+ffi::Error LayerNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
+                        ffi::AnyBuffer weight, ffi::AnyBuffer bias, ffi::Buffer<ffi::F32> mean,
+                        ffi::Buffer<ffi::F32> rstd, ffi::Result<ffi::AnyBuffer> dx,
+                        ffi::Result<ffi::AnyBuffer> dweight, ffi::Result<ffi::AnyBuffer> dbias,
+                        ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
+  const std::string op = "jaxops_layer_norm_bwd";
+  RowsCols s;
+  int64_t parts;
+  JAXOPS_RETURN_IF_ERROR(check_layer_norm_bwd(dy, x, weight, bias, mean, rstd, *dx, *dweight, *dbias,
+                                              *workspace, groups, &s, &parts));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::layer_norm_bwd<T>(stream, data<const T>(dy), data<const T>(x),
+                                    data_or_null<const T>(weight), mean.typed_data(),
+                                    rstd.typed_data(), data<T>(*dx), data_or_null<T>(*dweight),
+                                    data_or_null<T>(*dbias), workspace->typed_data(),
+                                    {s.rows, s.cols}, {groups, parts}));
+  });
+}
+
+ffi::Error RmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                      ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> rstd,
+                      float epsilon) {
+  const std::string op = "jaxops_rms_norm_fwd";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_rms_norm_fwd(x, weight, *y, *rstd, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::rms_norm_fwd<T>(stream, data<const T>(x), data_or_null<const T>(weight),
+                                  data<T>(*y), rstd->typed_data(), {s.rows, s.cols}, epsilon));
+  });
+}
+
+ffi::Error RmsNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
+                      ffi::AnyBuffer weight, ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dresidual,
+                      ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dweight,
+                      ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
+  const std::string op = "jaxops_rms_norm_bwd";
+  RowsCols s;
+  int64_t parts;
+  JAXOPS_RETURN_IF_ERROR(check_rms_norm_bwd(dy, x, weight, rstd, dresidual, *dx, *dweight,
+                                            *workspace, groups, &s, &parts));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::rms_norm_bwd<T>(stream, data<const T>(dy), data<const T>(x),
+                                  data_or_null<const T>(weight), rstd.typed_data(),
+                                  data_or_null<const T>(dresidual), data<T>(*dx),
+                                  data_or_null<T>(*dweight), workspace->typed_data(),
+                                  {s.rows, s.cols}, {groups, parts}));
+  });
+}
+
+ffi::Error AddRmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                         ffi::AnyBuffer weight, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> h, ffi::Result<ffi::Buffer<ffi::F32>> rstd,
+                         float epsilon) {
+  const std::string op = "jaxops_add_rms_norm_fwd";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_add_rms_norm_fwd(x, residual, weight, *y, *h, *rstd, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::add_rms_norm_fwd<T>(stream, data<const T>(x), data<const T>(residual),
+                                      data_or_null<const T>(weight), data<T>(*y), data<T>(*h),
+                                      rstd->typed_data(), {s.rows, s.cols}, epsilon));
+  });
+}
+
+// Every CUDA handler takes the stream XLA launches on before its buffers. The
+// CPU harness of the tests (tests/cuda_harness) compiles this file unchanged as
+// CPU handlers, with a context of its own that provides the stream.
+#ifndef JAXOPS_CUDA_STREAM_CONTEXT
+#define JAXOPS_CUDA_STREAM_CONTEXT ffi::PlatformStream<cudaStream_t>
+#endif
+auto cuda_binding() { return ffi::Ffi::Bind().Ctx<JAXOPS_CUDA_STREAM_CONTEXT>(); }
+
+}  // namespace
+
+// Distinct symbol names from the CPU module's handlers: both modules can be
+// loaded in one process.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormFwdCuda, LayerNormFwd, bind_layer_norm_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwdCuda, LayerNormBwd, bind_layer_norm_bwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwdCuda, RmsNormFwd, bind_rms_norm_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwdCuda, RmsNormBwd, bind_rms_norm_bwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwdCuda, AddRmsNormFwd, bind_add_rms_norm_fwd(cuda_binding()));
+
+JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_fwd", kLayerNormFwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_bwd", kLayerNormBwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_fwd", kRmsNormFwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_bwd", kRmsNormBwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_add_rms_norm_fwd", kAddRmsNormFwdCuda);
+
+}  // namespace jaxops
