@@ -21,10 +21,10 @@ struct SoftmaxShape {
   int64_t cols;
 };
 
-// An optional operand broadcast against x (a boolean mask or an additive bias)
-// that has x's rank and, along each axis, either x's size or 1. Its element for
-// (row, col) of x is data[row_offset(row) + col * col_stride]. Axes are merged
-// where they broadcast alike, so the usual cases cost one division per row.
+// An optional operand broadcast against x (a boolean mask or an additive bias).
+// Its element for (row, col) of x is data[row_offset(row) + col * col_stride],
+// with x's leading axes (merged where the operand broadcasts alike, so the
+// usual cases cost a division or two per row) given by row_sizes/row_strides.
 template <typename T>
 struct BroadcastOperand {
   const T* data = nullptr;  // nullptr: absent
@@ -41,39 +41,6 @@ struct BroadcastOperand {
     return offset;
   }
 };
-
-// Builds the broadcast view of `data` (dims `dims`) against x (dims `x_dims`),
-// both of rank `rank` >= 1. The caller has checked that each operand axis is
-// 1 or x's size.
-template <typename T>
-BroadcastOperand<T> broadcast_operand(const T* data, const int64_t* x_dims, const int64_t* dims,
-                                      int rank) {
-  BroadcastOperand<T> out;
-  out.data = data;
-  if (data == nullptr) return out;
-  out.col_stride = (dims[rank - 1] == 1) ? 0 : 1;
-  int64_t stride = dims[rank - 1];
-  std::vector<int64_t> sizes, strides;
-  for (int axis = rank - 2; axis >= 0; --axis) {
-    const int64_t size = x_dims[axis];
-    const int64_t axis_stride = dims[axis] == 1 ? 0 : stride;
-    stride *= dims[axis];
-    if (size == 1) continue;
-    // Merge with the inner neighbour when both broadcast, or when this axis
-    // continues the inner one contiguously.
-    if (!sizes.empty() && ((axis_stride == 0 && strides.back() == 0) ||
-                           (axis_stride != 0 && strides.back() != 0 &&
-                            axis_stride == strides.back() * sizes.back()))) {
-      sizes.back() *= size;
-      continue;
-    }
-    sizes.push_back(size);
-    strides.push_back(axis_stride);
-  }
-  out.row_sizes.assign(sizes.rbegin(), sizes.rend());
-  out.row_strides.assign(strides.rbegin(), strides.rend());
-  return out;
-}
 
 // Causal visibility over the last two axes: row i of each [queries, cols] block
 // sees columns j <= i + query_offset. queries == 0 means no causal limit.

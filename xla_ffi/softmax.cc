@@ -2,14 +2,14 @@
 #include "cpu/float_convert.h"
 #include "cpu/softmax.h"
 #include "xla_ffi/registry.h"
-#include "xla_ffi/softmax_checks.h"
+#include "xla_ffi/softmax_common.h"
 
 namespace jaxops {
 namespace {
 
 namespace ffi = xla::ffi;
 using namespace ffi_common;
-using namespace softmax_checks;
+using namespace softmax_common;
 
 template <typename Fn>
 ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
@@ -18,23 +18,25 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
 
 template <typename T>
 cpu::BroadcastOperand<T> broadcast_view(const ffi::AnyBuffer& operand, const ffi::AnyBuffer& x) {
-  const T* values = operand.element_count() == 0
-                        ? nullptr
-                        : reinterpret_cast<const T*>(operand.untyped_data());
-  return cpu::broadcast_operand(values, x.dimensions().begin(), operand.dimensions().begin(),
-                                static_cast<int>(x.dimensions().size()));
+  cpu::BroadcastOperand<T> view;
+  if (operand.element_count() == 0) return view;
+  BroadcastLayout layout = broadcast_layout(operand, x);
+  view.data = reinterpret_cast<const T*>(operand.untyped_data());
+  view.row_sizes = std::move(layout.row_sizes);
+  view.row_strides = std::move(layout.row_strides);
+  view.col_stride = layout.col_stride;
+  return view;
 }
 
-ffi::Error masked_softmax_fwd(const std::string& op, cpu::SoftmaxOutput output, ffi::AnyBuffer x,
-                              ffi::AnyBuffer where, ffi::AnyBuffer bias, ffi::AnyBuffer* y) {
+ffi::Error masked_softmax_fwd(const std::string& op, cpu::SoftmaxOutput output,
+                              const ffi::AnyBuffer& x, const ffi::AnyBuffer& where,
+                              const ffi::AnyBuffer& bias, ffi::AnyBuffer& y) {
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(check_rows(op, x, *y, "y", &s));
-  JAXOPS_RETURN_IF_ERROR(check_broadcast_operand(op, "where", where, x, ffi::DataType::PRED, "bool"));
-  JAXOPS_RETURN_IF_ERROR(check_broadcast_operand(op, "bias", bias, x, x.element_type(), "x's dtype"));
+  JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::softmax_fwd<T>(data<const T>(x), broadcast_view<uint8_t>(where, x),
-                        broadcast_view<T>(bias, x), data<T>(*y), {s.rows, s.cols}, output, {});
+                        broadcast_view<T>(bias, x), data<T>(y), {s.rows, s.cols}, output, {});
     return ffi::Error::Success();
   });
 }
@@ -42,23 +44,21 @@ ffi::Error masked_softmax_fwd(const std::string& op, cpu::SoftmaxOutput output, 
 ffi::Error SoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
                       ffi::Result<ffi::AnyBuffer> y) {
   return masked_softmax_fwd("jaxops_softmax_fwd", cpu::SoftmaxOutput::kProbabilities, x, where,
-                            bias, &*y);
+                            bias, *y);
 }
 
 ffi::Error LogSoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
                          ffi::Result<ffi::AnyBuffer> y) {
   return masked_softmax_fwd("jaxops_log_softmax_fwd", cpu::SoftmaxOutput::kLogProbabilities, x,
-                            where, bias, &*y);
+                            where, bias, *y);
 }
 
 ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t query_offset) {
-  const std::string op = "jaxops_causal_softmax_fwd";
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(check_rows(op, x, *y, "y", &s));
-  JAXOPS_RETURN_IF_ERROR(check_causal(op, x));
-  const int64_t queries = x.dimensions()[x.dimensions().size() - 2];
-  return dispatch(op, x.element_type(), [&](auto tag) {
+  int64_t queries;
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, &s, &queries));
+  return dispatch("jaxops_causal_softmax_fwd", x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::softmax_fwd<T>(data<const T>(x), {}, {}, data<T>(*y), {s.rows, s.cols},
                         cpu::SoftmaxOutput::kProbabilities, {queries, query_offset});
@@ -70,11 +70,7 @@ template <bool kLog>
 ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx) {
   const std::string op = kLog ? "jaxops_log_softmax_bwd" : "jaxops_softmax_bwd";
   RowsCols s;
-  JAXOPS_RETURN_IF_ERROR(rows_cols(op, "y", y, &s));
-  JAXOPS_RETURN_IF_ERROR(same_dims(op, "y", y, "dy", dy));
-  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "y", y, "dy", dy));
-  JAXOPS_RETURN_IF_ERROR(same_dims(op, "y", y, "dx", *dx));
-  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "y", y, "dx", *dx));
+  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (kLog) {
@@ -88,37 +84,13 @@ ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyB
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxFwd, SoftmaxFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // where (bool; [0]: absent)
-                                  .Arg<ffi::AnyBuffer>()  // bias ([0]: absent)
-                                  .Ret<ffi::AnyBuffer>());  // y
-
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxFwd, SoftmaxFwd, bind_masked_softmax_fwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxFwd, LogSoftmaxFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // where (bool; [0]: absent)
-                                  .Arg<ffi::AnyBuffer>()  // bias ([0]: absent)
-                                  .Ret<ffi::AnyBuffer>());  // y
-
+                              bind_masked_softmax_fwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCausalSoftmaxFwd, CausalSoftmaxFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Attr<int64_t>("query_offset"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxBwd, SoftmaxBwd<false>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // y
-                                  .Ret<ffi::AnyBuffer>());  // dx
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxBwd, SoftmaxBwd<true>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dy
-                                  .Arg<ffi::AnyBuffer>()  // y (log-probabilities)
-                                  .Ret<ffi::AnyBuffer>());  // dx
+                              bind_causal_softmax_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxBwd, SoftmaxBwd<false>, bind_softmax_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxBwd, SoftmaxBwd<true>, bind_softmax_bwd(ffi::Ffi::Bind()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_fwd", kSoftmaxFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_fwd", kLogSoftmaxFwd);
