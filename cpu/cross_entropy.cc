@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "cpu/float_convert.h"
 #include "cpu/fresh_memory.h"
+#include "cpu/row_buffer.h"
 #include "cpu/vector_math.h"
 
 namespace jaxops::cpu {
@@ -23,34 +23,6 @@ LabelKind classify(Label label, int64_t vocab, int64_t ignore_index) {
   if (value == ignore_index) return LabelKind::kIgnored;
   return value >= 0 && value < vocab ? LabelKind::kValid : LabelKind::kOutOfRange;
 }
-
-// A float32 view of a row of T: the row itself for float, else a converted copy.
-template <typename T>
-class RowBuffer {
- public:
-  explicit RowBuffer(int64_t cols) : buffer_(std::is_same_v<T, float> ? 0 : cols) {}
-  const float* read(const T* row, int64_t n) {
-    if constexpr (std::is_same_v<T, float>) {
-      return row;
-    } else {
-      load_row(row, buffer_.data(), n);
-      return buffer_.data();
-    }
-  }
-  float* target(T* row) {
-    if constexpr (std::is_same_v<T, float>) {
-      return row;
-    } else {
-      return buffer_.data();
-    }
-  }
-  void commit(T* row, int64_t n) {
-    if constexpr (!std::is_same_v<T, float>) store_row(buffer_.data(), row, n);
-  }
-
- private:
-  std::vector<float> buffer_;
-};
 
 struct RowLoss {
   float loss;

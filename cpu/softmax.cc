@@ -3,48 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "cpu/float_convert.h"
 #include "cpu/fresh_memory.h"
+#include "cpu/row_buffer.h"
 #include "cpu/vector_math.h"
 
 namespace jaxops::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Per-thread float32 views of T rows: the row itself when T is float (no copy),
-// else a converted copy in a buffer owned by the thread.
-template <typename T>
-class RowBuffer {
- public:
-  explicit RowBuffer(int64_t cols) : buffer_(std::is_same_v<T, float> ? 0 : cols) {}
-
-  const float* read(const T* row, int64_t n) {
-    if constexpr (std::is_same_v<T, float>) {
-      return row;
-    } else {
-      load_row(row, buffer_.data(), n);
-      return buffer_.data();
-    }
-  }
-  // Where a result row is computed before commit() stores it as T.
-  float* target(T* row) {
-    if constexpr (std::is_same_v<T, float>) {
-      return row;
-    } else {
-      return buffer_.data();
-    }
-  }
-  void commit(T* row, int64_t n) {
-    if constexpr (!std::is_same_v<T, float>) store_row(buffer_.data(), row, n);
-  }
-
- private:
-  std::vector<float> buffer_;
-};
 
 float row_max(const float* v, int64_t n) {
   float out = kNegInf;

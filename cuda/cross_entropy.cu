@@ -31,9 +31,8 @@ __device__ __forceinline__ int64_t computed_label(const Label* labels, int64_t r
 //   kForward:     loss, lse
 //   kBackward:    dlogits from lse and dloss
 //   kForwardGrad: loss, dlogits for dloss = 1
-// In the in-place passes a thread reads each logit before it writes the same
-// element, and the forward-grad pass reads the label's logit before the first
-// barrier, ahead of any write.
+// In the in-place passes each thread reads and writes only its own columns, so
+// dlogits may be the logits.
 template <typename T, typename Label, Pass kPass>
 __global__ void __launch_bounds__(kMaxRowThreads)
     cross_entropy_kernel(const T* logits, const Label* __restrict__ labels,
@@ -63,18 +62,21 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     if constexpr (kPass == Pass::kBackward) {
       row_lse = lse_in[row];
     } else {
-      const float picked = to_float(z[label]);
+      // The thread whose columns include the label's keeps its logit and
+      // writes the loss: no other thread reads an element it may overwrite.
+      float picked = 0.f;
       MaxSum stats = MaxSum::empty();
       float partial_total = 0.f;
       for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
         const float v = to_float(z[c]);
+        if (c == label) picked = v;
         stats.add(v);
         partial_total += v;
       }
       stats = block_max_sum(stats);
       const float total = eps != 0.f ? block_sum(partial_total) : 0.f;
       row_lse = stats.max + logf(stats.sum);
-      if (threadIdx.x == 0) {
+      if (threadIdx.x == label % blockDim.x) {
         loss[row] = (1.f - eps) * (row_lse - picked) +
                     eps * (row_lse - total / static_cast<float>(vocab)) +
                     options.z_loss * row_lse * row_lse;
