@@ -7,6 +7,7 @@
 // Special values: NaN propagates; exp(+large) = inf, exp(-large) = 0.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -211,3 +212,33 @@ inline void sincos(float angle, float* sin_out, float* cos_out) {
 }
 
 }  // namespace jaxops::cpu::vector_math
+
+namespace jaxops::cpu {
+
+// exp(x) for the x <= 0 (or -inf, or NaN) that softmax and cross-entropy need
+// after subtracting the row maximum: results below exp(-87.3) are 0 rather than
+// subnormal, which spares the two-step scaling that vector_math::exp needs for
+// the full range in the hottest loop of those kernels. Larger x saturate at
+// exp(88.37) instead of overflowing. Relative error ~1.2e-7.
+inline float vexp_nonpositive(float x) {
+  constexpr float kExpLow = -87.3f;   // exp(kExpLow) is still a normal float
+  constexpr float kExpHigh = 88.37f;  // 2^n of the reduction stays below 2^128
+  // std::max/min keep NaN (their first argument); the polynomial carries it on.
+  const float clamped = std::min(std::max(x, kExpLow), kExpHigh);
+  // exp = 2^n * exp(r), n = round(x / ln 2) by the 1.5 * 2^23 trick (floorf does
+  // not vectorise under -ftrapping-math), ln 2 split so x - n ln 2 is exact.
+  constexpr float kRound = 12582912.f;
+  const float n = (clamped * 1.44269504088896341f + kRound) - kRound;
+  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;  // Cephes' expf polynomial
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const float result = p * vector_math::bits_to_float((static_cast<int32_t>(n) + 127) << 23);
+  return x < kExpLow ? 0.f : result;
+}
+
+}  // namespace jaxops::cpu

@@ -52,3 +52,21 @@ def check_matching(op: str, name: str, value, x):
   if value.dtype != x.dtype:
     raise TypeError(f"{op}: {name} must have the dtype of x ({x.dtype}), got {value.dtype}")
   return value
+
+
+def check_static_int(op: str, name: str, value) -> int:
+  """A Python (or numpy) integer known at trace time; bools are refused."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{op}: {name} must be a Python int, got {type(value).__name__}")
+  return int(value)
+
+
+def check_static_float(op: str, name: str, value, *, low: float, high: float) -> float:
+  """A Python (or numpy) real known at trace time, in [low, high]."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                   np.floating)):
+    raise TypeError(f"{op}: {name} must be a Python float, got {type(value).__name__}")
+  value = float(value)
+  if not low <= value <= high:
+    raise ValueError(f"{op}: {name} must be in [{low}, {high}], got {value}")
+  return value

@@ -1,0 +1,112 @@
+// Device helpers of the row-wise kernels (softmax, cross-entropy): conversions
+// between the storage types and float32, and reductions over the threads of a
+// block that handles one row. Every thread receives the same bits from a
+// reduction (butterflies combine the same pairs in every lane, and every thread
+// combines the per-warp results in the same order), so per-row values derived
+// from them agree across the block.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+namespace jaxops::cuda::row_reduce {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxWarps = kMaxThreads / kWarpSize;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Combines values of the whole block with `op` (commutative). blockDim.x is a
+// multiple of 32. `scratch` holds a value per warp and is free again on return.
+template <typename V, typename Op>
+__device__ __forceinline__ V block_reduce(V value, Op op, V* scratch) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value = op(value, value.shuffled(offset));
+  }
+  if (blockDim.x > kWarpSize) {
+    const int warp = threadIdx.x / kWarpSize;
+    if (threadIdx.x % kWarpSize == 0) scratch[warp] = value;
+    __syncthreads();
+    value = scratch[0];
+    const int warps = blockDim.x / kWarpSize;
+    for (int w = 1; w < warps; ++w) value = op(value, scratch[w]);
+    __syncthreads();  // scratch is reused by the next reduction
+  }
+  return value;
+}
+
+struct Sum {
+  float sum;
+  __device__ __forceinline__ Sum shuffled(int offset) const {
+    return {__shfl_xor_sync(kFullWarp, sum, offset)};
+  }
+};
+
+__device__ __forceinline__ float block_sum(float value) {
+  __shared__ Sum scratch[kMaxWarps];
+  return block_reduce(Sum{value}, [](Sum a, Sum b) { return Sum{a.sum + b.sum}; }, scratch).sum;
+}
+
+// A running maximum m and sum s of exp(v - m) over a set of values: the
+// online softmax normaliser. -inf values leave it unchanged; a NaN value makes s
+// NaN, and NaN then survives every combination.
+struct MaxSum {
+  float max;
+  float sum;
+
+  __device__ __forceinline__ static MaxSum empty() { return {-CUDART_INF_F, 0.f}; }
+  __device__ __forceinline__ void add(float v) {
+    if (v == -CUDART_INF_F) return;
+    if (v > max) {
+      sum = sum * expf(max - v) + 1.f;
+      max = v;
+    } else {
+      sum += expf(v - max);
+    }
+  }
+  __device__ __forceinline__ MaxSum shuffled(int offset) const {
+    return {__shfl_xor_sync(kFullWarp, max, offset), __shfl_xor_sync(kFullWarp, sum, offset)};
+  }
+};
+
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -CUDART_INF_F) return {m, a.sum + b.sum};
+  return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+
+__device__ __forceinline__ MaxSum block_max_sum(MaxSum value) {
+  __shared__ MaxSum scratch[kMaxWarps];
+  return block_reduce(value, [](MaxSum a, MaxSum b) { return combine(a, b); }, scratch);
+}
+
+// Threads for a block that reduces rows of `cols` elements: about 8 elements
+// a thread, between one warp and `max_threads`.
+inline int threads_for_row(long long cols, int max_threads) {
+  int threads = kWarpSize;
+  while (threads < max_threads && threads * 8LL < cols) threads *= 2;
+  return threads;
+}
+
+}  // namespace jaxops::cuda::row_reduce

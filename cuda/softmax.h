@@ -1,0 +1,82 @@
+// CUDA kernels for softmax, log_softmax and causal_softmax. No XLA, no Python.
+//
+// The same operations, arguments and math as cpu/softmax.h (keep the two in
+// step), plus the stream to launch on: rows = product of the leading axes, cols
+// = the last axis, row-major; T is float, __half or __nv_bfloat16; float32
+// arithmetic. Invisible columns (masked out, beyond the causal limit, or -inf
+// after the bias) give 0 / -inf and no gradient; a row with no visible column
+// is all 0 / all -inf. One block handles a row.
+//
+// Every function launches on `stream` and returns cudaGetLastError() after its
+// launch (cudaErrorInvalidValue for layouts it cannot handle).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+namespace jaxops::cuda {
+
+struct SoftmaxShape {
+  int64_t rows;
+  int64_t cols;
+};
+
+// Leading-axis groups a broadcast mask or bias can have after merging (the
+// handler merges axes that broadcast alike); more is cudaErrorInvalidValue.
+constexpr int kMaxBroadcastAxes = 8;
+
+// An optional operand broadcast against x: its element for (row, col) is
+// data[row_offset(row) + col * col_stride] (see xla_ffi/softmax_common.h).
+// Passed to the kernel by value.
+template <typename T>
+struct BroadcastOperand {
+  const T* data = nullptr;  // nullptr: absent
+  int axes = 0;
+  int64_t row_sizes[kMaxBroadcastAxes] = {};
+  int64_t row_strides[kMaxBroadcastAxes] = {};
+  int64_t col_stride = 1;
+};
+
+// Row i of each [queries, cols] block sees columns j <= i + query_offset;
+// queries == 0 means no causal limit.
+struct CausalLimit {
+  int64_t queries = 0;
+  int64_t query_offset = 0;
+};
+
+enum class SoftmaxOutput { kProbabilities, kLogProbabilities };
+
+// `where` holds 0/1 bytes (XLA's PRED).
+template <typename T>
+cudaError_t softmax_fwd(cudaStream_t stream, const T* x, BroadcastOperand<uint8_t> where,
+                        BroadcastOperand<T> bias, T* y, SoftmaxShape shape, SoftmaxOutput output,
+                        CausalLimit causal);
+
+// dx = y * (dy - sum(y * dy)), y the softmax output.
+template <typename T>
+cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx, SoftmaxShape shape);
+
+// dx = dy - exp(y) * sum(dy) over columns where y > -inf; 0 elsewhere.
+template <typename T>
+cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx,
+                            SoftmaxShape shape);
+
+#define JAXOPS_CUDA_SOFTMAX_DECLARE(T)                                                      \
+  extern template cudaError_t softmax_fwd<T>(cudaStream_t, const T*,                        \
+                                             BroadcastOperand<uint8_t>, BroadcastOperand<T>, \
+                                             T*, SoftmaxShape, SoftmaxOutput, CausalLimit);  \
+  extern template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, const T*, T*,          \
+                                             SoftmaxShape);                                  \
+  extern template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, const T*, T*,      \
+                                                 SoftmaxShape);
+
+JAXOPS_CUDA_SOFTMAX_DECLARE(float)
+JAXOPS_CUDA_SOFTMAX_DECLARE(__half)
+JAXOPS_CUDA_SOFTMAX_DECLARE(__nv_bfloat16)
+
+#undef JAXOPS_CUDA_SOFTMAX_DECLARE
+
+}  // namespace jaxops::cuda

@@ -1,0 +1,80 @@
+"""``python -m jaxops.bench softmax``: the softmax family vs the jnp reference.
+
+For each op, dtype and shape: forward, and forward+backward (a VJP with a given
+cotangent), for jaxops and for ``implementation="xla"`` in the same process.
+``masked`` is softmax with a boolean mask over the last two axes (a causal
+pattern, broadcast over the leading axes, as attention uses it); ``causal`` is
+causal_softmax on the same shape, which needs no mask. Prints median ms,
+effective GB/s (each x-shaped array an ideal fused kernel must move, counted
+once: x and y forward; x, y, dy, dx forward+backward) and the speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+import jaxops
+from jaxops import reference
+from jaxops.bench.timing import machine_line, time_jitted
+
+_OPS = {
+    "softmax": lambda x, mask, impl: jaxops.softmax(x, implementation=impl),
+    "log_softmax": lambda x, mask, impl: jaxops.log_softmax(x, implementation=impl),
+    "masked": lambda x, mask, impl: jaxops.softmax(x, where=mask, implementation=impl),
+    "causal": lambda x, mask, impl: jaxops.causal_softmax(x, implementation=impl),
+}
+_FWD_ARRAYS, _FWD_BWD_ARRAYS = 2, 4
+
+
+def _parse(argv):
+  parser = argparse.ArgumentParser(prog="python -m jaxops.bench softmax", description=__doc__)
+  parser.add_argument("--ops", nargs="+", default=list(_OPS), choices=list(_OPS))
+  parser.add_argument("--shapes", nargs="+", default=["8192x4096", "32x1024x1024"],
+                      help="axes joined by x; softmax over the last, e.g. 8192x4096")
+  parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+  parser.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"],
+                      choices=["fwd", "fwd+bwd"])
+  parser.add_argument("--runs", type=int, default=7)
+  return parser.parse_args(argv)
+
+
+def main(argv=()):
+  args = _parse(argv)
+  print(f"# {machine_line()}")
+  print(f"# median of {args.runs} runs after warm-up; GB/s counts each x-shaped array moved once "
+        "(x, y forward; x, y, dy, dx forward+backward); 'sys' = share of CPU time in the kernel")
+  print(f"{'op':<12} {'shape':<13} {'dtype':<9} {'pass':<8} {'jaxops ms':>10} {'GB/s':>6} "
+        f"{'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} {'speed-up':>8}")
+  for op in args.ops:
+    fn = _OPS[op]
+    for shape_text in args.shapes:
+      shape = tuple(int(s) for s in shape_text.split("x"))
+      if len(shape) < 2 and op in ("masked", "causal"):
+        continue
+      mask = reference.causal_mask(shape[-2], shape[-1]) if len(shape) >= 2 else None
+      for dtype_name in args.dtypes:
+        dtype = jnp.dtype(dtype_name)
+        x = (3.0 * jax.random.normal(jax.random.key(0), shape, jnp.float32)).astype(dtype)
+        dy = jnp.ones(shape, dtype)
+        array_bytes = x.size * dtype.itemsize
+        for pass_name in args.passes:
+          arrays = _FWD_ARRAYS if pass_name == "fwd" else _FWD_BWD_ARRAYS
+          results = {}
+          for impl in (None, "xla"):
+            if pass_name == "fwd":
+              f = lambda x, dy, impl=impl: fn(x, mask, impl)
+            else:
+              def f(x, dy, impl=impl):
+                _, vjp = jax.vjp(lambda x: fn(x, mask, impl), x)
+                return vjp(dy)
+            results[impl] = time_jitted(f, x, dy, runs=args.runs)
+          ours, xla = results[None], results["xla"]
+          gbs = lambda t: arrays * array_bytes / (t.median_ms * 1e-3) / 1e9
+          print(f"{op:<12} {shape_text:<13} {dtype_name:<9} {pass_name:<8} "
+                f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
+                f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
+                f"{xla.median_ms / ours.median_ms:>7.2f}x", flush=True)
+  return 0

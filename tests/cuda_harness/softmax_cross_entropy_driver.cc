@@ -1,0 +1,263 @@
+// Test-only: runs every CUDA softmax and cross-entropy kernel (cuda/softmax.cu,
+// cuda/cross_entropy.cu, compiled by the harness) on the shapes given on the
+// command line, in float32, bfloat16 and float16, and checks the results
+// against a double-precision reference. Built under AddressSanitizer and
+// ThreadSanitizer by tests/test_cuda_harness_softmax_cross_entropy_sanitizers.py, where what matters
+// most is that the sanitizers stay silent; each buffer is its own exact-size
+// allocation, so a read past any row end (or past a broadcast mask or bias) is
+// caught.
+//
+// usage: softmax_cross_entropy_driver ROWSxCOLS ...     exit status 0 when all agree
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cross_entropy.h"
+#include "cuda/softmax.h"
+
+namespace {
+
+namespace cuda = jaxops::cuda;
+
+int g_failures = 0;
+
+void check(cudaError_t status, const std::string& what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "FAIL %s: %s: %s\n", what.c_str(), cudaGetErrorName(status),
+                 cudaGetErrorString(status));
+    ++g_failures;
+  }
+}
+
+template <typename T>
+double tolerance() {
+  if (std::is_same<T, float>::value) return 2e-5;
+  if (std::is_same<T, __half>::value) return 2e-3;
+  return 1.6e-2;
+}
+
+template <typename T>
+const char* type_name() {
+  if (std::is_same<T, float>::value) return "float32";
+  if (std::is_same<T, __half>::value) return "float16";
+  return "bfloat16";
+}
+
+// Kernel output against the reference: infinities must match, NaN must be NaN.
+template <typename V>
+void compare(const std::string& what, const V* actual, const std::vector<double>& expected,
+             double tol) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double a = static_cast<double>(static_cast<float>(actual[i]));
+    const double e = expected[i];
+    const bool ok = std::isnan(e)   ? std::isnan(a)
+                    : std::isinf(e) ? a == e
+                                    : std::fabs(a - e) <= tol * (1.0 + std::fabs(e));
+    if (!ok) {
+      std::fprintf(stderr, "FAIL %s: element %zu is %g, expected %g\n", what.c_str(), i, a, e);
+      ++g_failures;
+      return;
+    }
+  }
+}
+
+template <typename T>
+struct Buffer {
+  explicit Buffer(size_t n) : data(new T[n == 0 ? 1 : n]), size(n) {}
+  ~Buffer() { delete[] data; }
+  Buffer(const Buffer&) = delete;
+  T* data;
+  size_t size;
+};
+
+template <typename T>
+void fill(Buffer<T>& b, std::vector<double>& rounded, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> normal(0.f, scale);
+  rounded.resize(b.size);
+  for (size_t i = 0; i < b.size; ++i) {
+    b.data[i] = T(normal(rng));
+    rounded[i] = static_cast<float>(b.data[i]);
+  }
+}
+
+template <typename T>
+std::vector<double> rounded_to(const std::vector<double>& values) {
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    out[i] = static_cast<float>(T(static_cast<float>(values[i])));
+  }
+  return out;
+}
+
+// Softmax of z (-inf: invisible) into p and log p; all 0 / -inf without a visible entry.
+void softmax_row(const double* z, int64_t n, double* p, double* logp) {
+  double m = -INFINITY;
+  for (int64_t c = 0; c < n; ++c) m = std::fmax(m, z[c]);
+  double s = 0.0;
+  for (int64_t c = 0; c < n; ++c) s += m == -INFINITY ? 0.0 : std::exp(z[c] - m);
+  for (int64_t c = 0; c < n; ++c) {
+    p[c] = m == -INFINITY ? 0.0 : std::exp(z[c] - m) / s;
+    logp[c] = m == -INFINITY || z[c] == -INFINITY ? -INFINITY : z[c] - m - std::log(s);
+  }
+}
+
+template <typename T>
+void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
+  const std::string name = std::string(type_name<T>()) + " " + std::to_string(rows) + "x" +
+                           std::to_string(cols);
+  const size_t n = static_cast<size_t>(rows * cols);
+  Buffer<T> x(n), dy(n), bias(rows), y(n), logy(n), causal(n), dx(n), dlogx(n);
+  Buffer<uint8_t> where(cols);
+  std::vector<double> xr, dyr, br;
+  fill(x, xr, rng, 2.f);
+  fill(dy, dyr, rng, 1.f);
+  fill(bias, br, rng, 1.f);
+  for (int64_t c = 0; c < cols; ++c) where.data[c] = (c * 7) % 3 != 0;
+  // A mask of shape [1, cols] and a bias of shape [rows, 1].
+  cuda::BroadcastOperand<uint8_t> where_view;
+  where_view.data = where.data;
+  cuda::BroadcastOperand<T> bias_view;
+  bias_view.data = bias.data;
+  bias_view.axes = 1;
+  bias_view.row_sizes[0] = rows;
+  bias_view.row_strides[0] = 1;
+  bias_view.col_stride = 0;
+
+  std::vector<double> p(n), logp(n), causal_p(n), causal_logp(n), z(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      z[c] = where.data[c] ? xr[r * cols + c] + static_cast<float>(bias.data[r]) : -INFINITY;
+    }
+    softmax_row(z.data(), cols, &p[r * cols], &logp[r * cols]);
+    // Causal over [rows, cols] with offset 0: row r sees columns <= r.
+    const int64_t visible = std::min<int64_t>(r + 1, cols);
+    softmax_row(&xr[r * cols], visible, &causal_p[r * cols], &causal_logp[r * cols]);
+    for (int64_t c = visible; c < cols; ++c) causal_p[r * cols + c] = 0.0;
+  }
+  const cuda::SoftmaxShape shape{rows, cols};
+  const double tol = tolerance<T>();
+  check(cuda::softmax_fwd<T>(nullptr, x.data, where_view, bias_view, y.data, shape,
+                             cuda::SoftmaxOutput::kProbabilities, {}),
+        "softmax_fwd " + name);
+  compare("softmax_fwd " + name, y.data, p, tol);
+  check(cuda::softmax_fwd<T>(nullptr, x.data, where_view, bias_view, logy.data, shape,
+                             cuda::SoftmaxOutput::kLogProbabilities, {}),
+        "log_softmax_fwd " + name);
+  compare("log_softmax_fwd " + name, logy.data, logp, tol * 4);
+  check(cuda::softmax_fwd<T>(nullptr, x.data, {}, {}, causal.data, shape,
+                             cuda::SoftmaxOutput::kProbabilities, {rows, 0}),
+        "causal_softmax_fwd " + name);
+  compare("causal_softmax_fwd " + name, causal.data, causal_p, tol);
+
+  // Backward from the kernel's own (rounded) outputs.
+  std::vector<double> dx_ref(n), dlogx_ref(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    double dot = 0.0, visible_sum = 0.0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = r * cols + c;
+      dot += static_cast<float>(y.data[i]) * dyr[i];
+      if (static_cast<float>(logy.data[i]) > -INFINITY) visible_sum += dyr[i];
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = r * cols + c;
+      const double pi = static_cast<float>(y.data[i]);
+      const double lpi = static_cast<float>(logy.data[i]);
+      dx_ref[i] = pi * (dyr[i] - dot);
+      dlogx_ref[i] = lpi > -INFINITY ? dyr[i] - std::exp(lpi) * visible_sum : 0.0;
+    }
+  }
+  check(cuda::softmax_bwd<T>(nullptr, dy.data, y.data, dx.data, shape), "softmax_bwd " + name);
+  compare("softmax_bwd " + name, dx.data, dx_ref, tol * 4);
+  check(cuda::log_softmax_bwd<T>(nullptr, dy.data, logy.data, dlogx.data, shape),
+        "log_softmax_bwd " + name);
+  compare("log_softmax_bwd " + name, dlogx.data, dlogx_ref, tol * 4);
+}
+
+template <typename T>
+void run_cross_entropy(int64_t rows, int64_t vocab, std::mt19937& rng) {
+  const std::string name = std::string(type_name<T>()) + " " + std::to_string(rows) + "x" +
+                           std::to_string(vocab);
+  const size_t n = static_cast<size_t>(rows * vocab);
+  const cuda::CrossEntropyOptions options{-100, 0.1f, 1e-3f};
+  const double eps = options.label_smoothing, z_loss = options.z_loss;
+  Buffer<T> logits(n), dlogits(n), in_place(n);
+  Buffer<int32_t> labels(rows);
+  Buffer<float> loss(rows), lse(rows), dloss(rows), grad_loss(rows);
+  std::vector<double> xr, unused;
+  fill(logits, xr, rng, 2.f);
+  std::uniform_int_distribution<int32_t> label(0, static_cast<int32_t>(vocab - 1));
+  for (int64_t r = 0; r < rows; ++r) {
+    labels.data[r] = r % 5 == 1 ? -100 : (r % 7 == 3 ? static_cast<int32_t>(vocab) : label(rng));
+    dloss.data[r] = 0.5f + static_cast<float>(r % 3);
+  }
+  std::vector<double> loss_ref(rows), lse_ref(rows), d_ref(n), unit_ref(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t l = labels.data[r];
+    const bool ignored = l == -100, valid = !ignored && l >= 0 && l < vocab;
+    const double* z = &xr[r * vocab];
+    if (!valid) {
+      loss_ref[r] = ignored ? 0.0 : NAN;
+      lse_ref[r] = 0.0;
+      for (int64_t c = 0; c < vocab; ++c) d_ref[r * vocab + c] = unit_ref[r * vocab + c] = 0.0;
+      continue;
+    }
+    double m = -INFINITY, total = 0.0, s = 0.0;
+    for (int64_t c = 0; c < vocab; ++c) m = std::fmax(m, z[c]), total += z[c];
+    for (int64_t c = 0; c < vocab; ++c) s += std::exp(z[c] - m);
+    const double l_se = m + std::log(s);
+    lse_ref[r] = l_se;
+    loss_ref[r] = (1 - eps) * (l_se - z[l]) + eps * (l_se - total / vocab) + z_loss * l_se * l_se;
+    for (int64_t c = 0; c < vocab; ++c) {
+      const double unit = std::exp(z[c] - l_se) * (1 + 2 * z_loss * l_se) - eps / vocab -
+                          (c == l ? 1 - eps : 0.0);
+      unit_ref[r * vocab + c] = unit;
+      d_ref[r * vocab + c] = unit * static_cast<double>(dloss.data[r]);
+    }
+  }
+  const cuda::CrossEntropyShape shape{rows, vocab};
+  const double tol = tolerance<T>();
+  check(cuda::cross_entropy_fwd<T, int32_t>(nullptr, logits.data, labels.data, loss.data, lse.data,
+                                            shape, options),
+        "cross_entropy_fwd " + name);
+  compare("cross_entropy_fwd loss " + name, loss.data, loss_ref, 1e-5 * std::sqrt(vocab));
+  compare("cross_entropy_fwd lse " + name, lse.data, lse_ref, 1e-5 * std::sqrt(vocab));
+  check(cuda::cross_entropy_bwd<T, int32_t>(nullptr, logits.data, labels.data, lse.data,
+                                            dloss.data, dlogits.data, shape, options),
+        "cross_entropy_bwd " + name);
+  compare("cross_entropy_bwd " + name, dlogits.data, rounded_to<T>(d_ref), tol * 4);
+  // In place: dlogits written over a copy of the logits.
+  for (size_t i = 0; i < n; ++i) in_place.data[i] = logits.data[i];
+  check(cuda::cross_entropy_fwd_grad<T, int32_t>(nullptr, in_place.data, labels.data,
+                                                 grad_loss.data, in_place.data, shape, options),
+        "cross_entropy_fwd_grad " + name);
+  compare("cross_entropy_fwd_grad loss " + name, grad_loss.data, loss_ref, 1e-5 * std::sqrt(vocab));
+  compare("cross_entropy_fwd_grad dlogits " + name, in_place.data, rounded_to<T>(unit_ref),
+          tol * 4);
+}
+
+template <typename T>
+void run(int64_t rows, int64_t cols, std::mt19937& rng) {
+  run_softmax<T>(rows, cols, rng);
+  run_cross_entropy<T>(rows, cols, rng);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::mt19937 rng(0);
+  for (int i = 1; i < argc; ++i) {
+    long long rows = 0, cols = 0;
+    if (std::sscanf(argv[i], "%lldx%lld", &rows, &cols) != 2 || rows < 1 || cols < 1) {
+      std::fprintf(stderr, "bad shape %s (ROWSxCOLS)\n", argv[i]);
+      return 2;
+    }
+    run<float>(rows, cols, rng);
+    run<__nv_bfloat16>(rows, cols, rng);
+    run<__half>(rows, cols, rng);
+  }
+  std::printf("%s: %d failure(s)\n", argv[0], g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,27 @@
+"""The CUDA softmax and cross-entropy kernels under AddressSanitizer and
+ThreadSanitizer, run by the CPU harness (see test_cuda_harness_checks.py for
+the harness's own checks and the norm kernels).
+
+tests/cuda_harness/softmax_cross_entropy_driver.cc runs every kernel against a
+double-precision reference, with a broadcast mask and bias, a causal limit,
+ignored and out-of-range labels and the in-place forward-grad, on small shapes:
+one-warp blocks, several warps, a row longer than a block's threads * 8.
+"""
+
+from test_cuda_harness_checks import RIGHT, _executable, _run
+
+ASAN_SHAPES = ["3x5", "8x64", "13x1", "2x1000", "1x4099"]
+TSAN_SHAPES = ["2x5", "2x300"]
+DRIVER = "softmax_cross_entropy_driver.cc"
+
+
+def test_kernels_under_address_sanitizer():
+  result = _run(_executable(DRIVER, "asan", with_kernels=True), *ASAN_SHAPES, seed=5)
+  assert result.returncode == RIGHT, result.stdout + result.stderr
+  assert "AddressSanitizer" not in result.stderr
+
+
+def test_kernels_under_thread_sanitizer():
+  result = _run(_executable(DRIVER, "tsan", with_kernels=True), *TSAN_SHAPES)
+  assert result.returncode == RIGHT, result.stdout + result.stderr
+  assert "ThreadSanitizer" not in result.stderr

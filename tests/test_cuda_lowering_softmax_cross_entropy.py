@@ -1,0 +1,96 @@
+"""The CUDA lowering of the softmax family and cross-entropy, checked without a GPU.
+
+``lower(lowering_platforms=("cuda",))`` must name the CUDA handlers' targets
+with operands, results and attributes of the types those handlers bind
+(xla_ffi/softmax_common.h, xla_ffi/cross_entropy_common.h).
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxops
+from test_cuda_lowering import DTYPES, T, _custom_calls
+
+# target -> (operand dtypes, result dtypes, attribute types), as bound in C++.
+OPTIONS = {"ignore_index": "i64", "label_smoothing": "f32", "z_loss": "f32"}
+BINDINGS = {
+    "jaxops_softmax_fwd": ((T, "i1", T), (T,), {}),
+    "jaxops_log_softmax_fwd": ((T, "i1", T), (T,), {}),
+    "jaxops_causal_softmax_fwd": ((T,), (T,), {"query_offset": "i64"}),
+    "jaxops_softmax_bwd": ((T, T), (T,), {}),
+    "jaxops_log_softmax_bwd": ((T, T), (T,), {}),
+    "jaxops_cross_entropy_fwd": ((T, "i32"), ("f32", "f32"), OPTIONS),
+    "jaxops_cross_entropy_bwd": ((T, "i32", "f32", "f32"), (T,), OPTIONS),
+    "jaxops_cross_entropy_fwd_grad": ((T, "i32"), ("f32", T), OPTIONS),
+}
+
+
+def _check(calls, targets, dtype):
+  assert [c[0] for c in calls] == targets
+  element = DTYPES[dtype]
+  for target, operands, results, attrs, _ in calls:
+    want_operands, want_results, want_attrs = BINDINGS[target]
+    resolve = lambda kinds: [element if k == T else k for k in kinds]
+    assert [d for _, d in operands] == resolve(want_operands), target
+    assert [d for _, d in results] == resolve(want_results), target
+    assert attrs == want_attrs, target
+
+
+def _x(dtype, shape=(2, 6, 40)):
+  return jax.random.normal(jax.random.key(0), shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_masked_softmax_lowers_to_the_cuda_targets(name, dtype):
+  fn = getattr(jaxops, name)
+  where = jnp.arange(40) < 30
+  bias = jnp.ones((6, 1), dtype)
+  loss = lambda x, b: fn(x, where=where, bias=b, implementation="ffi").astype(jnp.float32).sum()
+  calls = _custom_calls(jax.grad(loss, (0, 1)), _x(dtype), bias)
+  _check(calls, [f"jaxops_{name}_fwd", f"jaxops_{name}_bwd"], dtype)
+  # The mask and the bias reach the kernel unbroadcast, at x's rank.
+  fwd_operands = calls[0][1]
+  assert [shape for shape, _ in fwd_operands] == [(2, 6, 40), (1, 1, 40), (1, 6, 1)]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_causal_softmax_lowers_to_the_cuda_targets(dtype):
+  loss = lambda x: jaxops.causal_softmax(x, query_offset=3, implementation="ffi").astype(
+      jnp.float32).sum()
+  calls = _custom_calls(jax.grad(loss), _x(dtype))
+  _check(calls, ["jaxops_causal_softmax_fwd", "jaxops_softmax_bwd"], dtype)
+  assert "query_offset = 3 : i64" in calls[0][4]
+
+
+def test_absent_mask_and_bias_are_zero_size_operands():
+  calls = _custom_calls(lambda x: jaxops.softmax(x, implementation="ffi"), _x("float32"))
+  assert [shape for shape, _ in calls[0][1]] == [(2, 6, 40), (0,), (0,)]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_cross_entropy_lowers_to_the_cuda_targets(dtype):
+  labels = jnp.arange(12).reshape(2, 6) % 40
+  loss = lambda x: jaxops.cross_entropy(x, labels, label_smoothing=0.1, implementation="ffi")
+  calls = _custom_calls(jax.grad(loss), _x(dtype))
+  _check(calls, ["jaxops_cross_entropy_fwd", "jaxops_cross_entropy_bwd"], dtype)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_cross_entropy_runs_the_in_place_kernels(dtype, reduction):
+  x = jax.random.normal(jax.random.key(1), (12, 16), dtype)
+  weight = jax.random.normal(jax.random.key(2), (16, 40), dtype)
+  labels = jnp.arange(12) % 40
+  loss = lambda x, w: jaxops.linear_cross_entropy(x, w, labels, reduction=reduction,
+                                                  implementation="ffi").astype(jnp.float32).sum()
+  calls = _custom_calls(jax.grad(loss, (0, 1)), x, weight)
+  # Each block's logits are float32, whatever x's dtype.
+  if reduction == "mean":
+    # The gradients come from the forward's sweep: one kernel, logits aliased to dlogits.
+    _check(calls, ["jaxops_cross_entropy_fwd_grad"], "float32")
+    assert "output_tuple_indices = [1], operand_index = 0" in calls[0][4]
+  else:
+    _check(calls, ["jaxops_cross_entropy_fwd", "jaxops_cross_entropy_bwd"], "float32")
+    assert "output_tuple_indices = [], operand_index = 0" in calls[1][4]

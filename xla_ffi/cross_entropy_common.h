@@ -1,0 +1,130 @@
+// What the CPU and CUDA handlers of cross-entropy share, so the two platforms
+// bind the same signatures and accept exactly the same calls: the FFI bindings
+// (each takes the platform's binding prefix: nothing for the CPU, the stream for
+// CUDA) and the validation of every buffer.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "xla_ffi/ffi_common.h"
+
+namespace jaxops::cross_entropy_common {
+
+namespace ffi = xla::ffi;
+using namespace ::jaxops::ffi_common;
+
+// logits [..., vocab] and labels [...] (int32 or int64).
+inline ffi::Error check_logits_and_labels(const std::string& op, const ffi::AnyBuffer& logits,
+                                          const ffi::AnyBuffer& labels, RowsCols* shape) {
+  JAXOPS_RETURN_IF_ERROR(rows_cols(op, "logits", logits, shape));
+  auto dims = logits.dimensions();
+  auto label_dims = labels.dimensions();
+  bool same = label_dims.size() + 1 == dims.size();
+  for (size_t i = 0; same && i < label_dims.size(); ++i) same = label_dims[i] == dims[i];
+  if (!same) {
+    return invalid(op, "labels has shape " + dims_string(label_dims) +
+                           ", expected the leading axes of logits " + dims_string(dims));
+  }
+  if (labels.element_type() != ffi::DataType::S32 && labels.element_type() != ffi::DataType::S64) {
+    return invalid(op, "labels must have dtype int32 or int64");
+  }
+  return ffi::Error::Success();
+}
+
+// A float32 value per row (loss, lse, dloss), shaped like the labels.
+inline ffi::Error check_row_values(const std::string& op, const char* name,
+                                   const ffi::Buffer<ffi::F32>& values,
+                                   const ffi::AnyBuffer& labels) {
+  return same_dims(op, "labels", labels, name, values);
+}
+
+inline ffi::Error check_dlogits(const std::string& op, const ffi::AnyBuffer& logits,
+                                const ffi::AnyBuffer& dlogits) {
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, "logits", logits, "dlogits", dlogits));
+  return same_dtype(op, "logits", logits, "dlogits", dlogits);
+}
+
+inline ffi::Error check_options(const std::string& op, float label_smoothing, float z_loss) {
+  if (!(label_smoothing >= 0.f && label_smoothing <= 1.f)) {
+    return invalid(op, "label_smoothing must be in [0, 1]");
+  }
+  if (!(z_loss >= 0.f)) return invalid(op, "z_loss must be >= 0");
+  return ffi::Error::Success();
+}
+
+// -- whole-call validation, one per handler ------------------------------------------
+
+inline ffi::Error check_cross_entropy_fwd(const ffi::AnyBuffer& logits,
+                                          const ffi::AnyBuffer& labels,
+                                          const ffi::Buffer<ffi::F32>& loss,
+                                          const ffi::Buffer<ffi::F32>& lse, float label_smoothing,
+                                          float z_loss, RowsCols* s) {
+  const std::string op = "jaxops_cross_entropy_fwd";
+  JAXOPS_RETURN_IF_ERROR(check_logits_and_labels(op, logits, labels, s));
+  JAXOPS_RETURN_IF_ERROR(check_row_values(op, "loss", loss, labels));
+  JAXOPS_RETURN_IF_ERROR(check_row_values(op, "lse", lse, labels));
+  return check_options(op, label_smoothing, z_loss);
+}
+
+inline ffi::Error check_cross_entropy_bwd(const ffi::AnyBuffer& logits,
+                                          const ffi::AnyBuffer& labels,
+                                          const ffi::Buffer<ffi::F32>& lse,
+                                          const ffi::Buffer<ffi::F32>& dloss,
+                                          const ffi::AnyBuffer& dlogits, float label_smoothing,
+                                          float z_loss, RowsCols* s) {
+  const std::string op = "jaxops_cross_entropy_bwd";
+  JAXOPS_RETURN_IF_ERROR(check_logits_and_labels(op, logits, labels, s));
+  JAXOPS_RETURN_IF_ERROR(check_row_values(op, "lse", lse, labels));
+  JAXOPS_RETURN_IF_ERROR(check_row_values(op, "dloss", dloss, labels));
+  JAXOPS_RETURN_IF_ERROR(check_dlogits(op, logits, dlogits));
+  return check_options(op, label_smoothing, z_loss);
+}
+
+inline ffi::Error check_cross_entropy_fwd_grad(const ffi::AnyBuffer& logits,
+                                               const ffi::AnyBuffer& labels,
+                                               const ffi::Buffer<ffi::F32>& loss,
+                                               const ffi::AnyBuffer& dlogits,
+                                               float label_smoothing, float z_loss, RowsCols* s) {
+  const std::string op = "jaxops_cross_entropy_fwd_grad";
+  JAXOPS_RETURN_IF_ERROR(check_logits_and_labels(op, logits, labels, s));
+  JAXOPS_RETURN_IF_ERROR(check_row_values(op, "loss", loss, labels));
+  JAXOPS_RETURN_IF_ERROR(check_dlogits(op, logits, dlogits));
+  return check_options(op, label_smoothing, z_loss);
+}
+
+// -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
+
+template <typename Binding>
+auto bind_options(Binding binding) {
+  return std::move(binding).template Attr<int64_t>("ignore_index")
+      .template Attr<float>("label_smoothing")
+      .template Attr<float>("z_loss");
+}
+
+template <typename Binding>
+auto bind_cross_entropy_fwd(Binding prefix) {
+  return bind_options(std::move(prefix).template Arg<ffi::AnyBuffer>()  // logits
+                          .template Arg<ffi::AnyBuffer>()               // labels
+                          .template Ret<ffi::Buffer<ffi::F32>>()        // loss
+                          .template Ret<ffi::Buffer<ffi::F32>>());      // lse
+}
+
+template <typename Binding>
+auto bind_cross_entropy_bwd(Binding prefix) {
+  return bind_options(std::move(prefix).template Arg<ffi::AnyBuffer>()  // logits
+                          .template Arg<ffi::AnyBuffer>()               // labels
+                          .template Arg<ffi::Buffer<ffi::F32>>()        // lse
+                          .template Arg<ffi::Buffer<ffi::F32>>()        // dloss
+                          .template Ret<ffi::AnyBuffer>());             // dlogits
+}
+
+template <typename Binding>
+auto bind_cross_entropy_fwd_grad(Binding prefix) {
+  return bind_options(std::move(prefix).template Arg<ffi::AnyBuffer>()  // logits
+                          .template Arg<ffi::AnyBuffer>()               // labels
+                          .template Ret<ffi::Buffer<ffi::F32>>()        // loss
+                          .template Ret<ffi::AnyBuffer>());             // dlogits
+}
+
+}  // namespace jaxops::cross_entropy_common

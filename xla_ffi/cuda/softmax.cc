@@ -1,0 +1,137 @@
+// CUDA FFI handlers of the softmax family: the CPU handlers' targets, bindings
+// and validation (xla_ffi/softmax_common.h), then a launch of cuda/softmax on
+// the stream XLA hands over.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda/softmax.h"
+#include "xla_ffi/cuda/cuda_status.h"
+#include "xla_ffi/registry.h"
+#include "xla_ffi/softmax_common.h"
+
+namespace jaxops {
+namespace {
+
+namespace ffi = xla::ffi;
+using namespace ffi_common;
+using namespace softmax_common;
+using ffi_cuda::launch_status;
+
+template <typename Fn>
+ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
+  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
+}
+
+// The kernel's fixed-size view of a mask or bias, or an error when its axes do
+// not merge into cuda::kMaxBroadcastAxes groups.
+template <typename T>
+ffi::Error broadcast_view(const std::string& op, const char* name, const ffi::AnyBuffer& operand,
+                          const ffi::AnyBuffer& x, cuda::BroadcastOperand<T>* view) {
+  if (operand.element_count() == 0) return ffi::Error::Success();
+  const BroadcastLayout layout = broadcast_layout(operand, x);
+  if (layout.row_sizes.size() > static_cast<size_t>(cuda::kMaxBroadcastAxes)) {
+    return invalid(op, std::string(name) + " broadcasts along more than " +
+                           std::to_string(cuda::kMaxBroadcastAxes) +
+                           " alternating groups of axes, which the CUDA kernel does not support");
+  }
+  view->data = reinterpret_cast<const T*>(operand.untyped_data());
+  view->axes = static_cast<int>(layout.row_sizes.size());
+  for (int i = 0; i < view->axes; ++i) {
+    view->row_sizes[i] = layout.row_sizes[i];
+    view->row_strides[i] = layout.row_strides[i];
+  }
+  view->col_stride = layout.col_stride;
+  return ffi::Error::Success();
+}
+
+ffi::Error masked_softmax_fwd(const std::string& op, cuda::SoftmaxOutput output,
+                              cudaStream_t stream, const ffi::AnyBuffer& x,
+                              const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
+                              ffi::AnyBuffer& y) {
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    cuda::BroadcastOperand<uint8_t> where_view;
+    cuda::BroadcastOperand<T> bias_view;
+    JAXOPS_RETURN_IF_ERROR(broadcast_view(op, "where", where, x, &where_view));
+    JAXOPS_RETURN_IF_ERROR(broadcast_view(op, "bias", bias, x, &bias_view));
+    return launch_status(op, cuda::softmax_fwd<T>(stream, data<const T>(x), where_view, bias_view,
+                                                  data<T>(y), {s.rows, s.cols}, output, {}));
+  });
+}
+
+ffi::Error SoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer where,
+                      ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y) {
+  return masked_softmax_fwd("jaxops_softmax_fwd", cuda::SoftmaxOutput::kProbabilities, stream, x,
+                            where, bias, *y);
+}
+
+ffi::Error LogSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer where,
+                         ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y) {
+  return masked_softmax_fwd("jaxops_log_softmax_fwd", cuda::SoftmaxOutput::kLogProbabilities,
+                            stream, x, where, bias, *y);
+}
+
+ffi::Error CausalSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                            int64_t query_offset) {
+  const std::string op = "jaxops_causal_softmax_fwd";
+  RowsCols s;
+  int64_t queries;
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, &s, &queries));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::softmax_fwd<T>(stream, data<const T>(x), {}, {}, data<T>(*y), {s.rows, s.cols},
+                                 cuda::SoftmaxOutput::kProbabilities, {queries, query_offset}));
+  });
+}
+
+template <bool kLog>
+ffi::Error SoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
+                      ffi::Result<ffi::AnyBuffer> dx) {
+  const std::string op = kLog ? "jaxops_log_softmax_bwd" : "jaxops_softmax_bwd";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
+  return dispatch(op, y.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const cuda::SoftmaxShape shape{s.rows, s.cols};
+    if constexpr (kLog) {
+      return launch_status(op, cuda::log_softmax_bwd<T>(stream, data<const T>(dy),
+                                                        data<const T>(y), data<T>(*dx), shape));
+    } else {
+      return launch_status(op, cuda::softmax_bwd<T>(stream, data<const T>(dy), data<const T>(y),
+                                                    data<T>(*dx), shape));
+    }
+  });
+}
+
+// Every CUDA handler takes the stream XLA launches on before its buffers. The
+// CPU harness of the tests (tests/cuda_harness) compiles this file unchanged as
+// CPU handlers, with a context of its own that provides the stream.
+#ifndef JAXOPS_CUDA_STREAM_CONTEXT
+#define JAXOPS_CUDA_STREAM_CONTEXT ffi::PlatformStream<cudaStream_t>
+#endif
+auto cuda_binding() { return ffi::Ffi::Bind().Ctx<JAXOPS_CUDA_STREAM_CONTEXT>(); }
+
+}  // namespace
+
+// Distinct symbol names from the CPU module's handlers: both modules can be
+// loaded in one process.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxFwdCuda, SoftmaxFwd, bind_masked_softmax_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxFwdCuda, LogSoftmaxFwd,
+                              bind_masked_softmax_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCausalSoftmaxFwdCuda, CausalSoftmaxFwd,
+                              bind_causal_softmax_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxBwdCuda, SoftmaxBwd<false>, bind_softmax_bwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxBwdCuda, SoftmaxBwd<true>,
+                              bind_softmax_bwd(cuda_binding()));
+
+JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_fwd", kSoftmaxFwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_fwd", kLogSoftmaxFwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_causal_softmax_fwd", kCausalSoftmaxFwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_bwd", kSoftmaxBwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_bwd", kLogSoftmaxBwdCuda);
+
+}  // namespace jaxops

@@ -1,0 +1,101 @@
+// CPU FFI handlers of the softmax family: decode and validate, then call cpu/softmax.
+#include "cpu/float_convert.h"
+#include "cpu/softmax.h"
+#include "xla_ffi/registry.h"
+#include "xla_ffi/softmax_common.h"
+
+namespace jaxops {
+namespace {
+
+namespace ffi = xla::ffi;
+using namespace ffi_common;
+using namespace softmax_common;
+
+template <typename Fn>
+ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
+  return dispatch_float<float, cpu::bfloat16, cpu::float16>(op, dtype, std::forward<Fn>(fn));
+}
+
+template <typename T>
+cpu::BroadcastOperand<T> broadcast_view(const ffi::AnyBuffer& operand, const ffi::AnyBuffer& x) {
+  cpu::BroadcastOperand<T> view;
+  if (operand.element_count() == 0) return view;
+  BroadcastLayout layout = broadcast_layout(operand, x);
+  view.data = reinterpret_cast<const T*>(operand.untyped_data());
+  view.row_sizes = std::move(layout.row_sizes);
+  view.row_strides = std::move(layout.row_strides);
+  view.col_stride = layout.col_stride;
+  return view;
+}
+
+ffi::Error masked_softmax_fwd(const std::string& op, cpu::SoftmaxOutput output,
+                              const ffi::AnyBuffer& x, const ffi::AnyBuffer& where,
+                              const ffi::AnyBuffer& bias, ffi::AnyBuffer& y) {
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::softmax_fwd<T>(data<const T>(x), broadcast_view<uint8_t>(where, x),
+                        broadcast_view<T>(bias, x), data<T>(y), {s.rows, s.cols}, output, {});
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error SoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
+                      ffi::Result<ffi::AnyBuffer> y) {
+  return masked_softmax_fwd("jaxops_softmax_fwd", cpu::SoftmaxOutput::kProbabilities, x, where,
+                            bias, *y);
+}
+
+ffi::Error LogSoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
+                         ffi::Result<ffi::AnyBuffer> y) {
+  return masked_softmax_fwd("jaxops_log_softmax_fwd", cpu::SoftmaxOutput::kLogProbabilities, x,
+                            where, bias, *y);
+}
+
+ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                            int64_t query_offset) {
+  RowsCols s;
+  int64_t queries;
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, &s, &queries));
+  return dispatch("jaxops_causal_softmax_fwd", x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::softmax_fwd<T>(data<const T>(x), {}, {}, data<T>(*y), {s.rows, s.cols},
+                        cpu::SoftmaxOutput::kProbabilities, {queries, query_offset});
+    return ffi::Error::Success();
+  });
+}
+
+template <bool kLog>
+ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx) {
+  const std::string op = kLog ? "jaxops_log_softmax_bwd" : "jaxops_softmax_bwd";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
+  return dispatch(op, y.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (kLog) {
+      cpu::log_softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(*dx), {s.rows, s.cols});
+    } else {
+      cpu::softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(*dx), {s.rows, s.cols});
+    }
+    return ffi::Error::Success();
+  });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxFwd, SoftmaxFwd, bind_masked_softmax_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxFwd, LogSoftmaxFwd,
+                              bind_masked_softmax_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCausalSoftmaxFwd, CausalSoftmaxFwd,
+                              bind_causal_softmax_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxBwd, SoftmaxBwd<false>, bind_softmax_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxBwd, SoftmaxBwd<true>, bind_softmax_bwd(ffi::Ffi::Bind()));
+
+JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_fwd", kSoftmaxFwd);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_fwd", kLogSoftmaxFwd);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_causal_softmax_fwd", kCausalSoftmaxFwd);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_bwd", kSoftmaxBwd);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_bwd", kLogSoftmaxBwd);
+
+}  // namespace jaxops

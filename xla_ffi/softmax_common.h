@@ -1,0 +1,140 @@
+// What the CPU and CUDA handlers of the softmax family share, so the two
+// platforms bind the same signatures and accept exactly the same calls: the FFI
+// bindings (each takes the platform's binding prefix: nothing for the CPU, the
+// stream for CUDA), the validation of every buffer, and the broadcast layout of
+// an optional mask or bias.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xla_ffi/ffi_common.h"
+
+namespace jaxops::softmax_common {
+
+namespace ffi = xla::ffi;
+using namespace ::jaxops::ffi_common;
+
+// x and an output (or a second input) shaped like it.
+inline ffi::Error check_rows(const std::string& op, const char* x_name, const ffi::AnyBuffer& x,
+                             const ffi::AnyBuffer& other, const char* other_name,
+                             RowsCols* shape) {
+  JAXOPS_RETURN_IF_ERROR(rows_cols(op, x_name, x, shape));
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, x_name, x, other_name, other));
+  return same_dtype(op, x_name, x, other_name, other);
+}
+
+// An optional operand broadcast against x: absent when it has no elements,
+// else of x's rank with each axis 1 or x's size, and of dtype `dtype`.
+inline ffi::Error check_broadcast_operand(const std::string& op, const char* name,
+                                          const ffi::AnyBuffer& operand, const ffi::AnyBuffer& x,
+                                          ffi::DataType dtype, const char* dtype_name) {
+  if (operand.element_count() == 0) return ffi::Error::Success();
+  auto dims = operand.dimensions();
+  auto x_dims = x.dimensions();
+  bool ok = dims.size() == x_dims.size();
+  for (size_t i = 0; ok && i < dims.size(); ++i) ok = dims[i] == 1 || dims[i] == x_dims[i];
+  if (!ok) {
+    return invalid(op, std::string(name) + " has shape " + dims_string(dims) +
+                           ", expected x's rank with each axis 1 or x's size " +
+                           dims_string(x_dims));
+  }
+  if (operand.element_type() != dtype) {
+    return invalid(op, std::string(name) + " must have dtype " + dtype_name);
+  }
+  return ffi::Error::Success();
+}
+
+// Where row `row` of x finds its elements in a broadcast operand: at
+// sum_i ((row / prod(row_sizes[i+1:])) % row_sizes[i]) * row_strides[i], then
+// column c at c * col_stride. x's leading axes are merged where the operand
+// broadcasts alike along them, so the usual masks need one or two axes.
+struct BroadcastLayout {
+  std::vector<int64_t> row_sizes;    // outermost first
+  std::vector<int64_t> row_strides;  // 0 where the operand broadcasts
+  int64_t col_stride = 1;            // 0 when the operand's last axis has size 1
+};
+
+// For a present operand that passed check_broadcast_operand.
+inline BroadcastLayout broadcast_layout(const ffi::AnyBuffer& operand, const ffi::AnyBuffer& x) {
+  auto dims = operand.dimensions();
+  auto x_dims = x.dimensions();
+  const size_t rank = dims.size();
+  BroadcastLayout out;
+  out.col_stride = dims[rank - 1] == 1 ? 0 : 1;
+  int64_t stride = dims[rank - 1];
+  std::vector<int64_t> sizes, strides;  // innermost first while building
+  for (size_t axis = rank - 1; axis-- > 0;) {
+    const int64_t size = x_dims[axis];
+    const int64_t axis_stride = dims[axis] == 1 ? 0 : stride;
+    stride *= dims[axis];
+    if (size == 1) continue;
+    const bool merges =
+        !sizes.empty() && ((axis_stride == 0 && strides.back() == 0) ||
+                           (axis_stride != 0 && strides.back() != 0 &&
+                            axis_stride == strides.back() * sizes.back()));
+    if (merges) {
+      sizes.back() *= size;
+    } else {
+      sizes.push_back(size);
+      strides.push_back(axis_stride);
+    }
+  }
+  out.row_sizes.assign(sizes.rbegin(), sizes.rend());
+  out.row_strides.assign(strides.rbegin(), strides.rend());
+  return out;
+}
+
+// -- whole-call validation, one per handler kind ----------------------------------------
+
+inline ffi::Error check_masked_softmax_fwd(const std::string& op, const ffi::AnyBuffer& x,
+                                           const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
+                                           const ffi::AnyBuffer& y, RowsCols* s) {
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
+  JAXOPS_RETURN_IF_ERROR(
+      check_broadcast_operand(op, "where", where, x, ffi::DataType::PRED, "bool"));
+  return check_broadcast_operand(op, "bias", bias, x, x.element_type(), "x's dtype");
+}
+
+inline ffi::Error check_causal_softmax_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
+                                           RowsCols* s, int64_t* queries) {
+  const std::string op = "jaxops_causal_softmax_fwd";
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
+  if (x.dimensions().size() < 2) return invalid(op, "x must have rank >= 2 (queries, keys)");
+  *queries = x.dimensions()[x.dimensions().size() - 2];
+  return ffi::Error::Success();
+}
+
+inline ffi::Error check_softmax_bwd(const std::string& op, const ffi::AnyBuffer& dy,
+                                    const ffi::AnyBuffer& y, const ffi::AnyBuffer& dx,
+                                    RowsCols* s) {
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "y", y, dy, "dy", s));
+  return check_rows(op, "y", y, dx, "dx", s);
+}
+
+// -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
+
+template <typename Binding>
+auto bind_masked_softmax_fwd(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x
+      .template Arg<ffi::AnyBuffer>()                      // where (bool; [0]: absent)
+      .template Arg<ffi::AnyBuffer>()                      // bias ([0]: absent)
+      .template Ret<ffi::AnyBuffer>();                     // y
+}
+
+template <typename Binding>
+auto bind_causal_softmax_fwd(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x
+      .template Ret<ffi::AnyBuffer>()                      // y
+      .template Attr<int64_t>("query_offset");
+}
+
+template <typename Binding>
+auto bind_softmax_bwd(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // dy
+      .template Arg<ffi::AnyBuffer>()                      // y (probabilities or log)
+      .template Ret<ffi::AnyBuffer>();                     // dx
+}
+
+}  // namespace jaxops::softmax_common
