@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-import cuda_harness
+from cuda_harness.fixtures import harness, kernels_ran  # noqa: F401  (autouse fixtures)
 import test_activations as activations_tests
 import test_adamw as adamw_tests
 import test_embedding as embedding_tests
@@ -27,23 +27,6 @@ from jaxops import reference
 from jaxops.testing import FLOAT_DTYPES, assert_close, assert_tree_close, random_inputs
 
 DTYPE_IDS = lambda d: jnp.dtype(d).name
-
-
-@pytest.fixture(scope="module", autouse=True)
-def harness():
-  try:
-    loaded = cuda_harness.load()
-  except cuda_harness.build.HarnessUnavailable as e:
-    pytest.skip(str(e))
-  with cuda_harness.cuda_kernels_on_cpu(loaded):
-    yield loaded
-
-
-@pytest.fixture(autouse=True)
-def kernels_ran(harness):
-  before = harness.launches()
-  yield
-  assert harness.launches() > before, "no kernel ran in the harness"
 
 
 # -- activations ----------------------------------------------------------------------

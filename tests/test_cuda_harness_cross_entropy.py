@@ -11,7 +11,7 @@ in the harness.
 import jax.numpy as jnp
 import pytest
 
-import cuda_harness
+from cuda_harness.fixtures import harness, kernels_ran  # noqa: F401  (autouse fixtures)
 import test_cross_entropy as ce_tests
 from jaxops.testing import FLOAT_DTYPES
 
@@ -19,23 +19,6 @@ DTYPE_IDS = lambda d: jnp.dtype(d).name
 # One-warp blocks, wider blocks, vocab = 1, primes, a vocabulary longer than a
 # block's threads * 8.
 FORWARD_SHAPES = [(1,), (1, 1), (7, 13), (13, 127), (3, 4099)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def harness():
-  try:
-    loaded = cuda_harness.load()
-  except cuda_harness.build.HarnessUnavailable as e:
-    pytest.skip(str(e))
-  with cuda_harness.cuda_kernels_on_cpu(loaded):
-    yield loaded
-
-
-@pytest.fixture(autouse=True)
-def kernels_ran(harness):
-  before = harness.launches()
-  yield
-  assert harness.launches() > before, "no kernel ran in the harness"
 
 
 @pytest.fixture

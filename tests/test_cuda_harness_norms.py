@@ -10,7 +10,7 @@ test asserts that kernels ran in the harness.
 import jax.numpy as jnp
 import pytest
 
-import cuda_harness
+from cuda_harness.fixtures import harness, kernels_ran  # noqa: F401  (autouse fixtures)
 import test_norms as norms_tests
 from jaxops.testing import FLOAT_DTYPES
 
@@ -21,23 +21,6 @@ DTYPE_IDS = lambda d: jnp.dtype(d).name
 # of a block's registers (8192 elements vectorised, 4096 scalar).
 FORWARD_SHAPES = [(1,), (3, 1), (2, 3, 5), (13, 127), (5, 4099), (2, 64), (2, 8200), (2, 9001)]
 VJP_SHAPES = [(1, 1), (3, 5), (11, 257), (2, 1000), (2, 9001)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def harness():
-  try:
-    loaded = cuda_harness.load()
-  except cuda_harness.build.HarnessUnavailable as e:
-    pytest.skip(str(e))
-  with cuda_harness.cuda_kernels_on_cpu(loaded):
-    yield loaded
-
-
-@pytest.fixture(autouse=True)
-def kernels_ran(harness):
-  before = harness.launches()
-  yield
-  assert harness.launches() > before, "no kernel ran in the harness"
 
 
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)

@@ -9,7 +9,7 @@ the harness.
 import jax.numpy as jnp
 import pytest
 
-import cuda_harness
+from cuda_harness.fixtures import harness, kernels_ran  # noqa: F401  (autouse fixtures)
 import test_softmax as softmax_tests
 from jaxops.testing import FLOAT_DTYPES
 
@@ -18,23 +18,6 @@ DTYPE_IDS = lambda d: jnp.dtype(d).name
 # One-warp blocks (cols <= 256), wider blocks, cols = 1, primes, rows longer
 # than a block's threads * 8.
 FORWARD_SHAPES = [(1,), (3, 1), (2, 3, 5), (13, 127), (3, 700), (2, 4099)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def harness():
-  try:
-    loaded = cuda_harness.load()
-  except cuda_harness.build.HarnessUnavailable as e:
-    pytest.skip(str(e))
-  with cuda_harness.cuda_kernels_on_cpu(loaded):
-    yield loaded
-
-
-@pytest.fixture(autouse=True)
-def kernels_ran(harness):
-  before = harness.launches()
-  yield
-  assert harness.launches() > before, "no kernel ran in the harness"
 
 
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
