@@ -34,7 +34,8 @@ DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 _CALL = re.compile(r"stablehlo\.custom_call @(\w+)\([^)]*\) \{(.*)\} : \((.*)\) -> (.*)$")
 _TENSOR = re.compile(r"tensor<((?:\d+x)*)(\w+)>")
-_ATTR = re.compile(r"(\w+) = [^,}]* : (\w+)")
+_TYPED_ATTR = re.compile(r"(\w+) = [^,}]* : (\w+)")
+_BOOL_ATTR = re.compile(r"(\w+) = (?:true|false)\b")
 
 
 def _tensors(text):
@@ -51,7 +52,11 @@ def _custom_calls(fn, *args):
     if match:
       target, attributes, operands, results = match.groups()
       config = re.search(r"mhlo\.backend_config = \{([^}]*)\}", attributes)
-      attrs = dict(_ATTR.findall(config.group(1))) if config else {}
+      attrs = {}
+      if config:
+        attrs.update(_TYPED_ATTR.findall(config.group(1)))
+        # MLIR prints a bool attribute without its i1 type.
+        attrs.update((name, "i1") for name in _BOOL_ATTR.findall(config.group(1)))
       calls.append((target, _tensors(operands), _tensors(results), attrs, attributes))
   return calls
 

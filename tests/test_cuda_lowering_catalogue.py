@@ -9,7 +9,6 @@ a GPU.
 """
 
 import os
-import re
 import shutil
 
 import jax
@@ -17,6 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxops
+from test_cuda_lowering import DTYPES, _custom_calls
 
 T = "T"  # a buffer in the dtype of the op's floating input
 
@@ -39,36 +39,6 @@ BINDINGS = {
                      {"b1": "f32", "one_minus_b1": "f32", "b2": "f32", "one_minus_b2": "f32",
                       "eps": "f32", "weight_decay": "f32", "apply_updates": "i1"}),
 }
-
-DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-
-_CALL = re.compile(r"stablehlo\.custom_call @(\w+)\([^)]*\) \{(.*)\} : \((.*)\) -> (.*)$")
-_TENSOR = re.compile(r"tensor<((?:\d+x)*)(\w+)>")
-_TYPED_ATTR = re.compile(r"(\w+) = [^,}]* : (\w+)")
-_BOOL_ATTR = re.compile(r"(\w+) = (?:true|false)\b")
-
-
-def _tensors(text):
-  return [(tuple(int(d) for d in dims.split("x") if d), dtype)
-          for dims, dtype in _TENSOR.findall(text)]
-
-
-def _custom_calls(fn, *args):
-  """[(target, operands, results, {attr: type}, attributes text)] of fn lowered for CUDA."""
-  lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-  calls = []
-  for line in lowered.as_text().splitlines():
-    match = _CALL.search(line)
-    if match:
-      target, attributes, operands, results = match.groups()
-      config = re.search(r"mhlo\.backend_config = \{([^}]*)\}", attributes)
-      attrs = {}
-      if config:
-        attrs.update(_TYPED_ATTR.findall(config.group(1)))
-        attrs.update((name, "i1") for name in _BOOL_ATTR.findall(config.group(1)))
-      calls.append((target, _tensors(operands), _tensors(results), attrs, attributes))
-  return calls
-
 
 def _check_binding(call, dtype):
   target, operands, results, attrs, _ = call
