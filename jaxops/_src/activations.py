@@ -18,6 +18,7 @@ from jaxops import reference
 from jaxops._src import primitive
 from jaxops._src.checks import check_float_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+from jaxops._src.sharding import elementwise
 
 _F32 = jnp.float32
 
@@ -56,7 +57,7 @@ def _make(name, *, n_outputs, reference_fn, attributes=None):
 
   return FfiPrimitive(
       name=name, target=name, abstract_eval=abstract_eval, reference=reference_fn,
-      attributes=attributes or {}, batch_rule=_elementwise_batch_rule)
+      attributes=attributes or {}, batch_rule=_elementwise_batch_rule, sharding=elementwise)
 
 
 _APPROXIMATE = {"approximate": np.bool_}

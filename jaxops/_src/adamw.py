@@ -26,6 +26,7 @@ import optax
 from jaxops import reference
 from jaxops._src import primitive
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
 _ATTRIBUTES = {"b1": np.float32, "one_minus_b1": np.float32, "b2": np.float32,
@@ -52,7 +53,10 @@ def _make(name, aliases):
   return FfiPrimitive(
       name=name, target="jaxops_adamw", abstract_eval=_abstract_eval,
       reference=reference.adamw_leaf, attributes=_ATTRIBUTES, batch_rule=_batch_rule,
-      input_output_aliases=aliases)
+      input_output_aliases=aliases,
+      # A parameter sharded over a mesh (FSDP, tensor parallel) updates in place
+      # on each shard: the update is elementwise; the scalars stay whole.
+      sharding=leading_axes("xxxxp -> xxx", whole_trailing=0))
 
 
 # Operands (grads, params, m, v, scalars) -> (updates or new params, m, v).

@@ -24,6 +24,7 @@ from jaxops import reference
 from jaxops._src import ffi_targets, primitive
 from jaxops._src.checks import check_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive
+from jaxops._src.sharding import Factors
 
 _F32 = jnp.float32
 _I32 = jnp.int32
@@ -155,15 +156,58 @@ def _bwd_batch_rule(prim, args, dims, *, with_dbias, **params):
   return (unfold(dq), unfold(dk), unfold(dv), dbias), (0, 0, 0, 0)
 
 
+# -- sharding: batch and heads shard; sequences and head_dim stay whole ----------------
+
+
+def _sharding(avals_in, avals_out, **params):
+  """Batch- and head-sharded attention runs locally on each shard.
+
+  With GQA the query heads are (kv_heads, group): they shard through the KV
+  heads, so each shard holds whole groups with their KV heads. A bias or mask
+  broadcast along B or N keeps that axis whole, and its gradient (the sum of
+  the broadcast copies) is summed over the shards. The query and key sequence
+  axes and head_dim stay whole: the kernel needs every key of a query row.
+  """
+  q, k = avals_in[0], avals_in[1]
+  B, _, N, _ = q.shape
+  K = k.shape[2]
+  heads, sizes = ("heads", {}) if N == K else (("kv_heads", "group"), {"group": N // K})
+  kv_heads = "heads" if N == K else "kv_heads"
+
+  def dims(aval, layout):
+    if _is_absent(aval):
+      return (None,)
+    if layout == "q":
+      return ("batch", None, heads, None)
+    if layout == "kv":
+      return ("batch", None, kv_heads, None)
+    if layout == "bnts":  # bias, mask and dbias: [B or 1, N or 1, T, S]
+      return ("batch" if aval.shape[0] == B else None,
+              heads if aval.shape[1] == N else None, None, None)
+    if layout == "bnt":  # log-sum-exp
+      return ("batch", heads, None)
+    if layout == "b":  # sequence lengths
+      return ("batch",)
+    return (None,) * aval.ndim  # query_offset
+
+  operand_layouts = ["q", "kv", "kv", "bnts", "bnts", "b", "b", "scalar"]
+  if len(avals_in) > 8:  # the backward's out, lse, dout, dlse
+    operand_layouts += ["q", "bnt", "q", "bnt"]
+  result_layouts = ["q", "bnt"] if len(avals_out) == 2 else ["q", "kv", "kv", "bnts"]
+  return Factors([dims(a, l) for a, l in zip(avals_in, operand_layouts)],
+                 [dims(a, l) for a, l in zip(avals_out, result_layouts)], sizes)
+
+
 attention_fwd_p = FfiPrimitive(
     name="jaxops_attention_fwd", target="jaxops_attention_fwd",
     abstract_eval=_fwd_abstract_eval, reference=_fwd_reference, attributes=_ATTRIBUTES,
-    batch_rule=_fwd_batch_rule)
+    batch_rule=_fwd_batch_rule, sharding=_sharding)
 
 attention_bwd_p = FfiPrimitive(
     name="jaxops_attention_bwd", target="jaxops_attention_bwd",
     abstract_eval=_bwd_abstract_eval, reference=_bwd_reference,
-    attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, batch_rule=_bwd_batch_rule)
+    attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, batch_rule=_bwd_batch_rule,
+    sharding=_sharding)
 
 
 # -- custom VJP over the primitives ------------------------------------------------------

@@ -43,6 +43,7 @@ from jaxops._src.checks import (
     check_static_int,
 )
 from jaxops._src.primitive import FfiPrimitive, batch_to_front
+from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
 _REDUCTIONS = ("mean", "sum", "none")
@@ -99,35 +100,38 @@ def _row_batch_rule(prim, args, dims, **params):
   return outs, (0,) * len(outs)
 
 
-def _make(name, abstract_eval, reference_fn, target=None, input_output_aliases=None):
+def _make(name, abstract_eval, reference_fn, roles, target=None, input_output_aliases=None):
+  # Tokens shard (logits, labels, losses alike); the vocabulary axis stays whole.
+  # The mean over tokens is taken outside the primitive, where XLA reduces it.
   return FfiPrimitive(name=name, target=target or name, abstract_eval=abstract_eval,
                       reference=reference_fn, attributes=_ATTRIBUTES,
                       batch_rule=_row_batch_rule,
-                      input_output_aliases=input_output_aliases or {})
+                      input_output_aliases=input_output_aliases or {},
+                      sharding=leading_axes(roles))
 
 
 cross_entropy_fwd_p = _make(
     "jaxops_cross_entropy_fwd",
     lambda logits, labels, **_: (_rows_aval(labels), _rows_aval(labels)),
-    _fwd_reference)
+    _fwd_reference, "xs -> ss")
 
 _bwd_aval = lambda logits, labels, lse, dloss, **_: (
     jax.core.ShapedArray(logits.shape, logits.dtype),)
 
-cross_entropy_bwd_p = _make("jaxops_cross_entropy_bwd", _bwd_aval, _bwd_reference)
+cross_entropy_bwd_p = _make("jaxops_cross_entropy_bwd", _bwd_aval, _bwd_reference, "xsss -> x")
 
 # The same kernel writing dlogits over the logits: for logits that die with the
 # call (linear_cross_entropy's blocks). Where the logits are still live, XLA
 # would copy them first, which is why cross_entropy uses the variant above.
 cross_entropy_bwd_inplace_p = _make(
-    "jaxops_cross_entropy_bwd_inplace", _bwd_aval, _bwd_reference,
+    "jaxops_cross_entropy_bwd_inplace", _bwd_aval, _bwd_reference, "xsss -> x",
     target="jaxops_cross_entropy_bwd", input_output_aliases={0: 0})
 
 cross_entropy_fwd_grad_p = _make(
     "jaxops_cross_entropy_fwd_grad",
     lambda logits, labels, **_: (_rows_aval(labels),
                                  jax.core.ShapedArray(logits.shape, logits.dtype)),
-    _fwd_grad_reference, input_output_aliases={0: 1})
+    _fwd_grad_reference, "xs -> sx", input_output_aliases={0: 1})
 
 
 # -- cross_entropy -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from jaxops import reference
 from jaxops._src import primitive
 from jaxops._src.checks import check_array, check_float_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+from jaxops._src.sharding import Factors
 
 
 def _offset_ids(ids, size, vocab):
@@ -54,12 +55,32 @@ def _bwd_workspace(avals_in, params, platform):
   return jax.core.ShapedArray((params["vocab"] + 1 + ids.size,), jnp.int32)
 
 
+def _ids_axes(ids):
+  return tuple(f"ids{i}" for i in range(ids.ndim))
+
+
+def _fwd_sharding(avals_in, avals_out):
+  """The ids shard (each shard looks up its own tokens) and so does the
+  embedding axis (a column-sharded table looks up its own columns); the
+  vocabulary stays whole."""
+  table, ids = avals_in
+  return Factors([(None, "dim"), _ids_axes(ids)], [(*_ids_axes(ids), "dim")])
+
+
+def _bwd_sharding(avals_in, avals_out, *, vocab):
+  """As the forward; each shard scatters its tokens' gradients into a whole
+  table gradient, and the shards' tables are summed."""
+  dout, ids = avals_in
+  return Factors([(*_ids_axes(ids), "dim"), _ids_axes(ids)], [(None, "dim")])
+
+
 embedding_fwd_p = FfiPrimitive(
     name="jaxops_embedding_fwd", target="jaxops_embedding_fwd",
     abstract_eval=lambda table, ids: (
         jax.core.ShapedArray(ids.shape + table.shape[1:], table.dtype),),
     reference=lambda table, ids: (reference.embedding(table, ids),),
-    batch_rule=_embedding_fwd_batch_rule)
+    batch_rule=_embedding_fwd_batch_rule,
+    sharding=_fwd_sharding)
 
 embedding_bwd_p = FfiPrimitive(
     name="jaxops_embedding_bwd", target="jaxops_embedding_bwd",
@@ -68,7 +89,8 @@ embedding_bwd_p = FfiPrimitive(
     reference=lambda dout, ids, *, vocab: (reference.embedding_grad(dout, ids, vocab),),
     attributes={"vocab": np.int64},
     workspace=_bwd_workspace,
-    batch_rule=_embedding_bwd_batch_rule)
+    batch_rule=_embedding_bwd_batch_rule,
+    sharding=_bwd_sharding)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

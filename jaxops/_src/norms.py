@@ -24,6 +24,7 @@ from jaxops import reference
 from jaxops._src import primitive
 from jaxops._src.checks import check_float_array, check_matching, check_param_vector
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front, is_batched
+from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
 
@@ -93,12 +94,33 @@ def _row_batch_rule(row_operands, column_operands, grad_outputs=()):
   return rule
 
 
-def _make(name, *, abstract_eval, reference_fn, attributes, batch_rule, workspace=None,
-          input_output_aliases=None):
+# -- sharding: rows shard, the normalised axis stays whole -------------------------
+
+
+def _grouped_axes(x, params):
+  """How many leading axes of x index the weight-gradient groups (vmap of
+  grad): the groups are the first axes' product, in order."""
+  groups = params.get("groups", 1)
+  return next(k for k in range(x.ndim) if math.prod(x.shape[:k]) == groups)
+
+
+def _local_groups(params, avals_in, local_avals_in):
+  """On a shard of rows, the groups are the shard's own (the first grouped
+  axis shards with them)."""
+  if params.get("groups", 1) == 1:
+    return params
+  x, local_x = avals_in[1], local_avals_in[1]
+  return dict(params, groups=params["groups"] * local_x.shape[0] // x.shape[0])
+
+
+def _make(name, *, abstract_eval, reference_fn, attributes, batch_rule, roles,
+          workspace=None, input_output_aliases=None):
   return FfiPrimitive(
       name=name, target=name, abstract_eval=abstract_eval, reference=reference_fn,
       attributes=attributes, batch_rule=batch_rule, workspace=workspace,
-      input_output_aliases=input_output_aliases or {})
+      input_output_aliases=input_output_aliases or {},
+      # Rows shard; the feature axis and weight/bias (and their gradients) stay whole.
+      sharding=leading_axes(roles, grouped_axes=_grouped_axes), local_params=_local_groups)
 
 
 # -- layer norm ---------------------------------------------------------------------
@@ -125,7 +147,8 @@ layer_norm_fwd_p = _make(
         jax.core.ShapedArray(x.shape, x.dtype), _stat_aval(x), _stat_aval(x)),
     reference_fn=_layer_norm_fwd_reference,
     attributes={"epsilon": np.float32},
-    batch_rule=_row_batch_rule(row_operands=(0,), column_operands=(1, 2)))
+    batch_rule=_row_batch_rule(row_operands=(0,), column_operands=(1, 2)),
+    roles="xpp -> xss")
 
 layer_norm_bwd_p = _make(
     "jaxops_layer_norm_bwd",
@@ -136,7 +159,8 @@ layer_norm_bwd_p = _make(
     attributes={"groups": np.int64},
     workspace=_workspace(sums=2),
     batch_rule=_row_batch_rule(row_operands=(0, 1, 4, 5), column_operands=(2, 3),
-                               grad_outputs=(1, 2)))
+                               grad_outputs=(1, 2)),
+    roles="xxppss -> xgg")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -212,7 +236,8 @@ rms_norm_fwd_p = _make(
     abstract_eval=lambda x, w, *, epsilon: (jax.core.ShapedArray(x.shape, x.dtype), _stat_aval(x)),
     reference_fn=_rms_norm_fwd_reference,
     attributes={"epsilon": np.float32},
-    batch_rule=_row_batch_rule(row_operands=(0,), column_operands=(1,)))
+    batch_rule=_row_batch_rule(row_operands=(0,), column_operands=(1,)),
+    roles="xp -> xs")
 
 
 def _rms_norm_bwd_batch_rule(prim, args, dims, **params):
@@ -229,7 +254,8 @@ rms_norm_bwd_p = _make(
     reference_fn=_rms_norm_bwd_reference,
     attributes={"groups": np.int64},
     workspace=_workspace(sums=1),
-    batch_rule=_rms_norm_bwd_batch_rule)
+    batch_rule=_rms_norm_bwd_batch_rule,
+    roles="xxpsx -> xg")
 
 add_rms_norm_fwd_p = _make(
     "jaxops_add_rms_norm_fwd",
@@ -239,6 +265,7 @@ add_rms_norm_fwd_p = _make(
     reference_fn=_add_rms_norm_fwd_reference,
     attributes={"epsilon": np.float32},
     batch_rule=_row_batch_rule(row_operands=(0, 1), column_operands=(2,)),
+    roles="xxp -> xxs",
     # h is written over the residual's buffer when the caller donates it.
     input_output_aliases={1: 1})
 

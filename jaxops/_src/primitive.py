@@ -21,6 +21,9 @@ outputs. From that, the mechanism registers:
   and a backward primitive with ``jax.custom_vjp``, so first-order gradients use
   the fused backward kernel; this rule is what makes the backward primitive
   differentiable again (``check_grads(order=2)``);
+* an optional sharding rule (``sharding``, see :mod:`jaxops._src.sharding`):
+  on a mesh, the kernel runs once per shard on local shapes instead of XLA
+  gathering the operands around an opaque custom call;
 * an eager implementation (``jit`` of the primitive).
 
 Nothing here imports from ``jax._src``.
@@ -38,6 +41,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jaxops._src import ffi_targets
+from jaxops._src.sharding import (
+    Factors, devices_known, register_for_sharding, shard_locally, typed_results)
 
 # What batching rules receive as the batch dimension of an unbatched operand.
 NOT_MAPPED = None
@@ -67,6 +72,10 @@ class FfiPrimitive:
       returning ``None`` falls back to ``vmap`` of the reference.
     input_output_aliases: ``{operand index: result index}`` the kernel may
       write in place (XLA copies the operand first when it is still live).
+    sharding: optional ``(avals_in, avals_out, **params) -> Factors``: which
+      dimensions shard alike; without it a sharded operand is gathered.
+    local_params: optional ``(params, avals_in, local_avals_in) -> params`` for
+      a parameter that counts something a shard holds only part of.
   """
 
   name: str
@@ -77,7 +86,11 @@ class FfiPrimitive:
   workspace: Callable[..., jax.core.ShapedArray] | None = None
   batch_rule: BatchRule | None = None
   input_output_aliases: Mapping[int, int] = dataclasses.field(default_factory=dict)
+  sharding: Callable[..., Factors] | None = None
+  local_params: Callable[..., dict] | None = None
   primitive: Primitive = dataclasses.field(init=False, repr=False, compare=False)
+  # The same op on local shapes: what runs on each shard under a sharding rule.
+  local_primitive: Primitive = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self):
     prim = Primitive(self.name)
@@ -88,8 +101,15 @@ class FfiPrimitive:
     mlir.register_lowering(
         prim, mlir.lower_fun(self._reference_tuple, multiple_results=True))
     for platform in KERNEL_PLATFORMS:
-      mlir.register_lowering(prim, self.ffi_lowering(platform), platform=platform)
+      mlir.register_lowering(prim, self._kernel_lowering(platform), platform=platform)
     batching.primitive_batchers[prim] = self._batch
+    local = Primitive(self.name + "_local")
+    local.multiple_results = True
+    object.__setattr__(self, "local_primitive", local)
+    local.def_abstract_eval(self._abstract_eval)
+    local.def_impl(lambda *args, **params: _jitted_bind(local, tuple(sorted(params.items())))(*args))
+    for platform in KERNEL_PLATFORMS:
+      mlir.register_lowering(local, self.ffi_lowering(platform), platform=platform)
     ad.primitive_jvps[prim] = self._jvp
 
   def __call__(self, *args, **params) -> tuple:
@@ -98,7 +118,10 @@ class FfiPrimitive:
   # -- rules -----------------------------------------------------------------
 
   def _abstract_eval(self, *avals, **params):
-    return tuple(self.abstract_eval(*avals, **params))
+    avals_out = tuple(self.abstract_eval(*avals, **params))
+    if self.sharding is None:
+      return avals_out
+    return typed_results(self.name, self.sharding(avals, avals_out, **params), avals, avals_out)
 
   def _reference_tuple(self, *args, **params):
     return tuple(self.reference(*args, **params))
@@ -126,6 +149,32 @@ class FfiPrimitive:
           target, operand_output_aliases=dict(self.input_output_aliases) or None)
       results = rule(ctx, *operands, **attrs)
       return results[:-1] if workspace is not None else results
+
+    return lowering
+
+  def _kernel_lowering(self, platform: str):
+    """The FFI lowering, under the sharding rule when the op has one."""
+    direct = self.ffi_lowering(platform)
+    if self.sharding is None:
+      return direct
+
+    if not register_for_sharding(self.primitive):
+      return direct
+
+    def lowering(ctx, *operands, **params):
+      if not devices_known(ctx):
+        return direct(ctx, *operands, **params)
+      factors = self.sharding(ctx.avals_in, ctx.avals_out, **params)
+
+      def local_bind(*local_operands):
+        local_params = params
+        if self.local_params is not None:
+          local_params = self.local_params(params, ctx.avals_in,
+                                           [jax.typeof(a) for a in local_operands])
+        return self.local_primitive.bind(*local_operands, **local_params)
+
+      sharded = lambda *args: shard_locally(local_bind, factors, args, len(ctx.avals_out))
+      return mlir.lower_fun(sharded, multiple_results=True)(ctx, *operands)
 
     return lowering
 

@@ -19,6 +19,7 @@ from jaxops import reference
 from jaxops._src import primitive
 from jaxops._src.checks import check_array, check_float_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+from jaxops._src.sharding import Factors
 
 _STYLES = ("neox", "gptj")
 
@@ -53,6 +54,15 @@ def _rope_batch_rule(prim, args, dims, **params):
   return (y.reshape(size, batch, *y.shape[1:]),), (0,)
 
 
+def _rope_sharding(avals_in, avals_out, **params):
+  """Batch, sequence and heads shard; head_dim stays whole. The positions shard
+  with x's batch and sequence axes, so each shard rotates by its own positions."""
+  x, positions = avals_in
+  x_dims = ("batch", "seq", "heads", None)
+  batch = "batch" if positions.shape[0] == x.shape[0] else None
+  return Factors([x_dims, (batch, "seq")], [x_dims])
+
+
 rope_p = FfiPrimitive(
     name="jaxops_rope", target="jaxops_rope",
     abstract_eval=lambda x, positions, **params: (jax.core.ShapedArray(x.shape, x.dtype),),
@@ -60,7 +70,8 @@ rope_p = FfiPrimitive(
     attributes={"theta": np.float64, "rotary_dim": np.int64, "interleaved": np.bool_,
                 "inverse": np.bool_},
     workspace=_rope_workspace,
-    batch_rule=_rope_batch_rule)
+    batch_rule=_rope_batch_rule,
+    sharding=_rope_sharding)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))

@@ -29,6 +29,7 @@ from jaxops import reference
 from jaxops._src import primitive
 from jaxops._src.checks import check_array, check_float_array, check_static_int
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
 
@@ -100,19 +101,24 @@ def _log_softmax_bwd_reference(dy, y):
   return (dx.astype(y.dtype),)
 
 
-def _make(name, reference_fn, batch_rule, attributes=None):
+def _make(name, reference_fn, batch_rule, roles, attributes=None, whole_trailing=1):
+  # Rows shard; the softmax axis (both of causal_softmax's axes) stays whole.
   return FfiPrimitive(name=name, target=name, abstract_eval=_same_as_x,
                       reference=reference_fn, attributes=attributes or {},
-                      batch_rule=batch_rule)
+                      batch_rule=batch_rule,
+                      sharding=leading_axes(roles, whole_trailing=whole_trailing))
 
 
-softmax_fwd_p = _make("jaxops_softmax_fwd", _softmax_fwd_reference, _masked_batch_rule)
+softmax_fwd_p = _make("jaxops_softmax_fwd", _softmax_fwd_reference, _masked_batch_rule,
+                      "xxx -> x")
 log_softmax_fwd_p = _make("jaxops_log_softmax_fwd", _log_softmax_fwd_reference,
-                          _masked_batch_rule)
+                          _masked_batch_rule, "xxx -> x")
 causal_softmax_fwd_p = _make("jaxops_causal_softmax_fwd", _causal_softmax_fwd_reference,
-                             _row_batch_rule, attributes={"query_offset": np.int64})
-softmax_bwd_p = _make("jaxops_softmax_bwd", _softmax_bwd_reference, _row_batch_rule)
-log_softmax_bwd_p = _make("jaxops_log_softmax_bwd", _log_softmax_bwd_reference, _row_batch_rule)
+                             _row_batch_rule, "x -> x", attributes={"query_offset": np.int64},
+                             whole_trailing=2)
+softmax_bwd_p = _make("jaxops_softmax_bwd", _softmax_bwd_reference, _row_batch_rule, "xx -> x")
+log_softmax_bwd_p = _make("jaxops_log_softmax_bwd", _log_softmax_bwd_reference, _row_batch_rule,
+                          "xx -> x")
 
 
 # -- custom VJPs -----------------------------------------------------------------------
