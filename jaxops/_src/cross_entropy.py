@@ -237,7 +237,10 @@ def _grad_block(xb, dlogits, weight, carry):
   dweight, dbias = carry
   d = dlogits.astype(weight.dtype)
   dx = jnp.dot(d, weight.T, preferred_element_type=_F32)
-  dweight = dweight + jnp.dot(xb.T, d, preferred_element_type=_F32)
+  # The token axis is contracted: with tokens sharded over Explicit mesh axes,
+  # JAX asks where the sum goes; it goes where the accumulator lives.
+  dweight = dweight + jnp.dot(xb.T, d, preferred_element_type=_F32,
+                              out_sharding=jax.typeof(dweight).sharding)
   if dbias.shape[0]:
     dbias = dbias + jnp.sum(dlogits, axis=0)
   return dx, (dweight, dbias)
