@@ -83,7 +83,8 @@ target_link_libraries(_jaxops_cuda PRIVATE jaxops_cuda_kernels CUDA::cudart_stat
 if(SKBUILD)
   install(TARGETS _jaxops_cuda LIBRARY DESTINATION jaxops)
   if(JAXOPS_CUOBJDUMP)
-    install(FILES "${JAXOPS_CUDA_RESOURCE_TABLE}" DESTINATION jaxops)
+    # OPTIONAL: a build directory whose library predates the table has none yet.
+    install(FILES "${JAXOPS_CUDA_RESOURCE_TABLE}" DESTINATION jaxops OPTIONAL)
   endif()
 else()
   set_target_properties(_jaxops_cuda PROPERTIES
