@@ -39,6 +39,36 @@ if(JAXOPS_CUDA_RESOURCE_USAGE)
   target_compile_options(jaxops_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
 endif()
 
+# The resource table: registers, static shared memory, stack and local memory of
+# every kernel for every architecture, read back from the built library by
+# cuobjdump and printed after each (re)build of it. It is also installed as
+# jaxops/cuda_resource_usage.txt, which the test suite prints in its summary, so
+# the CI log shows it (pip shows build output only with -v). cuobjdump: the
+# toolkit's, else the one from PyPI's nvidia-cuda-cuobjdump (a build requirement).
+find_program(JAXOPS_CUOBJDUMP cuobjdump HINTS "${CUDAToolkit_BIN_DIR}" NO_CACHE)
+if(NOT JAXOPS_CUOBJDUMP)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c [[
+import importlib.metadata as metadata
+try:
+    files = metadata.files("nvidia-cuda-cuobjdump") or []
+except metadata.PackageNotFoundError:
+    files = []
+print(next((str(f.locate()) for f in files if f.name == "cuobjdump"), ""), end="")
+]]
+    OUTPUT_VARIABLE JAXOPS_CUOBJDUMP ERROR_QUIET)
+endif()
+if(JAXOPS_CUOBJDUMP)
+  message(STATUS "jaxops: CUDA resource table by ${JAXOPS_CUOBJDUMP}")
+  set(JAXOPS_CUDA_RESOURCE_TABLE "${CMAKE_CURRENT_BINARY_DIR}/cuda_resource_usage.txt")
+  add_custom_command(TARGET jaxops_cuda_kernels POST_BUILD
+    COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_SOURCE_DIR}/cmake/cuda_resource_table.py"
+            "${JAXOPS_CUOBJDUMP}" "$<TARGET_FILE:jaxops_cuda_kernels>" "${JAXOPS_CUDA_RESOURCE_TABLE}"
+    VERBATIM)
+else()
+  message(STATUS "jaxops: no cuobjdump (CUDA toolkit or pip nvidia-cuda-cuobjdump), no CUDA resource table")
+endif()
+
 # FFI handlers for CUDA: the same targets as the CPU module, registered for
 # platform "CUDA" by jaxops/_src/ffi_targets.py.
 file(GLOB JAXOPS_CUDA_HANDLERS CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/cuda/*.cc")
@@ -52,6 +82,10 @@ target_link_libraries(_jaxops_cuda PRIVATE jaxops_cuda_kernels CUDA::cudart_stat
 
 if(SKBUILD)
   install(TARGETS _jaxops_cuda LIBRARY DESTINATION jaxops)
+  if(JAXOPS_CUOBJDUMP)
+    # OPTIONAL: a build directory whose library predates the table has none yet.
+    install(FILES "${JAXOPS_CUDA_RESOURCE_TABLE}" DESTINATION jaxops OPTIONAL)
+  endif()
 else()
   set_target_properties(_jaxops_cuda PROPERTIES
     LIBRARY_OUTPUT_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/jaxops")
