@@ -56,7 +56,7 @@ ffi::Error LogSoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer 
 ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t query_offset) {
   RowsCols s;
-  int64_t queries;
+  int64_t queries = 0;  // set by the check; initialised for -Wmaybe-uninitialized
   JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, &s, &queries));
   return dispatch("jaxops_causal_softmax_fwd", x.element_type(), [&](auto tag) {
     using T = decltype(tag);

@@ -78,7 +78,7 @@ ffi::Error CausalSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<f
                             int64_t query_offset) {
   const std::string op = "jaxops_causal_softmax_fwd";
   RowsCols s;
-  int64_t queries;
+  int64_t queries = 0;  // set by the check; initialised for -Wmaybe-uninitialized
   JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, &s, &queries));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
