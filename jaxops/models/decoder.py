@@ -102,7 +102,7 @@ class DecoderLMNNX(nnx.Module):
 
 def init_params(config: DecoderConfig, seed: int = 0):
   """Linen parameters ({"params": ...}) of a fresh model."""
-  return linen_model(config).init(config).init(jax.random.key(seed), jnp.zeros((1, 8), jnp.int32))
+  return linen_model(config).init(jax.random.key(seed), jnp.zeros((1, 8), jnp.int32))
 
 
 def linen_to_nnx(variables, model: DecoderLMNNX) -> None:
