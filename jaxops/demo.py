@@ -26,11 +26,11 @@ PROMPTS = ("import", "class ", "def __", "    if")
 def parse_args(argv):
   parser = argparse.ArgumentParser(prog="python -m jaxops.demo", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
-  parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+  parser.add_argument("--steps", type=int, default=300, help="training steps")
+  parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
   parser.add_argument("--batch", type=int, default=16, help="sequences per step")
-  parser.add_argument("--d-model", type=int, default=128)
-  parser.add_argument("--layers", type=int, default=2)
+  parser.add_argument("--d-model", type=int, default=192)
+  parser.add_argument("--layers", type=int, default=3)
   parser.add_argument("--heads", type=int, default=4)
   parser.add_argument("--kv-heads", type=int, default=2)
   parser.add_argument("--learning-rate", type=float, default=3e-3)
@@ -47,6 +47,9 @@ def parse_args(argv):
                       help="continue from the latest checkpoint in --checkpoint-dir")
   parser.add_argument("--no-compare", action="store_true",
                       help="skip the implementation='xla' training run")
+  parser.add_argument("--compare-steps", type=int, default=40,
+                      help="steps of the implementation='xla' run, from the same start "
+                           "(enough for its speed and memory; default 40)")
   parser.add_argument("--sample-tokens", type=int, default=160,
                       help="tokens to sample per prompt after training (0: no sampling)")
   parser.add_argument("--plot", metavar="PATH",
@@ -91,8 +94,8 @@ class ProgressBar:
 
 
 def train(label, config, opt, corpus, args, mesh, *, variables, opt_state, first_step,
-          data_position):
-  """Trains from ``first_step`` to ``args.steps``; returns the run's record."""
+          data_position, last_step):
+  """Trains from ``first_step`` to ``last_step``; returns the run's record."""
   from jaxops.models import checkpoint, data, training
 
   import jax
@@ -107,13 +110,13 @@ def train(label, config, opt, corpus, args, mesh, *, variables, opt_state, first
                                mesh, training.P("data"))
   compiled = step_fn.lower(variables, opt_state, first_batch).compile()
   temp = training.temp_bytes(compiled)
-  bar = ProgressBar(label, args.steps)
+  bar = ProgressBar(label, last_step)
   tokens_per_step = args.batch * args.seq_len
   timing = {"start": None}
   record = {"losses": [], "temp_bytes": temp}
 
   # Each step reads seq_len further; a checkpoint records where the next step reads.
-  positions = [data_position + k * args.seq_len for k in range(args.steps - first_step + 1)]
+  positions = [data_position + k * args.seq_len for k in range(last_step - first_step + 1)]
   batches = (data.batch_at(corpus, p, args.batch, args.seq_len) for p in positions[:-1])
 
   def on_step(i, loss, variables, opt_state):
@@ -197,17 +200,21 @@ def main(argv=None):
   impls = [("jaxops", None)] + ([] if args.no_compare else [("xla", "xla")])
   for label, impl in impls:
     run_config = DecoderConfig(**{**config.__dict__, "implementation": impl})
+    last_step = args.steps if impl is None else min(args.steps, first_step + args.compare_steps)
     record = train(label, run_config, opt, corpus, args, mesh, variables=variables,
-                   opt_state=opt_state, first_step=first_step, data_position=data_position)
+                   opt_state=opt_state, first_step=first_step, data_position=data_position,
+                   last_step=last_step)
     record["first_step"] = first_step
     runs[label] = record
 
   if "xla" in runs and runs["xla"]["losses"]:
     ours, ref = runs["jaxops"], runs["xla"]
-    print(f"\n{'':<8}{'final loss':>11}{'tokens/s':>12}{'temp MiB':>10}")
+    compared = len(ref["losses"])
+    print(f"\n{'':<8}{f'loss @ step {first_step + compared}':>18}{'tokens/s':>12}{'temp MiB':>10}")
     for label, r in runs.items():
       temp = "-" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.1f}"
-      print(f"{label:<8}{r['losses'][-1]:>11.4f}{r['tokens_per_s'] or 0:>12,.0f}{temp:>10}")
+      print(f"{label:<8}{r['losses'][compared - 1]:>18.4f}{r['tokens_per_s'] or 0:>12,.0f}"
+            f"{temp:>10}")
     if ours["tokens_per_s"] and ref["tokens_per_s"]:
       print(f"jaxops / xla: {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x tokens/s", end="")
     if ours["temp_bytes"] and ref["temp_bytes"]:

@@ -26,9 +26,11 @@ class OptimizerConfig:
   weight_decay: float = 0.01
 
   def schedule(self):
+    """Linear warm-up, then cosine decay to a tenth of the peak at ``total_steps``."""
+    warmup = min(self.warmup_steps, self.total_steps // 2)
     return optax.warmup_cosine_decay_schedule(
-        0.0, self.peak_learning_rate, min(self.warmup_steps, self.total_steps),
-        max(self.total_steps, 1), end_value=self.peak_learning_rate / 10)
+        0.0, self.peak_learning_rate, warmup, max(self.total_steps, warmup + 1),
+        end_value=self.peak_learning_rate / 10)
 
 
 def make_optimizer(opt: OptimizerConfig, implementation: str | None):
