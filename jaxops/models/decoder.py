@@ -117,7 +117,7 @@ def linen_to_nnx(variables, model: DecoderLMNNX) -> None:
 
 def nnx_to_linen(model: DecoderLMNNX):
   """The nnx ``model``'s parameters as linen variables ({"params": ...})."""
-  pure = nnx.state(model, nnx.Param).to_pure_dict()
+  pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   layers = pure.pop("layers")
   pure.update({f"layers_{i}": layer for i, layer in layers.items()})
   return {"params": pure}
