@@ -3,13 +3,14 @@
 The decoder-only model of :mod:`jaxops.models.decoder` (RMSNorm, RoPE,
 grouped-query flash attention, SwiGLU, tied embedding, fused cross-entropy and
 AdamW, all jaxops kernels) learns to write Python from the installed standard
-library's source. The same training then runs with every op on
-``implementation="xla"`` (the plain jnp code XLA compiles) for tokens/s and
-peak temporary memory side by side, and the trained model samples a few lines
-through a KV-cache decode loop (jit, ``fori_loop``, traced ``query_offset``).
+library's source. The first steps of the same training then run with every
+op on ``implementation="xla"`` (the plain jnp code XLA compiles), from the same
+start, for loss, tokens/s and peak temporary memory side by side; and the
+trained model samples a few lines through a KV-cache decode loop (jit,
+``fori_loop``, traced ``query_offset``).
 
-``--devices N`` trains data-parallel over N devices (host CPU devices are made
-with XLA_FLAGS before jax starts); the losses equal the single-device run's.
+``--devices N`` trains data-parallel over N devices (N host CPU devices when
+there is no accelerator); the losses equal the single-device run's.
 """
 
 from __future__ import annotations
@@ -65,13 +66,13 @@ def parse_args(argv):
 
 
 def use_host_devices(count: int) -> None:
-  """Asks XLA for ``count`` CPU devices. Only works before jax initialises its
-  backends, which is why the demo imports jax after parsing its arguments."""
-  if "jax" in sys.modules:
-    raise RuntimeError("--devices must be set before jax is imported")
-  flags = os.environ.get("XLA_FLAGS", "")
-  flag = f"--xla_force_host_platform_device_count={count}"
-  os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+  """Asks XLA for ``count`` CPU devices, as
+  XLA_FLAGS=--xla_force_host_platform_device_count=N would. Either works only
+  before jax starts its backends; ``python -m jaxops.demo`` has imported jax
+  by now (through the jaxops package) but has not started it, so the demo
+  parses its arguments first and sets the count through jax's own config."""
+  import jax
+  jax.config.update("jax_num_cpu_devices", count)
 
 
 class ProgressBar:
@@ -131,8 +132,10 @@ def train(label, config, opt, corpus, args, mesh, *, variables, opt_state, first
     bar.update(step, loss, speed)
     if args.checkpoint_dir and config.implementation is None and (
         step == args.steps or (args.checkpoint_every and step % args.checkpoint_every == 0)):
+      save_start = time.perf_counter()
       checkpoint.save(args.checkpoint_dir, variables=variables, opt_state=opt_state, step=step,
                       data_position=positions[i + 1])
+      timing["start"] += time.perf_counter() - save_start  # tokens/s counts training only
 
   variables, opt_state, losses = training.run_steps(compiled, variables, opt_state,
                                                     batches, mesh=mesh, on_step=on_step)

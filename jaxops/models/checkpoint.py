@@ -22,7 +22,7 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 def save(directory: str, *, variables, opt_state, step: int, data_position: int) -> str:
   path = os.path.join(os.path.abspath(directory), f"step_{step}")
   tree = {"variables": variables, "opt_state": opt_state,
-          "step": np.int64(step), "data_position": np.int64(data_position)}
+          "step": np.array(step, np.int64), "data_position": np.array(data_position, np.int64)}
   with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
     checkpointer.save(path, args=ocp.args.StandardSave(tree), force=True)
   return path
@@ -43,7 +43,7 @@ def restore(directory: str, *, variables, opt_state, step: int | None = None):
     raise FileNotFoundError(f"no checkpoint (step_<n> directory) in {directory}")
   path = os.path.join(os.path.abspath(directory), f"step_{step}")
   template = {"variables": variables, "opt_state": opt_state,
-              "step": np.int64(0), "data_position": np.int64(0)}
+              "step": np.array(0, np.int64), "data_position": np.array(0, np.int64)}
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
   with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as checkpointer:
     tree = checkpointer.restore(path, args=ocp.args.StandardRestore(abstract))
