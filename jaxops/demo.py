@@ -21,6 +21,13 @@ import os
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+
+from jaxops.bench.timing import machine_line
+from jaxops.models import checkpoint, data, decoder, generate, training
+from jaxops.models.config import DecoderConfig
+
 PROMPTS = ("import", "class ", "def __", "    if")
 
 
@@ -68,10 +75,9 @@ def parse_args(argv):
 def use_host_devices(count: int) -> None:
   """Asks XLA for ``count`` CPU devices, as
   XLA_FLAGS=--xla_force_host_platform_device_count=N would. Either works only
-  before jax starts its backends; ``python -m jaxops.demo`` has imported jax
-  by now (through the jaxops package) but has not started it, so the demo
-  parses its arguments first and sets the count through jax's own config."""
-  import jax
+  before jax starts its backends (importing jax does not start them; the
+  first computation or device query does), so the demo parses its arguments
+  and sets this before anything else."""
   jax.config.update("jax_num_cpu_devices", count)
 
 
@@ -97,11 +103,6 @@ class ProgressBar:
 def train(label, config, opt, corpus, args, mesh, *, variables, opt_state, first_step,
           data_position, last_step):
   """Trains from ``first_step`` to ``last_step``; returns the run's record."""
-  from jaxops.models import checkpoint, data, training
-
-  import jax
-  import jax.numpy as jnp
-
   tx = training.make_optimizer(opt, config.implementation)
   # The step donates its state: copy, so that the next run starts from the same arrays.
   variables = training.place(jax.tree.map(jnp.copy, variables), mesh)
@@ -114,7 +115,7 @@ def train(label, config, opt, corpus, args, mesh, *, variables, opt_state, first
   bar = ProgressBar(label, last_step)
   tokens_per_step = args.batch * args.seq_len
   timing = {"start": None}
-  record = {"losses": [], "temp_bytes": temp}
+  record = {"losses": [], "temp_bytes": temp, "tokens_per_s": None, "first_step": first_step}
 
   # Each step reads seq_len further; a checkpoint records where the next step reads.
   positions = [data_position + k * args.seq_len for k in range(last_step - first_step + 1)]
@@ -144,6 +145,34 @@ def train(label, config, opt, corpus, args, mesh, *, variables, opt_state, first
   return record
 
 
+def print_comparison(ours, xla):
+  """Loss at the last step both ran, tokens/s and temporary memory, side by side."""
+  compared = len(xla["losses"])
+  loss_header = f"loss @ step {xla['first_step'] + compared}"
+  print(f"\n{'':<8}{loss_header:>18}{'tokens/s':>12}{'temp MiB':>10}")
+  for label, r in (("jaxops", ours), ("xla", xla)):
+    temp = "-" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.1f}"
+    print(f"{label:<8}{r['losses'][compared - 1]:>18.4f}{r['tokens_per_s'] or 0:>12,.0f}"
+          f"{temp:>10}")
+  ratios = []
+  if ours["tokens_per_s"] and xla["tokens_per_s"]:
+    ratios.append(f"{ours['tokens_per_s'] / xla['tokens_per_s']:.2f}x tokens/s")
+  if ours["temp_bytes"] and xla["temp_bytes"]:
+    ratios.append(f"{ours['temp_bytes'] / xla['temp_bytes']:.2f}x peak temporary memory")
+  if ratios:
+    print("jaxops / xla: " + ", ".join(ratios))
+
+
+def print_samples(variables, config, num_tokens, seed):
+  """A few lines after each prompt, sampled with the KV-cache decode loop."""
+  prompts = jnp.asarray([list(p.encode()) for p in PROMPTS], jnp.int32)
+  tokens = generate.generate(jax.device_get(variables), prompts, jax.random.key(seed),
+                             config=config, num_new=num_tokens, temperature=0.8)
+  print("\nsamples (KV-cache decode, temperature 0.8):")
+  for row in jax.device_get(tokens):
+    print("  | " + "\n  | ".join(data.decode_text(row).splitlines()[:4]))
+
+
 def plot(path, runs):
   try:
     import matplotlib
@@ -168,12 +197,6 @@ def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
   if args.devices > 1:
     use_host_devices(args.devices)
-  import jax
-
-  from jaxops.bench.timing import machine_line
-  from jaxops.models import checkpoint, data, decoder, generate, training
-  from jaxops.models.config import DecoderConfig
-
   wall_start = time.perf_counter()
   print(f"jaxops demo on {machine_line()}")
   corpus = data.stdlib_corpus(args.corpus_bytes)
@@ -204,35 +227,13 @@ def main(argv=None):
   for label, impl in impls:
     run_config = DecoderConfig(**{**config.__dict__, "implementation": impl})
     last_step = args.steps if impl is None else min(args.steps, first_step + args.compare_steps)
-    record = train(label, run_config, opt, corpus, args, mesh, variables=variables,
-                   opt_state=opt_state, first_step=first_step, data_position=data_position,
-                   last_step=last_step)
-    record["first_step"] = first_step
-    runs[label] = record
-
+    runs[label] = train(label, run_config, opt, corpus, args, mesh, variables=variables,
+                        opt_state=opt_state, first_step=first_step,
+                        data_position=data_position, last_step=last_step)
   if "xla" in runs and runs["xla"]["losses"]:
-    ours, ref = runs["jaxops"], runs["xla"]
-    compared = len(ref["losses"])
-    print(f"\n{'':<8}{f'loss @ step {first_step + compared}':>18}{'tokens/s':>12}{'temp MiB':>10}")
-    for label, r in runs.items():
-      temp = "-" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.1f}"
-      print(f"{label:<8}{r['losses'][compared - 1]:>18.4f}{r['tokens_per_s'] or 0:>12,.0f}"
-            f"{temp:>10}")
-    if ours["tokens_per_s"] and ref["tokens_per_s"]:
-      print(f"jaxops / xla: {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x tokens/s", end="")
-    if ours["temp_bytes"] and ref["temp_bytes"]:
-      print(f", {ours['temp_bytes'] / ref['temp_bytes']:.2f}x peak temporary memory", end="")
-    print()
-
-  trained = runs["jaxops"]["variables"]
+    print_comparison(runs["jaxops"], runs["xla"])
   if args.sample_tokens > 0:
-    prompts = jax.numpy.asarray([list(p.encode()) for p in PROMPTS], jax.numpy.int32)
-    tokens = generate.generate(jax.device_get(trained), prompts, jax.random.key(args.seed),
-                               config=config, num_new=args.sample_tokens, temperature=0.8)
-    print("\nsamples (KV-cache decode, temperature 0.8):")
-    for row in jax.device_get(tokens):
-      text = data.decode_text(row).splitlines()[:4]
-      print("  | " + "\n  | ".join(text))
+    print_samples(runs["jaxops"]["variables"], config, args.sample_tokens, args.seed)
 
   if args.plot:
     plot(args.plot, runs)
