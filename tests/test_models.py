@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from jaxops.models import data, decoder, generate, training
+from jaxops.models.blocks import empty_kv_caches
 from jaxops.models.config import DecoderConfig, EncoderDecoderConfig
 from jaxops.models.encoder_decoder import EncoderDecoder, seq2seq_loss
 from jaxops.testing import assert_close
@@ -70,6 +71,13 @@ def test_linen_and_nnx_agree(corpus, runs):
                atol=1e-5, rtol=1e-5)
   assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()),
                                    decoder.nnx_to_linen(model), trained))
+
+  # The nnx flavour's cached path: prefill 8 tokens, then decode the 9th.
+  full = model(tokens[:, :9])
+  caches = empty_kv_caches(TINY, 2, 9)
+  prefill, caches = model(tokens[:, :8], kv_caches=caches)
+  step, _ = model(tokens[:, 8:9], query_offset=jnp.int32(8), kv_caches=caches)
+  assert_close(jnp.concatenate([prefill, step], axis=1), full, atol=2e-5, rtol=2e-5)
 
 
 def test_kv_cache_decode_equals_full_forward(corpus, runs):
