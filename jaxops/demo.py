@@ -220,7 +220,8 @@ def main(argv=None):
   if args.resume and checkpoint.latest_step(args.checkpoint_dir) is not None:
     variables, opt_state, first_step, data_position = checkpoint.restore(
         args.checkpoint_dir, variables=variables, opt_state=opt_state)
-    print(f"resumed from {args.checkpoint_dir} at step {first_step}")
+    print(f"resumed from {args.checkpoint_dir} at step {first_step}"
+          + (f"; --steps {args.steps} are done already" if first_step >= args.steps else ""))
 
   runs = {}
   impls = [("jaxops", None)] + ([] if args.no_compare else [("xla", "xla")])
