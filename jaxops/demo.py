@@ -16,6 +16,7 @@ there is no accelerator); the losses equal the single-device run's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -23,6 +24,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from jaxops.bench.timing import machine_line
 from jaxops.models import checkpoint, data, decoder, generate, training
@@ -109,7 +111,7 @@ def train(label, config, opt, corpus, args, mesh, *, variables, opt_state, first
   opt_state = training.place(jax.tree.map(jnp.copy, opt_state), mesh)
   step_fn = training.make_train_step(config, tx, mesh)
   first_batch = training.place(data.batch_at(corpus, data_position, args.batch, args.seq_len),
-                               mesh, training.P("data"))
+                               mesh, PartitionSpec("data"))
   compiled = step_fn.lower(variables, opt_state, first_batch).compile()
   temp = training.temp_bytes(compiled)
   bar = ProgressBar(label, last_step)
@@ -226,7 +228,7 @@ def main(argv=None):
   runs = {}
   impls = [("jaxops", None)] + ([] if args.no_compare else [("xla", "xla")])
   for label, impl in impls:
-    run_config = DecoderConfig(**{**config.__dict__, "implementation": impl})
+    run_config = dataclasses.replace(config, implementation=impl)
     last_step = args.steps if impl is None else min(args.steps, first_step + args.compare_steps)
     runs[label] = train(label, run_config, opt, corpus, args, mesh, variables=variables,
                         opt_state=opt_state, first_step=first_step,

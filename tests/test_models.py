@@ -5,6 +5,8 @@ decoding equals the full forward, and the encoder-decoder's masks hold.
 Tiny models and a module-scoped training run keep the file fast: each jitted
 function is compiled once and shared."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,7 +47,7 @@ def _train(config, variables, corpus, steps):
 def runs(corpus, variables):
   """20 training steps from the same start, with jaxops kernels and with
   implementation="xla": {implementation: (variables, opt_state, losses)}."""
-  return {impl: _train(DecoderConfig(**{**TINY.__dict__, "implementation": impl}),
+  return {impl: _train(dataclasses.replace(TINY, implementation=impl),
                        variables, corpus, STEPS)
           for impl in (None, "xla")}
 
@@ -132,7 +134,7 @@ def test_look_ahead_mask_hides_future_targets(seq2seq):
 def test_seq2seq_loss_ignores_padding_and_matches_xla(seq2seq):
   _, variables = seq2seq
   model = EncoderDecoder(SEQ2SEQ)
-  xla = EncoderDecoder(EncoderDecoderConfig(**{**SEQ2SEQ.__dict__, "implementation": "xla"}))
+  xla = EncoderDecoder(dataclasses.replace(SEQ2SEQ, implementation="xla"))
   loss_fn = jax.jit(seq2seq_loss, static_argnums=0)
   loss = loss_fn(model, variables, SOURCE, TARGET)
   assert_close(loss, loss_fn(xla, variables, SOURCE, TARGET), atol=1e-5, rtol=1e-5)

@@ -12,6 +12,7 @@ donated, as in training; each run gets fresh copies made outside the timing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -60,7 +61,7 @@ def main(argv=()):
   print(f"# one training step (forward, backward, AdamW), median of {args.runs} interleaved runs "
         "after warm-up; temp = XLA's temporary allocation of the compiled step")
 
-  compiled = {name: _compiled_step(DecoderConfig(**{**base.__dict__, "implementation": impl}),
+  compiled = {name: _compiled_step(dataclasses.replace(base, implementation=impl),
                                    variables, opt_state, batch)
               for name, impl in IMPLEMENTATIONS.items()}
   fresh = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, (variables, opt_state)))
