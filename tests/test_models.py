@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxops.flax import linen as jlinen
 from jaxops.models import data, decoder, generate, training
 from jaxops.models.blocks import empty_kv_caches
 from jaxops.models.config import DecoderConfig, EncoderDecoderConfig
@@ -88,6 +89,18 @@ def test_kv_cache_decode_equals_full_forward(corpus, runs):
   full = decoder.linen_model(TINY).apply(trained, tokens)
   decoded = generate.decode_logits(trained, tokens, config=TINY, prefill_len=5)
   assert_close(decoded, full, atol=2e-5, rtol=2e-5)
+
+
+def test_attention_cache_masks_the_rows_not_yet_written():
+  """Without is_causal only the cache length masks: 6 rows written into a
+  10-row cache must attend like the 6-row sequence."""
+  mha = jlinen.MultiHeadAttention(num_heads=4, num_kv_heads=2)
+  x = jax.random.normal(jax.random.key(0), (2, 6, 16))
+  params = mha.init(jax.random.key(1), x)
+  cache = tuple(jnp.full((2, 10, 2, 4), 7.0) for _ in range(2))  # garbage past row 6
+  cached, (keys, _) = mha.apply(params, x, kv_cache=cache)
+  assert_close(cached, mha.apply(params, x), atol=1e-5, rtol=1e-5)
+  assert (keys[:, 6:] == 7.0).all()
 
 
 def test_generate_keeps_the_prompt_and_is_deterministic(runs):
