@@ -7,6 +7,7 @@ import math
 
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 import jaxops
 
@@ -42,6 +43,36 @@ def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_of
                          flat_broadcastable(mask), is_causal=is_causal,
                          query_offset=query_offset, implementation=implementation)
   return out.reshape(batch_shape + out.shape[1:])
+
+
+def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False, rope=None,
+                  implementation=None):
+  """Attention of T new query rows against a fixed-length key/value cache.
+
+  query [B, T, N, H]; key/value [B, T, K, H] are the new rows' projections,
+  written into ``kv_cache`` = (keys, values) [B, S_max, K, H] at rows
+  ``query_offset`` .. ``query_offset + T - 1`` (``query_offset`` may be traced,
+  so a decode loop compiles once). Cache rows past the written ones are masked
+  through ``key_value_seq_lengths``; ``is_causal`` masks as for the full
+  sequence. ``rope`` sees absolute positions for both query and new keys.
+  Returns (output [B, T, N, H], updated cache).
+  """
+  if query.ndim != 4:
+    raise ValueError(f"attend_cached: query must be [B, T, N, H], got shape {query.shape}")
+  offset = jnp.asarray(query_offset, jnp.int32)
+  if rope is not None:
+    positions = jnp.arange(query.shape[1], dtype=jnp.int32) + offset
+    query, key = rope(query, positions), rope(key, positions)
+  cached_key, cached_value = kv_cache
+  zero = jnp.zeros((), jnp.int32)
+  start = (zero, offset, zero, zero)
+  cached_key = lax.dynamic_update_slice(cached_key, key.astype(cached_key.dtype), start)
+  cached_value = lax.dynamic_update_slice(cached_value, value.astype(cached_value.dtype), start)
+  lengths = jnp.full((query.shape[0],), offset + query.shape[1], jnp.int32)
+  out = jaxops.attention(query, cached_key.astype(query.dtype), cached_value.astype(query.dtype),
+                         is_causal=is_causal, query_offset=offset,
+                         key_value_seq_lengths=lengths, implementation=implementation)
+  return out, (cached_key, cached_value)
 
 
 def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 import jaxops
-from jaxops.flax._attention import attend
+from jaxops.flax._attention import attend, attend_cached
 from jaxops.flax._attention import dot_product_attention  # noqa: F401  (an attention_fn for Flax)
 from jaxops.flax._dtypes import compute_dtype
 
@@ -165,6 +165,11 @@ class MultiHeadAttention(nn.Module):
   if given, is applied to the projected query (positions query_offset + t) and
   key (positions j); a query row with no attended key gives 0.
 
+  KV-cache decoding: pass ``kv_cache=(keys, values)``, each [batch, S_max,
+  num_kv_heads, head_dim] (zeros to start), and the new tokens' absolute
+  position as ``query_offset``; the call writes the new keys and values into
+  the cache, attends over the cached prefix and returns ``(output, kv_cache)``.
+
   Attributes:
     num_heads: query heads.
     num_kv_heads: key/value heads (default ``num_heads``); divides ``num_heads``.
@@ -195,11 +200,12 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, bias=None,
-               query_offset=0, deterministic: bool | None = None, dropout_rng=None):
+               query_offset=0, kv_cache=None, deterministic: bool | None = None, dropout_rng=None):
     """Attends from ``inputs_q`` [batch..., T, F] to ``inputs_k``/``inputs_v``
     [batch..., S, F] (default: ``inputs_q``). ``mask`` (bool) and ``bias`` are
     broadcastable to [batch..., heads, T, S]; ``query_offset`` places query row 0
-    (for ``is_causal`` and RoPE; may be traced)."""
+    (for ``is_causal`` and RoPE; may be traced). With ``kv_cache`` (see the
+    class docstring) returns ``(output, kv_cache)``."""
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
     qkv_features = self.qkv_features or inputs_q.shape[-1]
@@ -215,8 +221,16 @@ class MultiHeadAttention(nn.Module):
     query = dense(self.num_heads, "query")(inputs_q)
     key = dense(num_kv_heads, "key")(inputs_k)
     value = dense(num_kv_heads, "value")(inputs_v)
-    x = attend(query, key, value, bias, mask, is_causal=self.is_causal,
-               query_offset=query_offset, rope=self.rope, implementation=self.implementation)
+    if kv_cache is not None:
+      if mask is not None or bias is not None:
+        raise ValueError("MultiHeadAttention: kv_cache decoding takes no mask or bias; the "
+                         "cache length and is_causal mask it")
+      x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
+                                  is_causal=self.is_causal, rope=self.rope,
+                                  implementation=self.implementation)
+    else:
+      x = attend(query, key, value, bias, mask, is_causal=self.is_causal,
+                 query_offset=query_offset, rope=self.rope, implementation=self.implementation)
     out = nn.DenseGeneral(
         features=self.out_features or inputs_q.shape[-1], axis=(-2, -1), dtype=self.dtype,
         param_dtype=self.param_dtype, kernel_init=self.out_kernel_init or self.kernel_init,
@@ -224,4 +238,4 @@ class MultiHeadAttention(nn.Module):
     if self.dropout_rate > 0.0:
       deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
       out = nn.Dropout(rate=self.dropout_rate)(out, deterministic=deterministic, rng=dropout_rng)
-    return out
+    return out if kv_cache is None else (out, kv_cache)

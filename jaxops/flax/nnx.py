@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxops
-from jaxops.flax._attention import attend
+from jaxops.flax._attention import attend, attend_cached
 from jaxops.flax._attention import dot_product_attention  # noqa: F401  (an attention_fn for Flax)
 from jaxops.flax._dtypes import compute_dtype
 
@@ -137,6 +137,11 @@ class MultiHeadAttention(nnx.Module):
   stores); ``is_causal`` masks without building a mask; ``rope(x, positions)``,
   if given, is applied to the projected query (positions query_offset + t) and
   key (positions j); a query row with no attended key gives 0.
+
+  KV-cache decoding: pass ``kv_cache=(keys, values)``, each [batch, S_max,
+  num_kv_heads, head_dim] (zeros to start), and the new tokens' absolute
+  position as ``query_offset``; the call writes the new keys and values into
+  the cache, attends over the cached prefix and returns ``(output, kv_cache)``.
   """
 
   def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
@@ -175,20 +180,29 @@ class MultiHeadAttention(nnx.Module):
                     if dropout_rate > 0.0 else None)
 
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, bias=None,
-               query_offset=0, deterministic: bool | None = None):
+               query_offset=0, kv_cache=None, deterministic: bool | None = None):
     """Attends from ``inputs_q`` [batch..., T, F] to ``inputs_k``/``inputs_v``
     [batch..., S, F] (default: ``inputs_q``). ``mask`` (bool) and ``bias`` are
     broadcastable to [batch..., heads, T, S]; ``query_offset`` places query row 0
-    (for ``is_causal`` and RoPE; may be traced)."""
+    (for ``is_causal`` and RoPE; may be traced). With ``kv_cache`` (see the
+    class docstring) returns ``(output, kv_cache)``."""
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
-    x = attend(self.query(inputs_q), self.key(inputs_k), self.value(inputs_v), bias, mask,
-               is_causal=self.is_causal, query_offset=query_offset, rope=self.rope,
-               implementation=self.implementation)
+    query, key, value = self.query(inputs_q), self.key(inputs_k), self.value(inputs_v)
+    if kv_cache is not None:
+      if mask is not None or bias is not None:
+        raise ValueError("MultiHeadAttention: kv_cache decoding takes no mask or bias; the "
+                         "cache length and is_causal mask it")
+      x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
+                                  is_causal=self.is_causal, rope=self.rope,
+                                  implementation=self.implementation)
+    else:
+      x = attend(query, key, value, bias, mask, is_causal=self.is_causal,
+                 query_offset=query_offset, rope=self.rope, implementation=self.implementation)
     out = self.out(x)
     if self.dropout is not None:
       out = self.dropout(out, deterministic=deterministic)
-    return out
+    return out if kv_cache is None else (out, kv_cache)
 
 
 def _value(param):
