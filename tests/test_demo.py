@@ -88,11 +88,12 @@ print(json.dumps({op: len(re.findall(op + r"\\(", hlo)) for op in ("all-gather",
 """
 
 
-def test_data_parallel_step_splits_the_batch():
-  """With every op on the jnp reference, XLA partitions the whole step: no
-  all-gather (the batch stays split), gradients all-reduced. (With the
-  kernels, each op gathers its sharded operands until it has a sharding rule.)"""
-  result = subprocess.run([sys.executable, "-c", _COLLECTIVES_SCRIPT, "xla"],
+@pytest.mark.parametrize("implementation", ["ffi", "xla"])
+def test_data_parallel_step_splits_the_batch(implementation):
+  """The whole step is partitioned, with the kernels (through their sharding
+  rules) as with every op on the jnp reference: no all-gather (the batch stays
+  split), gradients all-reduced."""
+  result = subprocess.run([sys.executable, "-c", _COLLECTIVES_SCRIPT, implementation],
                           env=_env_with_checkout(), capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   collectives = json.loads(result.stdout.strip().splitlines()[-1])

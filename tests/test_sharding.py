@@ -98,6 +98,9 @@ LOCAL_CASES = {
     "attention batch and heads (GQA)": (
         lambda q, k, v: jaxops.attention(q, k, v, is_causal=True), [q, kv, 2 * kv],
         [P("data", None, "model")] * 3, (0, 1, 2)),
+    "attention heads (MQA)": (
+        lambda q, k, v: jaxops.attention(q, k, v), [q, kv[:, :, :1], kv[:, :, 1:]],
+        [P("data", None, "model"), P("data"), P("data")], (0, 1, 2)),
     "attention broadcast bias": (
         lambda q, k, v, b: jaxops.attention(q, k, v, bias=b), [q, q, 2 * q, bias],
         [P("data"), P("data"), P("data"), None], (0, 1, 2, 3)),

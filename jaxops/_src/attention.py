@@ -171,8 +171,11 @@ def _sharding(avals_in, avals_out, **params):
   q, k = avals_in[0], avals_in[1]
   B, _, N, _ = q.shape
   K = k.shape[2]
-  heads, sizes = ("heads", {}) if N == K else (("kv_heads", "group"), {"group": N // K})
-  kv_heads = "heads" if N == K else "kv_heads"
+  if N == K or K == 1:
+    # MHA: heads shard alike. MQA: query heads shard, the one KV head is whole.
+    heads, kv_heads, sizes = "heads", ("heads" if N == K else None), {}
+  else:
+    heads, kv_heads, sizes = ("kv_heads", "group"), "kv_heads", {"group": N // K}
 
   def dims(aval, layout):
     if _is_absent(aval):
