@@ -101,7 +101,7 @@ class FfiPrimitive:
     mlir.register_lowering(
         prim, mlir.lower_fun(self._reference_tuple, multiple_results=True))
     for platform in KERNEL_PLATFORMS:
-      mlir.register_lowering(prim, self._kernel_lowering(platform), platform=platform)
+      mlir.register_lowering(prim, self.kernel_lowering(platform), platform=platform)
     batching.primitive_batchers[prim] = self._batch
     local = Primitive(self.name + "_local")
     local.multiple_results = True
@@ -152,8 +152,10 @@ class FfiPrimitive:
 
     return lowering
 
-  def _kernel_lowering(self, platform: str):
-    """The FFI lowering, under the sharding rule when the op has one."""
+  def kernel_lowering(self, platform: str):
+    """The lowering registered for ``platform``: the FFI custom call, under the
+    op's sharding rule when it has one (what tests restore after swapping in
+    another build of a kernel with :meth:`ffi_lowering`)."""
     direct = self.ffi_lowering(platform)
     if self.sharding is None:
       return direct

@@ -92,5 +92,5 @@ def cuda_kernels_on_cpu(harness: Harness):
     yield primitives
   finally:
     for p in primitives:
-      mlir.register_lowering(p.primitive, p.ffi_lowering("cpu"), platform="cpu")
+      mlir.register_lowering(p.primitive, p.kernel_lowering("cpu"), platform="cpu")
     jax.clear_caches()
