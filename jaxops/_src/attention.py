@@ -199,6 +199,14 @@ def _sharding(avals_in, avals_out, **params):
   result_layouts = ["q", "bnt"] if len(avals_out) == 2 else ["q", "kv", "kv", "bnts"]
   return Factors([dims(a, l) for a, l in zip(avals_in, operand_layouts)],
                  [dims(a, l) for a, l in zip(avals_out, result_layouts)], sizes)
+def _bwd_workspace(avals_in, params, platform):
+  """Scratch of the backward kernels: on CUDA the float32 rows D = rowsum(dout * out)
+  - dlogsumexp [B, N, T] (xla_ffi/cuda/attention.cc checks the same size); the CPU
+  handler allocates its own, sized by its thread count."""
+  if platform != "cuda":
+    return jax.core.ShapedArray((0,), jnp.uint8)
+  B, T, N, _ = avals_in[0].shape
+  return jax.core.ShapedArray((4 * B * N * T,), jnp.uint8)
 
 
 attention_fwd_p = FfiPrimitive(
@@ -209,8 +217,8 @@ attention_fwd_p = FfiPrimitive(
 attention_bwd_p = FfiPrimitive(
     name="jaxops_attention_bwd", target="jaxops_attention_bwd",
     abstract_eval=_bwd_abstract_eval, reference=_bwd_reference,
-    attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, batch_rule=_bwd_batch_rule,
-    sharding=_sharding)
+    attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, workspace=_bwd_workspace,
+    batch_rule=_bwd_batch_rule, sharding=_sharding)
 
 
 # -- custom VJP over the primitives ------------------------------------------------------
