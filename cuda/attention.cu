@@ -67,15 +67,18 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+// Reductions over aligned groups of kWidth neighbouring lanes.
+template <int kWidth>
+__device__ __forceinline__ float group_max(float v) {
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
     v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, offset));
   }
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float v) {
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
     v += __shfl_xor_sync(kFullWarp, v, offset);
   }
   return v;
@@ -368,8 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const BlockIndex at = block_index(p.q_len, kBr, p.num_heads, p.num_heads / p.num_kv_heads);
   const int64_t b = at.b, n = at.head, kv_head = at.kv_head, t0 = at.row0;
   const HeadView h = head_view(p, b, n);
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  constexpr int kRowThreads = kThreads / kBr;
+  static_assert(kThreads % kBr == 0 && kRowThreads <= kWarpSize, "rows share warps evenly");
 
   load_rows(sh.q, st.ld_t, query, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
   zero(sh.o, st.ld_o, kBr, hp);
@@ -392,26 +395,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       x = logit(p, h, t0 + r, j0 + c, x);
     }
     __syncthreads();
-    // Online softmax, one warp per row; the row's output is rescaled here too.
-    for (int r = warp; r < kBr; r += kWarps) {
+    // Online softmax, kRowThreads neighbouring threads per row (few shuffles);
+    // the row's output is rescaled here too.
+    {
+      const int r = static_cast<int>(threadIdx.x) / kRowThreads;
+      const int sub = static_cast<int>(threadIdx.x) % kRowThreads;
       const float* s_row = sh.s + r * st.ld_s;
       float tile_max = -CUDART_INF_F;
-      for (int c = lane; c < kBc; c += kWarpSize) tile_max = fmaxf(tile_max, s_row[c]);
-      tile_max = warp_max(tile_max);
+      for (int c = sub; c < kBc; c += kRowThreads) tile_max = fmaxf(tile_max, s_row[c]);
+      tile_max = group_max<kRowThreads>(tile_max);
       const float old_max = sh.row_max[r];
       const float new_max = fmaxf(old_max, tile_max);
       float sum = 0.0f;
-      for (int c = lane; c < kBc; c += kWarpSize) {
+      for (int c = sub; c < kBc; c += kRowThreads) {
         const float x = s_row[c];
         const float prob = x == -CUDART_INF_F ? 0.0f : __expf(x - new_max);
         sh.p[r * st.ld_p + c] = from_float<T>(prob);
         sum += prob;
       }
-      sum = warp_sum(sum);
+      sum = group_sum<kRowThreads>(sum);
       const float alpha = old_max == -CUDART_INF_F ? 0.0f : __expf(old_max - new_max);
-      for (int c = lane; c < hp; c += kWarpSize) sh.o[r * st.ld_o + c] *= alpha;
-      __syncwarp();  // every lane has read row_max[r]
-      if (lane == 0) {
+      for (int c = sub; c < hp; c += kRowThreads) sh.o[r * st.ld_o + c] *= alpha;
+      __syncwarp();  // the row's threads have read row_max[r]
+      if (sub == 0) {
         sh.row_max[r] = new_max;
         sh.row_sum[r] = sh.row_sum[r] * alpha + sum;
       }
@@ -439,22 +445,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // -- backward --------------------------------------------------------------------------
 
-// D = rowsum(dout * out) - dlogsumexp for every query row: one warp per row.
+// D = rowsum(dout * out) - dlogsumexp for every query row: kRowLanes lanes per
+// row.
+constexpr int kRowLanes = 8;
+
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads)
     attention_bwd_rows_kernel(AttentionParams p, const T* out, const T* dout,
                               const float* dlogsumexp, float* d) {
   const int64_t rows = p.batch * p.q_len * p.num_heads;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
-  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
-       row < rows; row += warps) {
+  const int sub = static_cast<int>(threadIdx.x) % kRowLanes;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * (kThreads / kRowLanes);
+  // Every lane of a warp runs the same number of iterations (the shuffles need
+  // them all); rows past the end contribute nothing.
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kRowLanes;
+  const int64_t warp_first = first - static_cast<int64_t>(threadIdx.x % kWarpSize) / kRowLanes;
+  for (int64_t base = warp_first; base < rows; base += stride) {
+    const int64_t row = base + static_cast<int64_t>(threadIdx.x % kWarpSize) / kRowLanes;
     float sum = 0.0f;
-    for (int64_t c = lane; c < p.head_dim; c += kWarpSize) {
-      sum += to_float(out[row * p.head_dim + c]) * to_float(dout[row * p.head_dim + c]);
+    if (row < rows) {
+      for (int64_t c = sub; c < p.head_dim; c += kRowLanes) {
+        sum += to_float(out[row * p.head_dim + c]) * to_float(dout[row * p.head_dim + c]);
+      }
     }
-    sum = warp_sum(sum);
-    if (lane == 0) {
+    sum = group_sum<kRowLanes>(sum);
+    if (sub == 0 && row < rows) {
       const int64_t n = row % p.num_heads, t = row / p.num_heads % p.q_len;
       const int64_t b = row / (p.num_heads * p.q_len);
       const int64_t at = (b * p.num_heads + n) * p.q_len + t;
@@ -680,7 +695,7 @@ cudaError_t attention_bwd(cudaStream_t stream, const AttentionParams& p, const T
   }
   float* d = static_cast<float*>(workspace);
   const int64_t rows = p.batch * p.q_len * p.num_heads;
-  const int64_t row_blocks = (rows + kWarps - 1) / kWarps;
+  const int64_t row_blocks = (rows + kThreads / kRowLanes - 1) / (kThreads / kRowLanes);
   const cudaError_t status = launch_kernel(
       attention_bwd_rows_kernel<T>,
       dim3(static_cast<unsigned>(row_blocks < 65536 ? row_blocks : 65536)), dim3(kThreads),
