@@ -706,11 +706,15 @@ cudaError_t attention_bwd(cudaStream_t stream, const AttentionParams& p, const T
     return launch_bwd<T, 64, 64>(stream, p, hp, query, key, value, logsumexp, dout, d, dquery,
                                  dkey, dvalue, dbias);
   }
-  if (bwd_shared_bytes<T>(hp, 32, 32) <= kSharedBudget) {
-    return launch_bwd<T, 32, 32>(stream, p, hp, query, key, value, logsumexp, dout, d, dquery,
-                                 dkey, dvalue, dbias);
+  // 32x32 tiles fit every head dim up to kAttentionMaxHeadDim in 2-byte types;
+  // float32 needs 16x16 above 176.
+  if constexpr (sizeof(T) == 4) {
+    if (bwd_shared_bytes<T>(hp, 32, 32) > kSharedBudget) {
+      return launch_bwd<T, 16, 16>(stream, p, hp, query, key, value, logsumexp, dout, d, dquery,
+                                   dkey, dvalue, dbias);
+    }
   }
-  return launch_bwd<T, 16, 16>(stream, p, hp, query, key, value, logsumexp, dout, d, dquery,
+  return launch_bwd<T, 32, 32>(stream, p, hp, query, key, value, logsumexp, dout, d, dquery,
                                dkey, dvalue, dbias);
 }
 

@@ -79,3 +79,15 @@ def test_cpu_lowering_has_an_empty_workspace():
   text = jax.jit(f).trace(q).lower(lowering_platforms=("cpu",)).as_text()
   bwd = [line for line in text.splitlines() if "@jaxops_attention_bwd" in line]
   assert len(bwd) == 1 and "tensor<0xui8>" in bwd[0].split("->")[-1]
+
+
+def test_head_dims_above_the_cuda_limit_take_the_reference_on_cuda(monkeypatch):
+  from jaxops._src import primitive
+
+  monkeypatch.setattr(primitive, "current_platform", lambda: "cuda")
+  q = jnp.ones((1, 3, 1, 264))
+  assert "jaxops_attention_fwd" in str(jax.make_jaxpr(jaxops.attention)(q[..., :256], q[..., :256],
+                                                                          q[..., :256]))
+  assert "jaxops_" not in str(jax.make_jaxpr(jaxops.attention)(q, q, q))
+  with pytest.raises(ValueError, match="head dims up to 256"):
+    jaxops.attention(q, q, q, implementation="ffi")
