@@ -202,6 +202,8 @@ def _sharding(avals_in, avals_out, **params):
   result_layouts = ["q", "bnt"] if len(avals_out) == 2 else ["q", "kv", "kv", "bnts"]
   return Factors([dims(a, l) for a, l in zip(avals_in, operand_layouts)],
                  [dims(a, l) for a, l in zip(avals_out, result_layouts)], sizes)
+
+
 def _bwd_workspace(avals_in, params, platform):
   """Scratch of the backward kernels: on CUDA the float32 rows D = rowsum(dout * out)
   - dlogsumexp [B, N, T] (xla_ffi/cuda/attention.cc checks the same size); the CPU
