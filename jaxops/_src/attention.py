@@ -29,6 +29,9 @@ from jaxops._src.sharding import Factors
 _F32 = jnp.float32
 _I32 = jnp.int32
 
+# cuda::kAttentionMaxHeadDim (cuda/attention.h).
+_CUDA_MAX_HEAD_DIM = 256
+
 _ATTRIBUTES = {
     "scale": np.float32,
     "is_causal": np.bool_,
@@ -201,6 +204,16 @@ def _sharding(avals_in, avals_out, **params):
                  [dims(a, l) for a, l in zip(avals_out, result_layouts)], sizes)
 
 
+def _bwd_workspace(avals_in, params, platform):
+  """Scratch of the backward kernels: on CUDA the float32 rows D = rowsum(dout * out)
+  - dlogsumexp [B, N, T] (xla_ffi/cuda/attention.cc checks the same size); the CPU
+  handler allocates its own, sized by its thread count."""
+  if platform != "cuda":
+    return jax.core.ShapedArray((0,), jnp.uint8)
+  B, T, N, _ = avals_in[0].shape
+  return jax.core.ShapedArray((4 * B * N * T,), jnp.uint8)
+
+
 attention_fwd_p = FfiPrimitive(
     name="jaxops_attention_fwd", target="jaxops_attention_fwd",
     abstract_eval=_fwd_abstract_eval, reference=_fwd_reference, attributes=_ATTRIBUTES,
@@ -209,8 +222,8 @@ attention_fwd_p = FfiPrimitive(
 attention_bwd_p = FfiPrimitive(
     name="jaxops_attention_bwd", target="jaxops_attention_bwd",
     abstract_eval=_bwd_abstract_eval, reference=_bwd_reference,
-    attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, batch_rule=_bwd_batch_rule,
-    sharding=_sharding)
+    attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, workspace=_bwd_workspace,
+    batch_rule=_bwd_batch_rule, sharding=_sharding)
 
 
 # -- custom VJP over the primitives ------------------------------------------------------
@@ -336,7 +349,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     raise TypeError(f"{op}: return_residual must be a bool, got {type(return_residual).__name__}")
   query_offset = _check_offset(op, query_offset)
 
-  if _use_kernel(op, implementation, query.dtype):
+  if _use_kernel(op, implementation, query.dtype, H):
     config = _Config(scale, bool(is_causal), *(window if window else (-1, -1)))
     out, lse = _attention_kernel(
         query, key, value,
@@ -360,12 +373,18 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
 # -- argument checks ---------------------------------------------------------------------
 
 
-def _use_kernel(op, implementation, dtype):
+def _use_kernel(op, implementation, dtype, head_dim):
   """primitive.use_kernel, and the platform's module must have the attention targets
-  (the CPU one has; a CUDA build without them takes the reference)."""
+  (the CPU one has; a CUDA build without them takes the reference) for this head
+  dim (the CUDA kernel keeps whole head vectors in shared memory)."""
   if not primitive.use_kernel(op, implementation, [dtype]):
     return False
   platform = primitive.current_platform()
+  if platform == "cuda" and head_dim > _CUDA_MAX_HEAD_DIM:
+    if implementation == "ffi":
+      raise ValueError(f"{op}: implementation='ffi': the CUDA attention kernel supports head "
+                       f"dims up to {_CUDA_MAX_HEAD_DIM}, got {head_dim}")
+    return False
   if attention_fwd_p.target in ffi_targets.targets(platform):
     return True
   if implementation == "ffi":

@@ -91,6 +91,8 @@ def cuda_kernels_on_cpu(harness: Harness):
   try:
     yield primitives
   finally:
+    # The production CPU lowering, sharding rule included (FfiPrimitive's
+    # __post_init__ registers the same).
     for p in primitives:
       mlir.register_lowering(p.primitive, p.kernel_lowering("cpu"), platform="cpu")
     jax.clear_caches()

@@ -1,0 +1,82 @@
+// Flash attention on CUDA (FlashAttention-2 style): forward and backward. No
+// XLA, no Python.
+//
+// The same operation, layouts and masking as cpu/attention.h (keep the two in
+// step), plus the stream to launch on:
+//   query, out, dout, dq   [B, T, N, H]
+//   key, value, dk, dv     [B, S, K, H]     N % K == 0 (grouped-query attention)
+//   logsumexp              [B, N, T]        float32, natural log
+// bias (float32) and mask (one byte per element) are read through four element
+// strides over [B, N, T, S] (0 broadcasts); dbias is bias-shaped, summed over
+// the broadcast axes. A row with no attended key gets output 0, logsumexp -inf
+// and zero gradients. Every pointer, including query_offset and the sequence
+// lengths, is device memory. T is float, __half or __nv_bfloat16; scores,
+// softmax statistics and accumulation are float32.
+//
+// Every function launches on `stream` and returns the first failing launch's
+// cudaGetLastError() (cudaErrorInvalidValue for head_dim > kAttentionMaxHeadDim).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+namespace jaxops::cuda {
+
+// The tiles of one block hold whole head vectors in shared memory.
+constexpr int64_t kAttentionMaxHeadDim = 256;
+
+struct AttentionParams {
+  int64_t batch = 0;         // B
+  int64_t q_len = 0;         // T
+  int64_t kv_len = 0;        // S
+  int64_t num_heads = 0;     // N
+  int64_t num_kv_heads = 0;  // K
+  int64_t head_dim = 0;      // H
+  float scale = 1.0f;
+  bool is_causal = false;
+  int64_t window_left = -1;   // -1: unbounded
+  int64_t window_right = -1;  // -1: unbounded
+  const int32_t* query_offset = nullptr;    // int32 scalar: position of query row 0
+  const int32_t* q_seq_lengths = nullptr;   // [B] or null
+  const int32_t* kv_seq_lengths = nullptr;  // [B] or null
+  const uint8_t* mask = nullptr;
+  int64_t mask_strides[4] = {0, 0, 0, 0};
+  const float* bias = nullptr;
+  int64_t bias_strides[4] = {0, 0, 0, 0};
+};
+
+// out [B,T,N,H], logsumexp [B,N,T].
+template <typename T>
+cudaError_t attention_fwd(cudaStream_t stream, const AttentionParams& p, const T* query,
+                          const T* key, const T* value, T* out, float* logsumexp);
+
+// Bytes of device scratch attention_bwd needs (float32 [B, N, T]).
+size_t attention_bwd_workspace_bytes(const AttentionParams& p);
+
+// dq, dk, dv (and dbias when not null) from the cotangent dout of out and,
+// when not null, dlogsumexp [B,N,T]. Deterministic except for dbias along
+// broadcast axes (float atomics).
+template <typename T>
+cudaError_t attention_bwd(cudaStream_t stream, const AttentionParams& p, const T* query,
+                          const T* key, const T* value, const T* out, const float* logsumexp,
+                          const T* dout, const float* dlogsumexp, T* dquery, T* dkey, T* dvalue,
+                          float* dbias, void* workspace);
+
+#define JAXOPS_CUDA_ATTENTION_DECLARE(T)                                                   \
+  extern template cudaError_t attention_fwd<T>(cudaStream_t, const AttentionParams&,       \
+                                               const T*, const T*, const T*, T*, float*);  \
+  extern template cudaError_t attention_bwd<T>(                                            \
+      cudaStream_t, const AttentionParams&, const T*, const T*, const T*, const T*,        \
+      const float*, const T*, const float*, T*, T*, T*, float*, void*);
+
+JAXOPS_CUDA_ATTENTION_DECLARE(float)
+JAXOPS_CUDA_ATTENTION_DECLARE(__half)
+JAXOPS_CUDA_ATTENTION_DECLARE(__nv_bfloat16)
+
+#undef JAXOPS_CUDA_ATTENTION_DECLARE
+
+}  // namespace jaxops::cuda

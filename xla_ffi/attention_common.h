@@ -1,0 +1,248 @@
+// What the CPU and CUDA handlers of attention share, so the two platforms bind
+// the same signatures and accept exactly the same calls: the FFI bindings (each
+// takes the platform's binding prefix: nothing for the CPU, the stream for
+// CUDA), the validation of every buffer and attribute, and the broadcast
+// strides of the bias and mask. Optional operands (bias, mask, sequence
+// lengths, the logsumexp cotangent) are zero-size buffers when absent.
+//
+// query_offset is an operand (a traced offset does not recompile); on CUDA it
+// lives in device memory, so only its type and shape are checked here and its
+// value is read by the kernel.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "xla_ffi/ffi_common.h"
+
+namespace jaxops::attention_common {
+
+namespace ffi = xla::ffi;
+using namespace ::jaxops::ffi_common;
+
+// Platform-independent description of a call, decoded from its buffers.
+struct AttentionShape {
+  int64_t batch = 0;         // B
+  int64_t q_len = 0;         // T
+  int64_t kv_len = 0;        // S
+  int64_t num_heads = 0;     // N
+  int64_t num_kv_heads = 0;  // K
+  int64_t head_dim = 0;      // H
+  float scale = 1.0f;
+  bool is_causal = false;
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  const float* bias = nullptr;
+  int64_t bias_strides[4] = {0, 0, 0, 0};  // over [B, N, T, S]; 0 broadcasts
+  const uint8_t* mask = nullptr;
+  int64_t mask_strides[4] = {0, 0, 0, 0};
+  const int32_t* q_seq_lengths = nullptr;   // [B] or null
+  const int32_t* kv_seq_lengths = nullptr;  // [B] or null
+  const int32_t* query_offset = nullptr;    // the int32 scalar operand
+};
+
+inline std::string str(int64_t v) { return std::to_string(v); }
+
+// A rank-4 operand broadcastable to [B, N, T, S]: each extent 1 or the full one.
+// Strides are those of its contiguous layout, 0 along extent-1 axes.
+inline ffi::Error broadcast_strides(const std::string& op, const char* name,
+                                    const ffi::AnyBuffer& x, const int64_t full[4],
+                                    int64_t strides[4]) {
+  auto dims = x.dimensions();
+  bool ok = dims.size() == 4;
+  for (size_t d = 0; ok && d < 4; ++d) ok = dims[d] == 1 || dims[d] == full[d];
+  if (!ok) {
+    return invalid(op, std::string(name) + " has shape " + dims_string(dims) +
+                           ", expected rank 4 broadcastable to [" + str(full[0]) + ", " +
+                           str(full[1]) + ", " + str(full[2]) + ", " + str(full[3]) + "]");
+  }
+  int64_t stride = 1;
+  for (int d = 3; d >= 0; --d) {
+    strides[d] = dims[d] == 1 ? 0 : stride;
+    stride *= dims[d];
+  }
+  return ffi::Error::Success();
+}
+
+inline ffi::Error check_lengths(const std::string& op, const char* name, const ffi::AnyBuffer& x,
+                                int64_t batch) {
+  if (x.element_count() == 0 && batch != 0) return ffi::Error::Success();  // absent
+  if (x.element_type() != ffi::DataType::S32 || x.dimensions().size() != 1 ||
+      x.dimensions()[0] != batch) {
+    return invalid(op, std::string(name) + " must be int32 of shape [" + str(batch) + "], got " +
+                           dims_string(x.dimensions()));
+  }
+  return ffi::Error::Success();
+}
+
+template <typename A, typename B>
+ffi::Error check_same(const std::string& op, const char* a_name, const A& a, const char* b_name,
+                      const B& b) {
+  JAXOPS_RETURN_IF_ERROR(same_dims(op, a_name, a, b_name, b));
+  return same_dtype(op, a_name, a, b_name, b);
+}
+
+// A float32 [B, N, T] row statistic (logsumexp), or absent when `optional`.
+inline ffi::Error check_stats(const std::string& op, const char* name, const ffi::AnyBuffer& x,
+                              const AttentionShape& s, bool optional) {
+  if (optional && x.element_count() == 0 && s.batch * s.num_heads * s.q_len != 0) {
+    return ffi::Error::Success();
+  }
+  auto dims = x.dimensions();
+  if (x.element_type() != ffi::DataType::F32 || dims.size() != 3 || dims[0] != s.batch ||
+      dims[1] != s.num_heads || dims[2] != s.q_len) {
+    return invalid(op, std::string(name) + " must be float32 of shape [" + str(s.batch) + ", " +
+                           str(s.num_heads) + ", " + str(s.q_len) + "], got " +
+                           dims_string(dims));
+  }
+  return ffi::Error::Success();
+}
+
+// Shapes, masks and attributes shared by the forward and the backward.
+inline ffi::Error decode_shape(const std::string& op, const ffi::AnyBuffer& q,
+                               const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                               const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mask,
+                               const ffi::AnyBuffer& q_lengths, const ffi::AnyBuffer& kv_lengths,
+                               const ffi::AnyBuffer& query_offset, float scale, bool is_causal,
+                               int64_t window_left, int64_t window_right, AttentionShape* s) {
+  constexpr int64_t kMaxExtent = int64_t{1} << 31;
+  constexpr int64_t kMaxPosition = int64_t{1} << 40;
+  auto qd = q.dimensions(), kd = k.dimensions();
+  if (qd.size() != 4) return invalid(op, "query must be [B, T, N, H], got " + dims_string(qd));
+  if (kd.size() != 4 || kd[0] != qd[0] || kd[3] != qd[3]) {
+    return invalid(op, "key must be [B, S, K, H] with query's B and H, got " + dims_string(kd) +
+                           " for query " + dims_string(qd));
+  }
+  JAXOPS_RETURN_IF_ERROR(check_same(op, "key", k, "value", v));
+  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "query", q, "key", k));
+  s->batch = qd[0];
+  s->q_len = qd[1];
+  s->num_heads = qd[2];
+  s->head_dim = qd[3];
+  s->kv_len = kd[1];
+  s->num_kv_heads = kd[2];
+  const int64_t full[4] = {s->batch, s->num_heads, s->q_len, s->kv_len};
+  if (bias.element_count() != 0) {
+    if (bias.element_type() != ffi::DataType::F32) return invalid(op, "bias must be float32");
+    JAXOPS_RETURN_IF_ERROR(broadcast_strides(op, "bias", bias, full, s->bias_strides));
+    s->bias = data<const float>(bias);
+  }
+  if (mask.element_count() != 0) {
+    if (mask.element_type() != ffi::DataType::PRED) return invalid(op, "mask must be bool");
+    JAXOPS_RETURN_IF_ERROR(broadcast_strides(op, "mask", mask, full, s->mask_strides));
+    s->mask = data<const uint8_t>(mask);
+  }
+  JAXOPS_RETURN_IF_ERROR(check_lengths(op, "query_seq_lengths", q_lengths, s->batch));
+  JAXOPS_RETURN_IF_ERROR(check_lengths(op, "key_value_seq_lengths", kv_lengths, s->batch));
+  s->q_seq_lengths = data_or_null<const int32_t>(q_lengths);
+  s->kv_seq_lengths = data_or_null<const int32_t>(kv_lengths);
+  if (query_offset.element_type() != ffi::DataType::S32 || query_offset.element_count() != 1) {
+    return invalid(op, "query_offset must be an int32 scalar");
+  }
+  s->query_offset = data<const int32_t>(query_offset);
+  s->scale = scale;
+  s->is_causal = is_causal;
+  s->window_left = window_left;
+  s->window_right = window_right;
+  if (s->q_len >= kMaxExtent || s->kv_len >= kMaxExtent) {
+    return invalid(op, "attention: sequence lengths must be below 2^31");
+  }
+  if (s->num_kv_heads == 0 ? s->num_heads != 0 : s->num_heads % s->num_kv_heads != 0) {
+    return invalid(op, "attention: num_heads must be a multiple of num_kv_heads");
+  }
+  if (window_left < -1 || window_right < -1) {
+    return invalid(op, "attention: window sizes must be >= 0 (or -1 for unbounded)");
+  }
+  if (window_left >= kMaxPosition || window_right >= kMaxPosition) {
+    return invalid(op, "attention: window sizes and query_offset must be below 2^40 in magnitude");
+  }
+  if (!std::isfinite(scale)) return invalid(op, "attention: scale must be finite");
+  return ffi::Error::Success();
+}
+
+inline ffi::Error check_fwd(const std::string& op, const ffi::AnyBuffer& q,
+                            const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
+                            const AttentionShape& s) {
+  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "out", out));
+  return check_stats(op, "logsumexp", lse, s, false);
+}
+
+// The backward's buffers; `workspace_bytes` is the platform's size of the
+// hidden workspace result (jaxops/_src/attention.py computes the same).
+inline ffi::Error check_bwd(const std::string& op, const ffi::AnyBuffer& q,
+                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                            const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out,
+                            const ffi::AnyBuffer& lse, const ffi::AnyBuffer& dout,
+                            const ffi::AnyBuffer& dlse, const ffi::AnyBuffer& dq,
+                            const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv,
+                            const ffi::AnyBuffer& dbias, const ffi::AnyBuffer& workspace,
+                            bool with_dbias, int64_t workspace_bytes, const AttentionShape& s) {
+  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "out", out));
+  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "dout", dout));
+  JAXOPS_RETURN_IF_ERROR(check_stats(op, "logsumexp", lse, s, false));
+  JAXOPS_RETURN_IF_ERROR(check_stats(op, "dlogsumexp", dlse, s, true));
+  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "dquery", dq));
+  JAXOPS_RETURN_IF_ERROR(check_same(op, "key", k, "dkey", dk));
+  JAXOPS_RETURN_IF_ERROR(check_same(op, "value", v, "dvalue", dv));
+  if (with_dbias) {
+    if (!s.bias) return invalid(op, "with_dbias requires a bias");
+    JAXOPS_RETURN_IF_ERROR(check_same(op, "bias", bias, "dbias", dbias));
+  } else if (dbias.dimensions().size() != 1 || dbias.element_count() != 0) {
+    return invalid(op, "dbias must be [0] when with_dbias is false");
+  }
+  if (static_cast<int64_t>(workspace.size_bytes()) != workspace_bytes) {
+    return invalid(op, "workspace has " + str(static_cast<int64_t>(workspace.size_bytes())) +
+                           " bytes, expected " + str(workspace_bytes));
+  }
+  return ffi::Error::Success();
+}
+
+// -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
+
+template <typename Binding>
+auto bind_attention_fwd(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // query [B, T, N, H]
+      .template Arg<ffi::AnyBuffer>()                      // key [B, S, K, H]
+      .template Arg<ffi::AnyBuffer>()                      // value [B, S, K, H]
+      .template Arg<ffi::AnyBuffer>()                      // bias f32, broadcastable, or [0]
+      .template Arg<ffi::AnyBuffer>()                      // mask bool, broadcastable, or [0]
+      .template Arg<ffi::AnyBuffer>()                      // query_seq_lengths s32 [B] or [0]
+      .template Arg<ffi::AnyBuffer>()                      // key_value_seq_lengths s32 [B] or [0]
+      .template Arg<ffi::AnyBuffer>()                      // query_offset s32 []
+      .template Ret<ffi::AnyBuffer>()                      // out [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>()                      // logsumexp f32 [B, N, T]
+      .template Attr<float>("scale")
+      .template Attr<bool>("is_causal")
+      .template Attr<int64_t>("window_left")
+      .template Attr<int64_t>("window_right");
+}
+
+template <typename Binding>
+auto bind_attention_bwd(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // query
+      .template Arg<ffi::AnyBuffer>()                      // key
+      .template Arg<ffi::AnyBuffer>()                      // value
+      .template Arg<ffi::AnyBuffer>()                      // bias
+      .template Arg<ffi::AnyBuffer>()                      // mask
+      .template Arg<ffi::AnyBuffer>()                      // query_seq_lengths
+      .template Arg<ffi::AnyBuffer>()                      // key_value_seq_lengths
+      .template Arg<ffi::AnyBuffer>()                      // query_offset
+      .template Arg<ffi::AnyBuffer>()                      // out
+      .template Arg<ffi::AnyBuffer>()                      // logsumexp
+      .template Arg<ffi::AnyBuffer>()                      // dout
+      .template Arg<ffi::AnyBuffer>()                      // dlogsumexp f32 [B, N, T] or [0]
+      .template Ret<ffi::AnyBuffer>()                      // dquery
+      .template Ret<ffi::AnyBuffer>()                      // dkey
+      .template Ret<ffi::AnyBuffer>()                      // dvalue
+      .template Ret<ffi::AnyBuffer>()                      // dbias f32, bias-shaped, or [0]
+      .template Ret<ffi::AnyBuffer>()                      // workspace (u8; [0] on the CPU)
+      .template Attr<float>("scale")
+      .template Attr<bool>("is_causal")
+      .template Attr<int64_t>("window_left")
+      .template Attr<int64_t>("window_right")
+      .template Attr<bool>("with_dbias");
+}
+
+}  // namespace jaxops::attention_common

@@ -1,0 +1,127 @@
+// CUDA FFI handlers of attention: the CPU handlers' targets, bindings and
+// validation (xla_ffi/attention_common.h), then a launch of cuda/attention on
+// the stream XLA hands over. The backward's scratch is the primitive's hidden
+// workspace result (jaxops/_src/attention.py sizes it), an XLA buffer that
+// outlives the asynchronous kernels.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda/attention.h"
+#include "xla_ffi/attention_common.h"
+#include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_status.h"
+#include "xla_ffi/registry.h"
+
+namespace jaxops {
+namespace {
+
+namespace ffi = xla::ffi;
+using namespace ffi_common;
+using namespace attention_common;
+using ffi_cuda::cuda_binding;
+using ffi_cuda::launch_status;
+
+template <typename Fn>
+ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
+  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
+}
+
+ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                         const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
+                         const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
+                         const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
+                         float scale, bool is_causal, int64_t window_left,
+                         int64_t window_right, AttentionShape* s, cuda::AttentionParams* p) {
+  JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
+                                      query_offset, scale, is_causal, window_left, window_right,
+                                      s));
+  if (s->head_dim > cuda::kAttentionMaxHeadDim) {
+    return invalid(op, "the CUDA kernel supports head_dim <= " +
+                           str(cuda::kAttentionMaxHeadDim) + ", got " + str(s->head_dim));
+  }
+  p->batch = s->batch;
+  p->q_len = s->q_len;
+  p->kv_len = s->kv_len;
+  p->num_heads = s->num_heads;
+  p->num_kv_heads = s->num_kv_heads;
+  p->head_dim = s->head_dim;
+  p->scale = s->scale;
+  p->is_causal = s->is_causal;
+  p->window_left = s->window_left;
+  p->window_right = s->window_right;
+  p->query_offset = s->query_offset;
+  p->q_seq_lengths = s->q_seq_lengths;
+  p->kv_seq_lengths = s->kv_seq_lengths;
+  p->mask = s->mask;
+  p->bias = s->bias;
+  for (int d = 0; d < 4; ++d) {
+    p->mask_strides[d] = s->mask_strides[d];
+    p->bias_strides[d] = s->bias_strides[d];
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                        ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                        ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                        ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
+                        int64_t window_left, int64_t window_right) {
+  const std::string op = "jaxops_attention_fwd";
+  AttentionShape s;
+  cuda::AttentionParams p;
+  JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
+                                       query_offset, scale, is_causal, window_left, window_right,
+                                       &s, &p));
+  JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, s));
+  return dispatch(op, q.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(op, cuda::attention_fwd<T>(stream, p, data<const T>(q),
+                                                    data<const T>(k), data<const T>(v),
+                                                    data<T>(*out), data<float>(*lse)));
+  });
+}
+
+ffi::Error AttentionBwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                        ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                        ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                        ffi::AnyBuffer query_offset, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                        ffi::AnyBuffer dout, ffi::AnyBuffer dlse, ffi::Result<ffi::AnyBuffer> dq,
+                        ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                        ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> workspace,
+                        float scale, bool is_causal, int64_t window_left, int64_t window_right,
+                        bool with_dbias) {
+  const std::string op = "jaxops_attention_bwd";
+  AttentionShape s;
+  cuda::AttentionParams p;
+  JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
+                                       query_offset, scale, is_causal, window_left, window_right,
+                                       &s, &p));
+  JAXOPS_RETURN_IF_ERROR(check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv,
+                                   *dbias, *workspace, with_dbias,
+                                   static_cast<int64_t>(cuda::attention_bwd_workspace_bytes(p)),
+                                   s));
+  return dispatch(op, q.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::attention_bwd<T>(stream, p, data<const T>(q), data<const T>(k),
+                                   data<const T>(v), data<const T>(out), data<const float>(lse),
+                                   data<const T>(dout), data_or_null<const float>(dlse),
+                                   data<T>(*dq), data<T>(*dk), data<T>(*dv),
+                                   with_dbias ? data<float>(*dbias) : nullptr,
+                                   workspace->untyped_data()));
+  });
+}
+
+}  // namespace
+
+// Distinct symbol names from the CPU module's handlers: both modules can be
+// loaded in one process.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwdCuda, AttentionFwd, bind_attention_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionBwdCuda, AttentionBwd, bind_attention_bwd(cuda_binding()));
+
+JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd", kAttentionFwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_bwd", kAttentionBwdCuda);
+
+}  // namespace jaxops
