@@ -21,7 +21,9 @@ TINY_FLAGS = ["--steps", "6", "--batch", "4", "--seq-len", "32", "--d-model", "3
 
 def _env_with_checkout():
   """The environment for a subprocess that imports this jaxops (and sets its own
-  device count)."""
+  device count). The subprocesses run with ``python -P``, as the README's
+  commands do, so a source checkout in the working directory (whose jaxops has
+  no compiled extension) does not shadow the jaxops under test."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(demo.__file__)))
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(
       [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
@@ -59,7 +61,7 @@ def test_resumed_run_continues_with_the_same_losses(straight_run, tmp_path):
 def test_two_devices_give_the_single_device_losses(straight_run, tmp_path):
   _, losses = straight_run
   log = tmp_path / "log.json"
-  result = subprocess.run([sys.executable, "-m", "jaxops.demo", "--devices", "2", *TINY_FLAGS,
+  result = subprocess.run([sys.executable, "-P", "-m", "jaxops.demo", "--devices", "2", *TINY_FLAGS,
                            "--log-json", str(log)], env=_env_with_checkout(),
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
@@ -93,7 +95,7 @@ def test_data_parallel_step_splits_the_batch(implementation):
   """The whole step is partitioned, with the kernels (through their sharding
   rules) as with every op on the jnp reference: no all-gather (the batch stays
   split), gradients all-reduced."""
-  result = subprocess.run([sys.executable, "-c", _COLLECTIVES_SCRIPT, implementation],
+  result = subprocess.run([sys.executable, "-P", "-c", _COLLECTIVES_SCRIPT, implementation],
                           env=_env_with_checkout(), capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   collectives = json.loads(result.stdout.strip().splitlines()[-1])
