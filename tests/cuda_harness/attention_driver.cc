@@ -17,12 +17,11 @@
 #include <vector>
 
 #include "cuda/attention.h"
+#include "driver_common.h"
 
 namespace {
 
 namespace cuda = jaxops::cuda;
-
-int g_failures = 0;
 
 struct Shape {
   int64_t B, T, S, N, K, H;
@@ -34,13 +33,6 @@ double tolerance() {
   if (std::is_same<T, float>::value) return 1e-4;
   if (std::is_same<T, __half>::value) return 1e-2;
   return 6e-2;
-}
-
-template <typename T>
-const char* type_name() {
-  if (std::is_same<T, float>::value) return "float32";
-  if (std::is_same<T, __half>::value) return "float16";
-  return "bfloat16";
 }
 
 template <typename V>

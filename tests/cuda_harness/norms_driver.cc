@@ -14,34 +14,18 @@
 #include <vector>
 
 #include "cuda/norms.h"
+#include "driver_common.h"
 
 namespace {
 
 using jaxops::cuda::NormShape;
 using jaxops::cuda::WeightGradLayout;
 
-int g_failures = 0;
-
-void check(cudaError_t status, const std::string& what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "FAIL %s: %s: %s\n", what.c_str(), cudaGetErrorName(status),
-                 cudaGetErrorString(status));
-    ++g_failures;
-  }
-}
-
 template <typename T>
 double tolerance() {
   if (std::is_same<T, float>::value) return 2e-4;
   if (std::is_same<T, __half>::value) return 4e-3;
   return 3e-2;
-}
-
-template <typename T>
-const char* type_name() {
-  if (std::is_same<T, float>::value) return "float32";
-  if (std::is_same<T, __half>::value) return "float16";
-  return "bfloat16";
 }
 
 // Compares a kernel output with the reference; `scale` widens the tolerance of
@@ -65,16 +49,6 @@ void compare(const std::string& what, const V* actual, const std::vector<double>
     ++g_failures;
   }
 }
-
-// One buffer per allocation, exactly sized (AddressSanitizer redzones around it).
-template <typename T>
-struct Buffer {
-  explicit Buffer(size_t n) : data(new T[n == 0 ? 1 : n]), size(n) {}
-  ~Buffer() { delete[] data; }
-  Buffer(const Buffer&) = delete;
-  T* data;
-  size_t size;
-};
 
 template <typename T>
 void fill(Buffer<T>& b, std::vector<double>& rounded, std::mt19937& rng, double offset) {

@@ -17,33 +17,17 @@
 
 #include "cuda/cross_entropy.h"
 #include "cuda/softmax.h"
+#include "driver_common.h"
 
 namespace {
 
 namespace cuda = jaxops::cuda;
-
-int g_failures = 0;
-
-void check(cudaError_t status, const std::string& what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "FAIL %s: %s: %s\n", what.c_str(), cudaGetErrorName(status),
-                 cudaGetErrorString(status));
-    ++g_failures;
-  }
-}
 
 template <typename T>
 double tolerance() {
   if (std::is_same<T, float>::value) return 2e-5;
   if (std::is_same<T, __half>::value) return 2e-3;
   return 1.6e-2;
-}
-
-template <typename T>
-const char* type_name() {
-  if (std::is_same<T, float>::value) return "float32";
-  if (std::is_same<T, __half>::value) return "float16";
-  return "bfloat16";
 }
 
 // Kernel output against the reference: infinities must match, NaN must be NaN.
@@ -63,15 +47,6 @@ void compare(const std::string& what, const V* actual, const std::vector<double>
     }
   }
 }
-
-template <typename T>
-struct Buffer {
-  explicit Buffer(size_t n) : data(new T[n == 0 ? 1 : n]), size(n) {}
-  ~Buffer() { delete[] data; }
-  Buffer(const Buffer&) = delete;
-  T* data;
-  size_t size;
-};
 
 template <typename T>
 void fill(Buffer<T>& b, std::vector<double>& rounded, std::mt19937& rng, float scale) {

@@ -1,0 +1,383 @@
+// Test-only: runs the catalogue CUDA kernels (cuda/activations.cu, cuda/rope.cu,
+// cuda/embedding.cu, cuda/adamw.cu, compiled by the harness) through their
+// public host-side launchers in cuda/*.h (the entry points of the CUDA FFI
+// handlers) in float32, bfloat16 and float16, and checks every result against
+// a double-precision reference. Built under AddressSanitizer and
+// ThreadSanitizer by tests/test_cuda_harness_catalogue_sanitizers.py, where
+// what matters most is that the sanitizers stay silent: each buffer (and each
+// workspace) is its own exact-size allocation, so a read or write past any end
+// is caught.
+//
+// usage: catalogue_driver CASE ...     exit status 0 when all agree
+//   act=N            gelu tanh/erf and silu, plain and gated, forward and backward
+//   rope=BxSxHxDxR/P neox and gptj, forward and inverse (P: position rows, 1 or B)
+//   emb=VxDxT        lookup (with out-of-range ids) and the gradient
+//   adamw=N          update and fused step, with and without weight decay, aliased
+//   types=LIST       float32,bfloat16,float16 (any of them) for the cases after it
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/activations.h"
+#include "cuda/adamw.h"
+#include "cuda/embedding.h"
+#include "cuda/rope.h"
+#include "driver_common.h"
+
+namespace {
+
+namespace cuda = jaxops::cuda;
+
+// Tolerance of one rounding to T (plus float32 math) relative to 1 + |expected|.
+template <typename T>
+double tolerance() {
+  if (std::is_same<T, float>::value) return 2e-5;
+  if (std::is_same<T, __half>::value) return 2e-3;
+  return 1.6e-2;
+}
+
+template <typename V>
+void compare(const std::string& what, const V* actual, const std::vector<double>& expected,
+             double tol) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double a = static_cast<double>(static_cast<float>(actual[i]));
+    const double e = expected[i];
+    if (!(std::fabs(a - e) <= tol * (1.0 + std::fabs(e)))) {
+      std::fprintf(stderr, "FAIL %s: element %zu is %g, expected %g\n", what.c_str(), i, a, e);
+      ++g_failures;
+      return;
+    }
+  }
+}
+
+template <typename T>
+void fill(Buffer<T>& b, std::vector<double>& rounded, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> normal(0.f, scale);
+  rounded.resize(b.size);
+  for (size_t i = 0; i < b.size; ++i) {
+    b.data[i] = T(normal(rng));
+    rounded[i] = static_cast<float>(b.data[i]);
+  }
+}
+
+// ---------------------------------------------------------------- activations
+
+// Value and derivative in double.
+void activation_ref(cuda::Activation act, double x, double* value, double* derivative) {
+  const double kInvSqrt2Pi = 0.3989422804014327;
+  switch (act) {
+    case cuda::Activation::kGeluTanh: {
+      const double k = std::sqrt(2.0 / M_PI);
+      const double inner = k * (x + 0.044715 * x * x * x);
+      const double t = std::tanh(inner);
+      *value = 0.5 * x * (1.0 + t);
+      *derivative = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * x * x);
+      return;
+    }
+    case cuda::Activation::kGeluErf: {
+      const double cdf = 0.5 * std::erfc(-x / std::sqrt(2.0));
+      *value = x * cdf;
+      *derivative = cdf + x * std::exp(-0.5 * x * x) * kInvSqrt2Pi;
+      return;
+    }
+    case cuda::Activation::kSilu: {
+      const double s = 1.0 / (1.0 + std::exp(-x));
+      *value = x * s;
+      *derivative = s * (1.0 + x * (1.0 - s));
+      return;
+    }
+  }
+}
+
+const char* activation_name(cuda::Activation act) {
+  switch (act) {
+    case cuda::Activation::kGeluTanh:
+      return "gelu_tanh";
+    case cuda::Activation::kGeluErf:
+      return "gelu_erf";
+    case cuda::Activation::kSilu:
+      return "silu";
+  }
+  return "?";
+}
+
+template <typename T>
+void run_activations(int64_t n, std::mt19937& rng) {
+  const size_t size = static_cast<size_t>(n);
+  const double tol = tolerance<T>();
+  for (cuda::Activation act :
+       {cuda::Activation::kGeluTanh, cuda::Activation::kGeluErf, cuda::Activation::kSilu}) {
+    const std::string name = std::string(activation_name(act)) + " " + type_name<T>() + " n=" +
+                             std::to_string(n);
+    Buffer<T> x(size), up(size), dy(size), y(size), dx(size), gy(size), dgate(size), dup(size),
+        in_place(size);
+    std::vector<double> xr, upr, dyr;
+    fill(x, xr, rng, 3.f);
+    fill(up, upr, rng, 1.f);
+    fill(dy, dyr, rng, 1.f);
+    std::vector<double> y_ref(size), dx_ref(size), gy_ref(size), dgate_ref(size), dup_ref(size);
+    for (size_t i = 0; i < size; ++i) {
+      double value, derivative;
+      activation_ref(act, xr[i], &value, &derivative);
+      y_ref[i] = value;
+      dx_ref[i] = dyr[i] * derivative;
+      gy_ref[i] = value * upr[i];
+      dgate_ref[i] = dyr[i] * upr[i] * derivative;
+      dup_ref[i] = dyr[i] * value;
+    }
+    check(cuda::activation_fwd<T>(nullptr, act, x.data, y.data, n), "fwd " + name);
+    compare("fwd " + name, y.data, y_ref, tol);
+    check(cuda::activation_bwd<T>(nullptr, act, dy.data, x.data, dx.data, n), "bwd " + name);
+    compare("bwd " + name, dx.data, dx_ref, tol);
+    check(cuda::gated_activation_fwd<T>(nullptr, act, x.data, up.data, gy.data, n),
+          "gated fwd " + name);
+    compare("gated fwd " + name, gy.data, gy_ref, tol);
+    check(cuda::gated_activation_bwd<T>(nullptr, act, dy.data, x.data, up.data, dgate.data,
+                                        dup.data, n),
+          "gated bwd " + name);
+    compare("gated bwd dgate " + name, dgate.data, dgate_ref, tol);
+    compare("gated bwd dup " + name, dup.data, dup_ref, tol);
+    // Outputs may alias their inputs: y over x.
+    for (size_t i = 0; i < size; ++i) in_place.data[i] = x.data[i];
+    check(cuda::activation_fwd<T>(nullptr, act, in_place.data, in_place.data, n),
+          "in-place fwd " + name);
+    compare("in-place fwd " + name, in_place.data, y_ref, tol);
+  }
+}
+
+// ----------------------------------------------------------------------- rope
+
+template <typename T>
+void run_rope(const cuda::RopeShape& s, std::mt19937& rng) {
+  const size_t total = static_cast<size_t>(s.batch * s.seq * s.heads * s.head_dim);
+  const size_t rows = static_cast<size_t>(s.position_rows * s.seq);
+  const int64_t half = s.rotary_dim / 2;
+  const double theta = 10000.0;
+  Buffer<T> x(total), y(total);
+  Buffer<int32_t> positions(rows);
+  Buffer<float> workspace(rows * static_cast<size_t>(s.rotary_dim));
+  std::vector<double> xr;
+  fill(x, xr, rng, 1.f);
+  std::uniform_int_distribution<int32_t> position(0, 5000);
+  for (size_t r = 0; r < rows; ++r) positions.data[r] = r == 0 ? 0 : position(rng);
+  for (bool interleaved : {false, true}) {
+    for (bool inverse : {false, true}) {
+      const std::string name = std::string(interleaved ? "gptj" : "neox") +
+                               (inverse ? " inverse " : " ") + type_name<T>() + " " +
+                               std::to_string(s.batch) + "x" + std::to_string(s.seq) + "x" +
+                               std::to_string(s.heads) + "x" + std::to_string(s.head_dim) +
+                               " rotary " + std::to_string(s.rotary_dim) + " rows " +
+                               std::to_string(s.position_rows);
+      std::vector<double> ref(total);
+      for (int64_t b = 0; b < s.batch; ++b) {
+        for (int64_t q = 0; q < s.seq; ++q) {
+          const int64_t row = (s.position_rows == 1 ? 0 : b) * s.seq + q;
+          for (int64_t h = 0; h < s.heads; ++h) {
+            const size_t base = static_cast<size_t>(((b * s.seq + q) * s.heads + h) * s.head_dim);
+            for (int64_t j = s.rotary_dim; j < s.head_dim; ++j) ref[base + j] = xr[base + j];
+            for (int64_t i = 0; i < half; ++i) {
+              // The angle as the kernel forms it, in float32; its sin/cos in double.
+              const float frequency = static_cast<float>(
+                  std::pow(theta, -(2.0 * i) / static_cast<double>(s.rotary_dim)));
+              const float angle = static_cast<float>(positions.data[row]) * frequency;
+              const double c = std::cos(static_cast<double>(angle));
+              const double sn = (inverse ? -1.0 : 1.0) * std::sin(static_cast<double>(angle));
+              const size_t a = base + (interleaved ? 2 * i : i);
+              const size_t p = base + (interleaved ? 2 * i + 1 : i + half);
+              ref[a] = xr[a] * c - xr[p] * sn;
+              ref[p] = xr[p] * c + xr[a] * sn;
+            }
+          }
+        }
+      }
+      check(cuda::rope<T>(nullptr, x.data, positions.data, y.data, workspace.data, s, theta,
+                          interleaved, inverse),
+            "rope " + name);
+      compare("rope " + name, y.data, ref, tolerance<T>());
+    }
+  }
+}
+
+// ------------------------------------------------------------------ embedding
+
+template <typename T>
+void run_embedding(const cuda::EmbeddingShape& s, std::mt19937& rng) {
+  const std::string name = std::string(type_name<T>()) + " vocab " + std::to_string(s.vocab) +
+                           " dim " + std::to_string(s.dim) + " tokens " +
+                           std::to_string(s.tokens);
+  const size_t table_size = static_cast<size_t>(s.vocab * s.dim);
+  const size_t out_size = static_cast<size_t>(s.tokens * s.dim);
+  Buffer<T> table(table_size), out(out_size), dout(out_size), dtable(table_size);
+  Buffer<int32_t> ids(static_cast<size_t>(s.tokens));
+  Buffer<int32_t> workspace(static_cast<size_t>(s.vocab + 1 + s.tokens));
+  std::vector<double> tr, dr;
+  fill(table, tr, rng, 1.f);
+  fill(dout, dr, rng, 1.f);
+  // Mostly a few hot rows (repeats within a warp), some out of range either side.
+  std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(s.vocab - 1));
+  std::uniform_int_distribution<int32_t> hot(
+      0, static_cast<int32_t>(std::min<int64_t>(s.vocab, 3) - 1));
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    ids.data[t] = t % 11 == 4   ? -1 - static_cast<int32_t>(t)
+                  : t % 13 == 7 ? static_cast<int32_t>(s.vocab + t)
+                  : t % 2 == 0  ? hot(rng)
+                                : any(rng);
+  }
+  auto clamp = [&](int32_t id) -> int64_t {
+    return id < 0 ? 0 : (id >= s.vocab ? s.vocab - 1 : id);
+  };
+  std::vector<double> out_ref(out_size), dtable_ref(table_size, 0.0);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const int64_t v = clamp(ids.data[t]);
+    for (int64_t c = 0; c < s.dim; ++c) {
+      out_ref[t * s.dim + c] = tr[v * s.dim + c];
+      dtable_ref[v * s.dim + c] += dr[t * s.dim + c];
+    }
+  }
+  check(cuda::embedding_fwd<T>(nullptr, table.data, ids.data, out.data, s),
+        "embedding_fwd " + name);
+  compare("embedding_fwd " + name, out.data, out_ref, 0.0);
+  // Garbage in the workspace and dtable: the launcher must not rely on zeros.
+  for (size_t i = 0; i < workspace.size; ++i) workspace.data[i] = 0x5a5a5a5a;
+  for (size_t i = 0; i < dtable.size; ++i) dtable.data[i] = T(1e4f);
+  check(cuda::embedding_bwd<T>(nullptr, dout.data, ids.data, dtable.data, workspace.data, s),
+        "embedding_bwd " + name);
+  // float32 sums of up to `tokens` terms, rounded to T once.
+  const double sum_tol = tolerance<T>() + 1e-6 * static_cast<double>(s.tokens);
+  compare("embedding_bwd " + name, dtable.data, dtable_ref, sum_tol);
+}
+
+// ---------------------------------------------------------------------- adamw
+
+template <typename T>
+void run_adamw(int64_t n, std::mt19937& rng) {
+  const size_t size = static_cast<size_t>(n);
+  const double b1 = 0.9, b2 = 0.999;
+  const int step = 3;
+  Buffer<T> grads(size), params(size), out(size), aliased(size);
+  Buffer<float> m(size), v(size), m_out(size), v_out(size), m_alias(size), v_alias(size);
+  Buffer<float> scalars(3);
+  std::vector<double> gr, pr;
+  fill(grads, gr, rng, 1.f);
+  fill(params, pr, rng, 1.f);
+  std::normal_distribution<float> normal(0.f, 0.1f);
+  for (size_t i = 0; i < size; ++i) {
+    m.data[i] = normal(rng);
+    v.data[i] = std::fabs(normal(rng)) * 0.01f;
+  }
+  scalars.data[0] = 1e-2f;
+  scalars.data[1] = static_cast<float>(1.0 - std::pow(b1, step));
+  scalars.data[2] = static_cast<float>(1.0 - std::pow(b2, step));
+  for (float weight_decay : {0.0f, 0.1f}) {
+    for (bool apply : {false, true}) {
+      const std::string name = std::string(type_name<T>()) + " n=" + std::to_string(n) +
+                               " weight_decay " + std::to_string(weight_decay) +
+                               (apply ? " fused step" : " update");
+      const cuda::AdamWHyperparameters h{static_cast<float>(b1), static_cast<float>(1.0 - b1),
+                                         static_cast<float>(b2), static_cast<float>(1.0 - b2),
+                                         1e-8f, weight_decay};
+      std::vector<double> out_ref(size), m_ref(size), v_ref(size);
+      for (size_t i = 0; i < size; ++i) {
+        const double g = gr[i], p = pr[i];
+        const double mi = (1.0 - b1) * g + b1 * m.data[i];
+        const double vi = (1.0 - b2) * g * g + b2 * v.data[i];
+        double u = (mi / scalars.data[1]) / (std::sqrt(vi / scalars.data[2]) + 1e-8);
+        u = -static_cast<double>(scalars.data[0]) * (u + weight_decay * p);
+        out_ref[i] = apply ? p + u : u;
+        m_ref[i] = mi;
+        v_ref[i] = vi;
+      }
+      check(cuda::adamw<T>(nullptr, grads.data, params.data, m.data, v.data, scalars.data,
+                           out.data, m_out.data, v_out.data, n, h, apply),
+            "adamw " + name);
+      compare("adamw out " + name, out.data, out_ref, tolerance<T>());
+      compare("adamw m " + name, m_out.data, m_ref, 2e-6);
+      compare("adamw v " + name, v_out.data, v_ref, 2e-6);
+      // Aliased: out over params, m_out over m, v_out over v.
+      for (size_t i = 0; i < size; ++i) {
+        aliased.data[i] = params.data[i];
+        m_alias.data[i] = m.data[i];
+        v_alias.data[i] = v.data[i];
+      }
+      check(cuda::adamw<T>(nullptr, grads.data, aliased.data, m_alias.data, v_alias.data,
+                           scalars.data, aliased.data, m_alias.data, v_alias.data, n, h, apply),
+            "aliased adamw " + name);
+      compare("aliased adamw out " + name, aliased.data, out_ref, tolerance<T>());
+      compare("aliased adamw m " + name, m_alias.data, m_ref, 2e-6);
+      compare("aliased adamw v " + name, v_alias.data, v_ref, 2e-6);
+    }
+  }
+}
+
+// The dtypes the following cases run in (types=LIST; all three by default).
+bool g_float32 = true, g_bfloat16 = true, g_float16 = true;
+
+template <template <typename> class Run, typename Shape>
+void all_types(const Shape& shape, std::mt19937& rng) {
+  if (g_float32) Run<float>{}(shape, rng);
+  if (g_bfloat16) Run<__nv_bfloat16>{}(shape, rng);
+  if (g_float16) Run<__half>{}(shape, rng);
+}
+
+template <typename T>
+struct Activations {
+  void operator()(int64_t n, std::mt19937& rng) { run_activations<T>(n, rng); }
+};
+template <typename T>
+struct Rope {
+  void operator()(const cuda::RopeShape& s, std::mt19937& rng) { run_rope<T>(s, rng); }
+};
+template <typename T>
+struct Embedding {
+  void operator()(const cuda::EmbeddingShape& s, std::mt19937& rng) { run_embedding<T>(s, rng); }
+};
+template <typename T>
+struct AdamW {
+  void operator()(int64_t n, std::mt19937& rng) { run_adamw<T>(n, rng); }
+};
+
+bool run_case(const char* text, std::mt19937& rng) {
+  long long a = 0, b = 0, c = 0, d = 0, e = 0, f = 0;
+  const std::string arg = text;
+  if (arg.rfind("types=", 0) == 0) {
+    const std::string list = "," + arg.substr(6) + ",";
+    g_float32 = list.find(",float32,") != std::string::npos;
+    g_bfloat16 = list.find(",bfloat16,") != std::string::npos;
+    g_float16 = list.find(",float16,") != std::string::npos;
+    return g_float32 || g_bfloat16 || g_float16;
+  }
+  if (std::sscanf(text, "act=%lld", &a) == 1 && a >= 1) {
+    all_types<Activations>(static_cast<int64_t>(a), rng);
+  } else if (std::sscanf(text, "adamw=%lld", &a) == 1 && a >= 1) {
+    all_types<AdamW>(static_cast<int64_t>(a), rng);
+  } else if (std::sscanf(text, "rope=%lldx%lldx%lldx%lldx%lld/%lld", &a, &b, &c, &d, &e, &f) == 6 &&
+             a >= 1 && b >= 1 && c >= 1 && e >= 2 && e % 2 == 0 && e <= d &&
+             (f == 1 || f == a)) {
+    all_types<Rope>(cuda::RopeShape{a, b, c, d, e, f}, rng);
+  } else if (std::sscanf(text, "emb=%lldx%lldx%lld", &a, &b, &c) == 3 && a >= 1 && b >= 1 &&
+             c >= 0) {
+    all_types<Embedding>(cuda::EmbeddingShape{a, b, c}, rng);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::mt19937 rng(0);
+  for (int i = 1; i < argc; ++i) {
+    if (!run_case(argv[i], rng)) {
+      std::fprintf(stderr,
+                   "bad case %s (act=N, adamw=N, rope=BxSxHxDxR/P, emb=VxDxT, types=LIST)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  std::printf("%s: %d failure(s)\n", argv[0], g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
