@@ -9,7 +9,9 @@ forward, half when causal; the backward counts 2.5x the forward.
 
 The implementations' runs are interleaved (one run of each in turn), so load
 from other processes on a shared machine weighs on all of them alike and the
-speed-ups stay meaningful when the absolute times do not.
+speed-ups stay meaningful when the absolute times do not. Each timed call
+starts after a short pause (``timing.settle``), so the clean-up XLA does on
+another thread after the previous call does not land in it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import jax.numpy as jnp
 
 import jaxops
 from jaxops import reference
-from jaxops.bench.timing import machine_line
+from jaxops.bench.timing import machine_line, settle
 
 _IMPLS = {
     "jaxops": lambda q, k, v, causal: jaxops.attention(q, k, v, is_causal=causal),
@@ -59,6 +61,7 @@ def _time_interleaved(fns, args, runs):
   times = [[] for _ in compiled]
   for _ in range(runs):
     for c, t in zip(compiled, times):
+      settle()
       start = time.perf_counter()
       out = jax.block_until_ready(c(*args))
       t.append((time.perf_counter() - start) * 1e3)

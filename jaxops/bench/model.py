@@ -19,7 +19,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxops.bench.timing import machine_line
+from jaxops.bench.timing import machine_line, settle
 from jaxops.models import data, decoder, training
 from jaxops.models.config import DecoderConfig
 
@@ -71,6 +71,7 @@ def main(argv=()):
   for _ in range(args.runs):
     for name, step in compiled.items():
       state = fresh()
+      settle()
       start = time.perf_counter()
       out = jax.block_until_ready(step(*state, batch))
       times[name].append(time.perf_counter() - start)

@@ -22,6 +22,18 @@ class Timing:
   temp_bytes: int | None  # XLA's temporary allocation for the compiled program
 
 
+# XLA frees a program's large temporaries on another thread after its result
+# is ready (jax.nn attention's 256 MiB at S=2048: ~20 ms of system time on this
+# 2-core machine). Without a pause, that clean-up runs during the next timed
+# call, whichever implementation it is, and halves a 2-thread kernel's speed.
+SETTLE_SECONDS = 0.1
+
+
+def settle() -> None:
+  """Waits for the previous call's deferred clean-up before a timed call."""
+  time.sleep(SETTLE_SECONDS)
+
+
 def time_jitted(fn, *args, runs: int = 7, warmup: int = 2, donate_argnums=()) -> Timing:
   """Median wall time of ``jax.jit(fn)(*args)`` after warm-up.
 
@@ -44,6 +56,7 @@ def time_jitted(fn, *args, runs: int = 7, warmup: int = 2, donate_argnums=()) ->
   user = system = 0.0
   for _ in range(runs):
     call_args = jax.block_until_ready(fresh_args())
+    settle()
     before = os.times()
     start = time.perf_counter()
     out = jax.block_until_ready(compiled(*call_args))
