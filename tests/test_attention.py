@@ -187,6 +187,22 @@ def test_rows_without_keys_give_zero_and_finite_gradients():
                     ref_grads)
 
 
+def test_no_queries_gives_empty_outputs_and_zero_key_gradients():
+  """T = 0: the backward's absent logsumexp cotangent ([0]) must not be taken
+  for a present one that happens to hold no elements ([B, N, 0])."""
+  q, k = jnp.ones((2, 0, 4, 8)), jnp.ones((2, 5, 2, 8))
+
+  def loss(q, k, v):
+    out, lse = jaxops.attention(q, k, v, return_residual=True, implementation="ffi")
+    return out.sum() + lse.sum()
+
+  out, lse = jaxops.attention(q, k, k, return_residual=True, implementation="ffi")
+  assert out.shape == (2, 0, 4, 8) and lse.shape == (2, 0, 4)
+  dq, dk, dv = jax.grad(loss, argnums=(0, 1, 2))(q, k, k)
+  assert dq.shape == q.shape
+  assert not jnp.any(dk) and not jnp.any(dv)
+
+
 def test_check_grads_orders_1_and_2():
   q, k, v = qkv(10, 1, 3, 5, 2, 1, 4)
   bias = random_inputs(11, [(1, 2, 3, 5)])[0]

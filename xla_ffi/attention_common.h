@@ -87,10 +87,10 @@ ffi::Error check_same(const std::string& op, const char* a_name, const A& a, con
 // A float32 [B, N, T] row statistic (logsumexp), or absent when `optional`.
 inline ffi::Error check_stats(const std::string& op, const char* name, const ffi::AnyBuffer& x,
                               const AttentionShape& s, bool optional) {
-  if (optional && x.element_count() == 0 && s.batch * s.num_heads * s.q_len != 0) {
-    return ffi::Error::Success();
-  }
   auto dims = x.dimensions();
+  // Absent is the [0] placeholder; a present statistic is [B, N, T], which may
+  // also hold no elements (T = 0), so the rank tells them apart.
+  if (optional && dims.size() == 1 && dims[0] == 0) return ffi::Error::Success();
   if (x.element_type() != ffi::DataType::F32 || dims.size() != 3 || dims[0] != s.batch ||
       dims[1] != s.num_heads || dims[2] != s.q_len) {
     return invalid(op, std::string(name) + " must be float32 of shape [" + str(s.batch) + ", " +
