@@ -36,25 +36,8 @@ ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const f
   JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                       query_offset, scale, is_causal, window_left, window_right,
                                       s));
-  p->batch = s->batch;
-  p->q_len = s->q_len;
-  p->kv_len = s->kv_len;
-  p->num_heads = s->num_heads;
-  p->num_kv_heads = s->num_kv_heads;
-  p->head_dim = s->head_dim;
-  p->scale = s->scale;
-  p->is_causal = s->is_causal;
+  copy_shape(*s, p);
   p->query_offset = *s->query_offset;
-  p->window_left = s->window_left;
-  p->window_right = s->window_right;
-  p->q_seq_lengths = s->q_seq_lengths;
-  p->kv_seq_lengths = s->kv_seq_lengths;
-  p->mask = s->mask;
-  p->bias = s->bias;
-  for (int d = 0; d < 4; ++d) {
-    p->mask_strides[d] = s->mask_strides[d];
-    p->bias_strides[d] = s->bias_strides[d];
-  }
   if (const char* error = cpu::attention_params_error(*p)) return invalid(op, error);
   return ffi::Error::Success();
 }

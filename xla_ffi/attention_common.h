@@ -85,6 +85,31 @@ ffi::Error check_same(const std::string& op, const char* a_name, const A& a, con
 }
 
 // A float32 [B, N, T] row statistic (logsumexp), or absent when `optional`.
+// Copies the decoded shape into a platform's kernel parameters (cpu:: and
+// cuda::AttentionParams have the same fields), all but query_offset: the CPU
+// kernel reads its value, the CUDA kernel the device pointer.
+template <typename Params>
+void copy_shape(const AttentionShape& s, Params* p) {
+  p->batch = s.batch;
+  p->q_len = s.q_len;
+  p->kv_len = s.kv_len;
+  p->num_heads = s.num_heads;
+  p->num_kv_heads = s.num_kv_heads;
+  p->head_dim = s.head_dim;
+  p->scale = s.scale;
+  p->is_causal = s.is_causal;
+  p->window_left = s.window_left;
+  p->window_right = s.window_right;
+  p->q_seq_lengths = s.q_seq_lengths;
+  p->kv_seq_lengths = s.kv_seq_lengths;
+  p->mask = s.mask;
+  p->bias = s.bias;
+  for (int d = 0; d < 4; ++d) {
+    p->mask_strides[d] = s.mask_strides[d];
+    p->bias_strides[d] = s.bias_strides[d];
+  }
+}
+
 inline ffi::Error check_stats(const std::string& op, const char* name, const ffi::AnyBuffer& x,
                               const AttentionShape& s, bool optional) {
   auto dims = x.dimensions();

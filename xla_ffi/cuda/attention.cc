@@ -40,25 +40,8 @@ ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const f
     return invalid(op, "the CUDA kernel supports head_dim <= " +
                            str(cuda::kAttentionMaxHeadDim) + ", got " + str(s->head_dim));
   }
-  p->batch = s->batch;
-  p->q_len = s->q_len;
-  p->kv_len = s->kv_len;
-  p->num_heads = s->num_heads;
-  p->num_kv_heads = s->num_kv_heads;
-  p->head_dim = s->head_dim;
-  p->scale = s->scale;
-  p->is_causal = s->is_causal;
-  p->window_left = s->window_left;
-  p->window_right = s->window_right;
+  copy_shape(*s, p);
   p->query_offset = s->query_offset;
-  p->q_seq_lengths = s->q_seq_lengths;
-  p->kv_seq_lengths = s->kv_seq_lengths;
-  p->mask = s->mask;
-  p->bias = s->bias;
-  for (int d = 0; d < 4; ++d) {
-    p->mask_strides[d] = s->mask_strides[d];
-    p->bias_strides[d] = s->bias_strides[d];
-  }
   return ffi::Error::Success();
 }
 
