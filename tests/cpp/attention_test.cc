@@ -5,7 +5,7 @@
 //       cpu/attention.cc tests/cpp/attention_test.cc -o attention_test
 // Run: ./attention_test                  (correctness; exit status 1 on failure)
 //      ./attention_test bench [reps]     (timing of a standard set of shapes)
-//      ./attention_test bench reps B T S N K H causal {f32,bf16,f16}
+//      ./attention_test bench reps B T S N K H causal {f32,bf16,f16} [fwd|bwd]
 #include "cpu/attention.h"
 
 #include <omp.h>
@@ -581,7 +581,7 @@ void bench_case(int64_t B, int64_t T_len, int64_t S, int64_t N, int64_t K, int64
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "bench") {
-    // bench [reps] [B T S N K H causal dtype]: one case, else the standard set.
+    // bench [reps] [B T S N K H causal dtype [fwd|bwd]]: one case, else the standard set.
     const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
     std::printf("threads: %d\n", omp_get_max_threads());
     if (argc > 10) {
@@ -589,7 +589,9 @@ int main(int argc, char** argv) {
                     N = std::atoll(argv[6]), K = std::atoll(argv[7]), H = std::atoll(argv[8]);
       const bool causal = std::atoi(argv[9]) != 0;
       const std::string dtype = argv[10];
+      const std::string pass = argc > 11 ? argv[11] : "both";
       for (bool backward : {false, true}) {
+        if ((pass == "fwd" && backward) || (pass == "bwd" && !backward)) continue;
         if (dtype == "bf16") bench_case<bfloat16>(B, T, S, N, K, H, causal, backward, "bf16", reps);
         else if (dtype == "f16") bench_case<float16>(B, T, S, N, K, H, causal, backward, "f16", reps);
         else bench_case<float>(B, T, S, N, K, H, causal, backward, "f32", reps);
