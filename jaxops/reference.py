@@ -198,7 +198,9 @@ def attention_allowed(batch, num_heads, q_len, kv_len, *, mask=None, is_causal=F
   if is_causal:
     allowed &= key <= position
   if local_window_size is not None:
-    left, right = local_window_size
+    # A side of 2^30 or more already spans every position below 2^30; clamping
+    # keeps position - left and position + right from wrapping around int32.
+    left, right = (min(int(side), 2**30) for side in local_window_size)
     allowed &= (key >= position - left) & (key <= position + right)
   allowed = allowed[None, None]
   if query_seq_lengths is not None:

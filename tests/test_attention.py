@@ -187,6 +187,21 @@ def test_rows_without_keys_give_zero_and_finite_gradients():
                     ref_grads)
 
 
+@pytest.mark.parametrize("window", [(2**31 - 1, 0), (0, 2**31 - 1), (2**31 - 1, 2**31 - 1)])
+def test_windows_wider_than_int32_positions(window):
+  """A window side near 2^31 means "unbounded on that side"; the reference
+  computes position -/+ side in int32 and must not wrap around."""
+  q, k, v = qkv(10, 1, 5, 7, 2, 2, 8)
+  unbounded = dict(is_causal=window[1] == 0, query_offset=2)
+  if window == (0, 2**31 - 1):  # keys at or after each row's position
+    unbounded = dict(mask=jnp.arange(7)[None, :] >= jnp.arange(5)[:, None] + 2, query_offset=2)
+  expected = reference.attention(q, k, v, **unbounded)
+  assert_tree_close(reference.attention(q, k, v, local_window_size=window, query_offset=2),
+                    expected)
+  assert_tree_close(jaxops.attention(q, k, v, local_window_size=window, query_offset=2),
+                    expected)
+
+
 def test_no_queries_gives_empty_outputs_and_zero_key_gradients():
   """T = 0: the backward's absent logsumexp cotangent ([0]) must not be taken
   for a present one that happens to hold no elements ([B, N, 0])."""
