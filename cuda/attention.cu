@@ -35,6 +35,8 @@
 
 #include "cuda/launch.cuh"
 
+#include "cuda/float_convert.cuh"
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define JAXOPS_ATTENTION_TENSOR_CORES 1
 #endif
@@ -47,25 +49,6 @@ constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr size_t kSharedBudget = 160 * 1024;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // Reductions over aligned groups of kWidth neighbouring lanes.
 template <int kWidth>

@@ -7,6 +7,8 @@
 
 #include "cuda/launch.cuh"
 
+#include "cuda/float_convert.cuh"
+
 namespace jaxops::cuda {
 namespace {
 
@@ -38,27 +40,6 @@ constexpr int kElements = kItems<kVec> * kVec;
 constexpr int kSumPartsThreads = 256;
 // Column indices are int; this bound keeps chunk arithmetic far from overflow.
 constexpr int64_t kMaxCols = int64_t{1} << 30;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // The type that moves `kBytes` bytes in one load/store instruction. Packs go
 // through it (in a union with their elements): copied as an array or struct of

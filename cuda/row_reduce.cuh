@@ -10,31 +10,14 @@
 #include <cuda_fp16.h>
 #include <math_constants.h>
 
+#include "cuda/float_convert.cuh"
+
 namespace jaxops::cuda::row_reduce {
 
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWarps = kMaxThreads / kWarpSize;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // Combines values of the whole block with `op` (commutative). blockDim.x is a
 // multiple of 32. `scratch` holds a value per warp and is free again on return.
