@@ -216,27 +216,33 @@ inline void narrow_row(const float* src, T* dst, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------
-// Register-blocked products C[m, n] (=, +=, or = C * colscale +) A[m, k] B[k, n]
-// with n a multiple of kLanes. A is read element by element through two strides
-// (broadcast), B is row-major with contiguous rows, C row-major.
+// Register-blocked products C[m, n] = A[m, k] B[k, n] with n a multiple of
+// kLanes. A is read element by element through two strides (broadcast), B is
+// row-major with contiguous rows, C row-major. The update, and what the
+// per-column vector `col[n]` holds for it:
+//   kOverwrite     C = A B                       (col unused)
+//   kOverwriteMax  C = A B, col = max(col, max over the rows of C)
+//                  (the forward's tile maximum, taken while C is in registers
+//                  instead of in another pass over the tile)
+//   kAdd           C += A B                      (col unused)
+//   kScaleAdd      C = C * col + A B             (col: the online-softmax rescale)
 
-enum class Update { kOverwrite, kAdd, kScaleAdd };
+enum class Update { kOverwrite, kOverwriteMax, kAdd, kScaleAdd };
 
 template <int MR, int NV, Update U>
 inline void gemm_block(int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-                       const float* b, int64_t ldb, float* c, int64_t ldc,
-                       const float* colscale) {
+                       const float* b, int64_t ldb, float* c, int64_t ldc, float* col) {
   VecF acc[MR][NV];
   VecF scale[NV];
   if constexpr (U == Update::kScaleAdd) {
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) scale[v] = vload(colscale + v * kLanes);
+    for (int v = 0; v < NV; ++v) scale[v] = vload(col + v * kLanes);
   }
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      if constexpr (U == Update::kOverwrite) {
+      if constexpr (U == Update::kOverwrite || U == Update::kOverwriteMax) {
         acc[r][v] = VecF{};
       } else if constexpr (U == Update::kAdd) {
         acc[r][v] = vload(c + r * ldc + v * kLanes);
@@ -262,6 +268,15 @@ inline void gemm_block(int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) vstore(c + r * ldc + v * kLanes, acc[r][v]);
   }
+  if constexpr (U == Update::kOverwriteMax) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      VecF block_max = vload(col + v * kLanes);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) block_max = vmax(block_max, acc[r][v]);
+      vstore(col + v * kLanes, block_max);
+    }
+  }
 }
 
 template <int NV>
@@ -277,32 +292,30 @@ constexpr int rows_per_block() {
 
 template <int NV, Update U>
 inline void gemm_strip(int64_t m, int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-                       const float* b, int64_t ldb, float* c, int64_t ldc,
-                       const float* colscale) {
+                       const float* b, int64_t ldb, float* c, int64_t ldc, float* col) {
   constexpr int MR = rows_per_block<NV>();
   int64_t i = 0;
   for (; i + MR <= m; i += MR) {
-    gemm_block<MR, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, colscale);
+    gemm_block<MR, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, col);
   }
   for (; i + 4 <= m; i += 4) {
-    gemm_block<4, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, colscale);
+    gemm_block<4, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, col);
   }
   if (i + 2 <= m) {
-    gemm_block<2, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, colscale);
+    gemm_block<2, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, col);
     i += 2;
   }
   if (i < m) {
-    gemm_block<1, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, colscale);
+    gemm_block<1, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, col);
   }
 }
 
 template <Update U>
 void gemm(int64_t m, int64_t n, int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-          const float* b, int64_t ldb, float* c, int64_t ldc,
-          const float* colscale = nullptr) {
+          const float* b, int64_t ldb, float* c, int64_t ldc, float* col = nullptr) {
   for (int64_t j = 0; j < n;) {
     const int64_t vecs = std::min<int64_t>(kMaxVecsPerStrip, (n - j) / kLanes);
-    const float* cs = colscale ? colscale + j : nullptr;
+    float* cs = col ? col + j : nullptr;
     switch (vecs) {
       case 4:
         if constexpr (kMaxVecsPerStrip >= 4) gemm_strip<4, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
@@ -415,15 +428,18 @@ void apply_bias_and_mask(const AttentionParams& p, int64_t b, const int64_t* n,
   }
 }
 
-// Turns raw scores st[j][i] = q_i . k_j of keys j0.. into log2-unit logits:
-// scale, bias, boolean mask, and (unless the tile lies inside every row's
-// interval) the [lo, hi) interval of each row.
+// Turns scores st[j][i] = q_i . k_j of keys j0.. into log2-unit logits: the
+// scale (unless `scaled`: the queries were multiplied by it already), bias,
+// boolean mask, and (unless the tile lies inside every row's interval) the
+// [lo, hi) interval of each row.
 void scores_to_logits(const AttentionParams& p, int64_t b, const int64_t* n, const int64_t* t,
                       int64_t rows, const int32_t* lo, const int32_t* hi, bool inside,
-                      int64_t j0, int64_t jn, int64_t width, float* st) {
-  const VecF c = vsplat(p.scale * kLog2e);
-  for (int64_t j = 0; j < jn; ++j) {
-    for (int64_t v = 0; v < width; v += kLanes) vstore(st + j * width + v, vload(st + j * width + v) * c);
+                      bool scaled, int64_t j0, int64_t jn, int64_t width, float* st) {
+  if (!scaled) {
+    const VecF c = vsplat(p.scale * kLog2e);
+    for (int64_t j = 0; j < jn; ++j) {
+      for (int64_t v = 0; v < width; v += kLanes) vstore(st + j * width + v, vload(st + j * width + v) * c);
+    }
   }
   if (p.bias || p.mask) apply_bias_and_mask(p, b, n, t, rows, j0, jn, st, width);
   if (!inside) {
@@ -633,6 +649,7 @@ struct ForwardScratch {
   float* shift;   // [Br] max used as the exponent shift (0 while the max is -inf)
   float* l;       // [Br] running sum
   float* alpha;   // [Br] rescale of the previous accumulators
+  float* tile_max;  // [Br] max of the current tile's logits, when the product gives it
   int32_t* lo;    // [Br] attended key interval
   int32_t* hi;
   int64_t* t;     // [Br] query index of each row
@@ -660,6 +677,7 @@ ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
   s.shift = arena.take<float>(Br);
   s.l = arena.take<float>(Br);
   s.alpha = arena.take<float>(Br);
+  s.tile_max = arena.take<float>(Br);
   s.lo = arena.take<int32_t>(Br);
   s.hi = arena.take<int32_t>(Br);
   s.t = arena.take<int64_t>(Br);
@@ -678,11 +696,16 @@ int64_t forward_row_tile(const Geometry& g) {
 
 // Online softmax over one tile of logits st[j][i] (log2 units, jn keys): updates
 // the running max m, the shift, the rescale alpha of earlier accumulators and
-// the running sum l, and turns st into probabilities.
-void online_softmax(int64_t jn, int64_t Br, const ForwardScratch& s) {
+// the running sum l, and turns st into probabilities. With `max_known` the
+// tile's maximum is in s.tile_max already.
+void online_softmax(int64_t jn, int64_t Br, bool max_known, const ForwardScratch& s) {
   for (int64_t c = 0; c < Br; c += kLanes) {
     VecF tile_max = vsplat(-kInf);
-    for (int64_t j = 0; j < jn; ++j) tile_max = vmax(tile_max, vload(s.st + j * Br + c));
+    if (max_known) {
+      tile_max = vload(s.tile_max + c);
+    } else {
+      for (int64_t j = 0; j < jn; ++j) tile_max = vmax(tile_max, vload(s.st + j * Br + c));
+    }
     const VecF m_old = vload(s.m + c);
     const VecF m_new = vmax(m_old, tile_max);
     const VecF shift = m_new == vsplat(-kInf) ? VecF{} : m_new;
@@ -750,10 +773,13 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
         for (int64_t hp = 0; hp < H / 2; ++hp) s.qp[hp * Br + i] = i < rows ? src[hp] : 0u;
       }
     } else {
+      // Queries scaled to log2-unit logits here, once per row, rather than
+      // every score tile.
+      const float logit_scale = p.scale * kLog2e;
       for (int64_t i = 0; i < Br; ++i) {
         if (i < rows) {
           widen_row(q + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H, s.row, H);
-          for (int64_t h = 0; h < H; ++h) s.qt[h * Br + i] = s.row[h];
+          for (int64_t h = 0; h < H; ++h) s.qt[h * Br + i] = s.row[h] * logit_scale;
         } else {
           for (int64_t h = 0; h < H; ++h) s.qt[h * Br + i] = 0.0f;
         }
@@ -771,8 +797,8 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
       if (bf16_dot) {
         const uint32_t* kp = reinterpret_cast<const uint32_t*>(k + at);
         dot_gemm<Update::kOverwrite>(jn, Br, H / 2, kp, g.K * H / 2, 1, s.qp, Br, s.st, Br);
-        scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, j0, jn, Br, s.st);
-        online_softmax(jn, Br, s);
+        scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, false, j0, jn, Br, s.st);
+        online_softmax(jn, Br, false, s);
         pack_value_pairs(reinterpret_cast<const uint16_t*>(v + at), g.K * H, jn, H, s.vp);
         pack_probability_pairs(s.st, jn, Br, s.pp);
         dot_gemm<Update::kScaleAdd>(H, Br, (jn + 1) / 2, s.vp, 1, H, s.pp, Br, s.ot, Br,
@@ -794,9 +820,18 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
         vt = s.vf;
         ldk = H;
       }
-      gemm<Update::kOverwrite>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br);
-      scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, j0, jn, Br, s.st);
-      online_softmax(jn, Br, s);
+      // The queries carry the scale, so a tile inside every row's interval,
+      // with no bias or mask, is logits as it leaves the product, which also
+      // gives its maximum.
+      const bool logits_as_computed = inside && !p.bias && !p.mask;
+      if (logits_as_computed) {
+        std::fill(s.tile_max, s.tile_max + Br, -kInf);
+        gemm<Update::kOverwriteMax>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br, s.tile_max);
+      } else {
+        gemm<Update::kOverwrite>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br);
+        scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, true, j0, jn, Br, s.st);
+      }
+      online_softmax(jn, Br, logits_as_computed, s);
       gemm<Update::kScaleAdd>(H, Br, jn, vt, 1, ldk, s.st, Br, s.ot, Br, s.alpha);
     }
   }
