@@ -410,10 +410,9 @@ void load_kv_tile(const Geometry& g, const T* src, int64_t b, int64_t kh, int64_
 // cross a 4 KiB page, so rows a page or more apart (a head's keys or queries
 // when K * H or N * H floats reach 4 KiB, as at (1, 4096, 8, 128)) each start
 // a page nobody prefetches. Measured at (1, 4096, 8, 128) f32 on 2 threads: no
-// change while the machine was quiet, and the forward 16-32% faster in periods
-// when other tenants slowed its L3/DRAM (it dropped to 125-150 GFLOP/s without
-// and kept 165-180 with); with closer rows (H = 64) it was 1-3% slower, hence
-// the condition.
+// change in the machine's fast periods, and the forward 16-32% faster in its
+// slow-memory ones (125-150 GFLOP/s without, 165-180 with); with closer rows
+// (H = 64) it was 1-3% slower, hence the condition.
 void prefetch_rows(const void* first, int64_t rows, int64_t stride_bytes, int64_t row_bytes) {
   constexpr int64_t kPageBytes = 4096, kLineBytes = 64;
   if (stride_bytes < kPageBytes) return;
