@@ -24,9 +24,11 @@
 #endif
 
 // GCC 12 reports the deliberately undefined pass-through operand inside
-// avx512fintrin.h's max/roundscale/scalef/cvtph as maybe-uninitialized.
+// avx512fintrin.h's max/roundscale/scalef/cvtph as maybe-uninitialized, or,
+// once vmax is inlined into the products' epilogue, as uninitialized.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include <algorithm>
