@@ -409,9 +409,9 @@ void load_kv_tile(const Geometry& g, const T* src, int64_t b, int64_t kh, int64_
 
 // Asks for `rows` rows of row_bytes, stride_bytes apart, to be brought into
 // the L2 cache while the current tile is computed. Hardware prefetchers do not
-// cross a 4 KiB page, so rows a page or more apart (a head's keys or queries
-// when K * H or N * H floats reach 4 KiB, as at (1, 4096, 8, 128)) each start
-// a page nobody prefetches. Measured at (1, 4096, 8, 128) f32 on 2 threads: no
+// cross a 4 KiB page, so rows a page or more apart (a head's keys when K * H
+// elements reach 4 KiB, as at (1, 4096, 8, 128) in f32) each start a page
+// nobody prefetches. Measured at (1, 4096, 8, 128) f32 on 2 threads: no
 // change in the machine's fast periods, and the forward 16-32% faster in its
 // slow-memory ones (125-150 GFLOP/s without, 165-180 with); with closer rows
 // (H = 64) it was 1-3% slower, hence the condition.
