@@ -224,6 +224,40 @@ inline ffi::Error check_bwd(const std::string& op, const ffi::AnyBuffer& q,
   return ffi::Error::Success();
 }
 
+// A tangent operand of the forward-mode kernel: the [0] placeholder when the
+// input's tangent is zero, else shaped like the input (a present tangent of an
+// input with no elements keeps the input's rank, so the rank tells them apart).
+template <typename Primal>
+ffi::Error check_tangent(const std::string& op, const char* name, const ffi::AnyBuffer& tangent,
+                         const char* primal_name, const Primal& primal) {
+  auto dims = tangent.dimensions();
+  if (dims.size() == 1 && dims[0] == 0 && primal.dimensions().size() != 1) {
+    return ffi::Error::Success();
+  }
+  return check_same(op, primal_name, primal, name, tangent);
+}
+
+// The forward-mode kernel's buffers: the forward's results plus the tangents
+// of out and logsumexp, from the tangents of query, key, value and bias (each
+// absent when zero; the bias tangent only with a bias).
+inline ffi::Error check_fwd_jvp(const std::string& op, const ffi::AnyBuffer& q,
+                                const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                                const ffi::AnyBuffer& bias, const ffi::AnyBuffer& dq,
+                                const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv,
+                                const ffi::AnyBuffer& dbias, const ffi::AnyBuffer& out,
+                                const ffi::AnyBuffer& lse, const ffi::AnyBuffer& dout,
+                                const ffi::AnyBuffer& dlse, const AttentionShape& s) {
+  JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, out, lse, s));
+  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "dout", dout));
+  JAXOPS_RETURN_IF_ERROR(check_stats(op, "dlogsumexp", dlse, s, false));
+  JAXOPS_RETURN_IF_ERROR(check_tangent(op, "dquery", dq, "query", q));
+  JAXOPS_RETURN_IF_ERROR(check_tangent(op, "dkey", dk, "key", k));
+  JAXOPS_RETURN_IF_ERROR(check_tangent(op, "dvalue", dv, "value", v));
+  if (dbias.dimensions().size() == 1 && dbias.dimensions()[0] == 0) return ffi::Error::Success();
+  if (!s.bias) return invalid(op, "a bias tangent requires a bias");
+  return check_same(op, "bias", bias, "dbias", dbias);
+}
+
 // -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
 
 template <typename Binding>
@@ -268,6 +302,30 @@ auto bind_attention_bwd(Binding prefix) {
       .template Attr<int64_t>("window_left")
       .template Attr<int64_t>("window_right")
       .template Attr<bool>("with_dbias");
+}
+
+template <typename Binding>
+auto bind_attention_fwd_jvp(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // query [B, T, N, H]
+      .template Arg<ffi::AnyBuffer>()                      // key [B, S, K, H]
+      .template Arg<ffi::AnyBuffer>()                      // value [B, S, K, H]
+      .template Arg<ffi::AnyBuffer>()                      // bias f32, broadcastable, or [0]
+      .template Arg<ffi::AnyBuffer>()                      // mask bool, broadcastable, or [0]
+      .template Arg<ffi::AnyBuffer>()                      // query_seq_lengths s32 [B] or [0]
+      .template Arg<ffi::AnyBuffer>()                      // key_value_seq_lengths s32 [B] or [0]
+      .template Arg<ffi::AnyBuffer>()                      // query_offset s32 []
+      .template Arg<ffi::AnyBuffer>()                      // dquery, query-shaped, or [0] (zero)
+      .template Arg<ffi::AnyBuffer>()                      // dkey, key-shaped, or [0]
+      .template Arg<ffi::AnyBuffer>()                      // dvalue, value-shaped, or [0]
+      .template Arg<ffi::AnyBuffer>()                      // dbias f32, bias-shaped, or [0]
+      .template Ret<ffi::AnyBuffer>()                      // out [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>()                      // logsumexp f32 [B, N, T]
+      .template Ret<ffi::AnyBuffer>()                      // dout [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>()                      // dlogsumexp f32 [B, N, T]
+      .template Attr<float>("scale")
+      .template Attr<bool>("is_causal")
+      .template Attr<int64_t>("window_left")
+      .template Attr<int64_t>("window_right");
 }
 
 }  // namespace jaxops::attention_common
