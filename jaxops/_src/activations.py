@@ -4,11 +4,14 @@ Forward primitives return the activation; backward primitives take the output
 cotangent and the saved inputs and return the input gradients, both of them in
 one pass for the gated ops. The kernels see the operands as flat arrays, so any
 shape works and vmap only has to line the batch axes up.
+
+Forward mode: the tangent of an elementwise ``f`` is ``f'(x) * dx``, the same
+product the backward kernel forms with the cotangent, so gelu's and silu's
+tangent primitives run their backward kernels. The gated ops' tangents are the
+reference's JVP, one elementwise expression XLA fuses into a single pass.
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +19,9 @@ import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive
+from jaxops._src.autodiff import Differentiable
 from jaxops._src.checks import check_float_array
-from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front, is_absent
 from jaxops._src.sharding import elementwise
 
 _F32 = jnp.float32
@@ -51,13 +55,29 @@ def _vjp_of(forward):
   return backward
 
 
-def _make(name, *, n_outputs, reference_fn, attributes=None):
+def _jvp_of(forward):
+  """The tangent reference: the JVP of a float32 forward reference (absent
+  tangents are zero), in the dtype of the primal inputs."""
+
+  def tangent(*operands, **params):
+    primals, tangents = operands[:len(operands) // 2], operands[len(operands) // 2:]
+    tangents = [jnp.zeros_like(p) if is_absent(t) else t for p, t in zip(primals, tangents)]
+    _, out = jax.jvp(lambda *a: forward(*a, **params), tuple(p.astype(_F32) for p in primals),
+                     tuple(t.astype(_F32) for t in tangents))
+    return (out.astype(primals[0].dtype),)
+
+  return tangent
+
+
+def _make(name, *, n_outputs, reference_fn, attributes=None, kernel=True, composite=None):
   def abstract_eval(*avals, **params):
-    return tuple(_like(avals[-1]) for _ in range(n_outputs))
+    # Every operand but a zero tangent's placeholder is shaped like the first.
+    return tuple(_like(avals[0]) for _ in range(n_outputs))
 
   return FfiPrimitive(
-      name=name, target=name, abstract_eval=abstract_eval, reference=reference_fn,
-      attributes=attributes or {}, batch_rule=_elementwise_batch_rule, sharding=elementwise)
+      name=name, target=name if kernel else None, abstract_eval=abstract_eval,
+      reference=reference_fn, composite=composite, attributes=attributes or {},
+      batch_rule=_elementwise_batch_rule, sharding=elementwise if kernel else None)
 
 
 _APPROXIMATE = {"approximate": np.bool_}
@@ -68,85 +88,47 @@ gelu_fwd_p = _make(
 gelu_bwd_p = _make(
     "jaxops_gelu_bwd", n_outputs=1, attributes=_APPROXIMATE,
     reference_fn=_vjp_of(reference.gelu))
+gelu_jvp_p = _make(
+    "jaxops_gelu_jvp", n_outputs=1, kernel=False, reference_fn=_jvp_of(reference.gelu),
+    composite=lambda x, dx, *, approximate: gelu_bwd_p(dx, x, approximate=approximate))
 silu_fwd_p = _make(
     "jaxops_silu_fwd", n_outputs=1, reference_fn=lambda x: (reference.silu(x),))
 silu_bwd_p = _make("jaxops_silu_bwd", n_outputs=1, reference_fn=_vjp_of(reference.silu))
+silu_jvp_p = _make("jaxops_silu_jvp", n_outputs=1, kernel=False,
+                   reference_fn=_jvp_of(reference.silu),
+                   composite=lambda x, dx: silu_bwd_p(dx, x))
 swiglu_fwd_p = _make(
     "jaxops_swiglu_fwd", n_outputs=1, reference_fn=lambda g, u: (reference.swiglu(g, u),))
 swiglu_bwd_p = _make("jaxops_swiglu_bwd", n_outputs=2, reference_fn=_vjp_of(reference.swiglu))
+swiglu_jvp_p = _make("jaxops_swiglu_jvp", n_outputs=1, kernel=False,
+                     reference_fn=_jvp_of(reference.swiglu))
 geglu_fwd_p = _make(
     "jaxops_geglu_fwd", n_outputs=1, attributes=_APPROXIMATE,
     reference_fn=lambda g, u, *, approximate: (reference.geglu(g, u, approximate),))
 geglu_bwd_p = _make(
     "jaxops_geglu_bwd", n_outputs=2, attributes=_APPROXIMATE,
     reference_fn=_vjp_of(reference.geglu))
+geglu_jvp_p = _make("jaxops_geglu_jvp", n_outputs=1, kernel=False,
+                    reference_fn=_jvp_of(reference.geglu))
 
 
-# -- custom VJPs: the backward kernel for first-order gradients --------------------
+# -- differentiation: the backward kernels are the tangents' transposes --------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _gelu_kernel(x, approximate):
-  return gelu_fwd_p(x, approximate=approximate)[0]
+def _transpose_to(bwd_p):
+  def transpose(cotangents, saved, wanted, **params):
+    return bwd_p(cotangents[0], *saved, **params)
+
+  return transpose
 
 
-def _gelu_kernel_fwd(x, approximate):
-  return _gelu_kernel(x, approximate), x
-
-
-def _gelu_kernel_bwd(approximate, x, dy):
-  return gelu_bwd_p(dy, x, approximate=approximate)
-
-
-_gelu_kernel.defvjp(_gelu_kernel_fwd, _gelu_kernel_bwd)
-
-
-@jax.custom_vjp
-def _silu_kernel(x):
-  return silu_fwd_p(x)[0]
-
-
-def _silu_kernel_fwd(x):
-  return _silu_kernel(x), x
-
-
-def _silu_kernel_bwd(x, dy):
-  return silu_bwd_p(dy, x)
-
-
-_silu_kernel.defvjp(_silu_kernel_fwd, _silu_kernel_bwd)
-
-
-@jax.custom_vjp
-def _swiglu_kernel(gate, up):
-  return swiglu_fwd_p(gate, up)[0]
-
-
-def _swiglu_kernel_fwd(gate, up):
-  return _swiglu_kernel(gate, up), (gate, up)
-
-
-def _swiglu_kernel_bwd(residuals, dy):
-  return swiglu_bwd_p(dy, *residuals)
-
-
-_swiglu_kernel.defvjp(_swiglu_kernel_fwd, _swiglu_kernel_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _geglu_kernel(gate, up, approximate):
-  return geglu_fwd_p(gate, up, approximate=approximate)[0]
-
-
-def _geglu_kernel_fwd(gate, up, approximate):
-  return _geglu_kernel(gate, up, approximate), (gate, up)
-
-
-def _geglu_kernel_bwd(approximate, residuals, dy):
-  return geglu_bwd_p(dy, *residuals, approximate=approximate)
-
-
-_geglu_kernel.defvjp(_geglu_kernel_fwd, _geglu_kernel_bwd)
+for _fwd_p, _jvp_p, _bwd_p, _inputs, _name in (
+    (gelu_fwd_p, gelu_jvp_p, gelu_bwd_p, (0,), "jaxops.gelu"),
+    (silu_fwd_p, silu_jvp_p, silu_bwd_p, (0,), "jaxops.silu"),
+    (swiglu_fwd_p, swiglu_jvp_p, swiglu_bwd_p, (0, 1), "jaxops.swiglu"),
+    (geglu_fwd_p, geglu_jvp_p, geglu_bwd_p, (0, 1), "jaxops.geglu")):
+  Differentiable(forward=_fwd_p, tangent=_jvp_p, transpose=_transpose_to(_bwd_p),
+                 tangent_inputs=_inputs, saved_inputs=_inputs, checkpoint_name=_name)
 
 
 # -- public functions --------------------------------------------------------------
@@ -170,7 +152,7 @@ def gelu(x, approximate: bool = True, *, implementation=None):
   approximate = _check_bool(op, "approximate", approximate)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.gelu(x, approximate)
-  return _gelu_kernel(x, approximate)
+  return gelu_fwd_p(x, approximate=approximate)[0]
 
 
 def silu(x, *, implementation=None):
@@ -180,7 +162,7 @@ def silu(x, *, implementation=None):
   x = check_float_array(op, "x", x, non_empty_last_axis=False)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.silu(x)
-  return _silu_kernel(x)
+  return silu_fwd_p(x)[0]
 
 
 def swiglu(gate, up, *, implementation=None):
@@ -194,7 +176,7 @@ def swiglu(gate, up, *, implementation=None):
   gate, up = _check_gated(op, gate, up)
   if not primitive.use_kernel(op, implementation, [gate.dtype]):
     return reference.swiglu(gate, up)
-  return _swiglu_kernel(gate, up)
+  return swiglu_fwd_p(gate, up)[0]
 
 
 def geglu(gate, up, approximate: bool = True, *, implementation=None):
@@ -207,7 +189,7 @@ def geglu(gate, up, approximate: bool = True, *, implementation=None):
   approximate = _check_bool(op, "approximate", approximate)
   if not primitive.use_kernel(op, implementation, [gate.dtype]):
     return reference.geglu(gate, up, approximate)
-  return _geglu_kernel(gate, up, approximate)
+  return geglu_fwd_p(gate, up, approximate=approximate)[0]
 
 
 # -- argument handling ---------------------------------------------------------------

@@ -5,25 +5,30 @@ The forward primitive returns the output and the float32 log-sum-exp [B, N, T]
 (-inf for a row with no attended key); the backward primitive recomputes the
 probabilities tile by tile and returns dq, dk, dv and, when the bias is
 differentiated, dbias. Absent optional operands (bias, mask, sequence lengths,
-the log-sum-exp cotangent) are zero-size arrays. ``query_offset`` is an int32
-scalar operand, so a traced offset (a decode loop) does not recompile.
+the log-sum-exp cotangent, zero tangents) are zero-size arrays.
+``query_offset`` is an int32 scalar operand, so a traced offset (a decode loop)
+does not recompile.
+
+Forward mode runs one fused kernel (``attention_fwd_jvp_p``): the output, the
+log-sum-exp and both their tangents in a single flash pass over K/V, from the
+tangents of q, k, v and the bias. Reverse mode is unchanged: partial
+evaluation splits that primitive into the forward and the tangent primitive,
+whose transpose is the backward kernel (see jaxops/_src/autodiff.py).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
 
 from jaxops import reference
 from jaxops._src import ffi_targets, primitive
+from jaxops._src.autodiff import Differentiable
 from jaxops._src.checks import check_array
-from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, is_absent
 from jaxops._src.sharding import Factors
 
 _F32 = jnp.float32
@@ -40,16 +45,8 @@ _ATTRIBUTES = {
 }
 
 
-def _absent(dtype):
-  return jnp.zeros((0,), dtype)
-
-
-def _is_absent(x) -> bool:
-  return x.shape == (0,)
-
-
 def _optional(x):
-  return None if _is_absent(x) else x
+  return None if is_absent(x) else x
 
 
 def _window(window_left, window_right):
@@ -86,9 +83,42 @@ def _bwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out
     return _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, **params)
 
   (_, lse_ref), vjp = jax.vjp(forward, q, k, v, bias)
-  dlse = jnp.zeros_like(lse_ref) if _is_absent(dlse) else dlse
+  dlse = jnp.zeros_like(lse_ref) if is_absent(dlse) else dlse
   dq, dk, dv, dbias = vjp((dout, dlse))
-  return dq, dk, dv, dbias if with_dbias else _absent(_F32)
+  return dq, dk, dv, dbias if with_dbias else absent(_F32)
+
+
+def _fwd_jvp_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, dq, dk, dv,
+                       dbias, **params):
+  def forward(q, k, v, bias):
+    return _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, **params)
+
+  primals = (q, k, v, bias)
+  tangents = tuple(jnp.zeros_like(p) if is_absent(t) else t
+                   for p, t in zip(primals, (dq, dk, dv, dbias)))
+  (out, lse), (dout, dlse) = jax.jvp(forward, primals, tangents)
+  return out, lse, dout, dlse
+
+
+def _fwd_jvp_abstract_eval(q, *operands, **params):
+  out, lse = _fwd_abstract_eval(q, *operands[:7], **params)
+  return out, lse, out, lse
+
+
+def _jvp_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dq, dk,
+                   dv, dbias, **params):
+  del out, lse  # recomputed, so that the reference differentiates exactly
+  return _fwd_jvp_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, dq, dk, dv,
+                            dbias, **params)[2:]
+
+
+def _jvp_with_fused_kernel(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse,
+                           dq, dk, dv, dbias, **params):
+  """The tangents alone (e.g. evaluating a linearized attention): the fused
+  forward-mode kernel, its primal results dropped."""
+  del out, lse
+  return attention_fwd_jvp_p(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, dq, dk,
+                             dv, dbias, **params)[2:]
 
 
 # -- batching: the vmapped axis folds into the batch axis B --------------------------
@@ -101,7 +131,7 @@ def _fold(x, size, batched, batch, may_broadcast):
   examples stays broadcast; absent (zero-size) shared operands stay absent.
   """
   if not batched:
-    if _is_absent(x) or (may_broadcast and x.shape[0] == 1):
+    if is_absent(x) or (may_broadcast and x.shape[0] == 1):
       return x
     return jnp.broadcast_to(x[None], (size, *x.shape)).reshape(size * batch, *x.shape[1:])
   if x.shape[1] != batch:
@@ -125,13 +155,24 @@ def _sizes(args, dims):
 
 
 def _fwd_batch_rule(prim, args, dims, **params):
+  """The forward and the forward-mode primitives: every operand but
+  query_offset folds into B (a bias, a mask and the bias tangent, always last,
+  may stay broadcast)."""
   if dims[7] is not NOT_MAPPED:  # a per-example query_offset: vmap the reference
     return None
   size, batch = _sizes(args, dims)
-  folded = _fold_all(args[:7], dims[:7], size, batch)
-  out, lse = prim(*folded, args[7], **params)
-  return (out.reshape(size, batch, *out.shape[1:]),
-          lse.reshape(size, batch, *lse.shape[1:])), (0, 0)
+  order = [i for i in range(len(args)) if i != 7]
+  may_broadcast = (3, 4, len(order) - 1) if len(args) > 8 else (3, 4)
+  folded = _fold_all([args[i] for i in order], [dims[i] for i in order], size, batch,
+                     may_broadcast)
+  bias, dbias = folded[3], folded[-1]
+  if len(args) > 8 and not is_absent(dbias) and dbias.shape != bias.shape:
+    # A tangent has its primal's shape: where one of them is batched, neither
+    # stays broadcast along B.
+    shape = np.broadcast_shapes(bias.shape, dbias.shape)
+    folded[3], folded[-1] = jnp.broadcast_to(bias, shape), jnp.broadcast_to(dbias, shape)
+  outs = prim(*folded[:7], args[7], *folded[7:], **params)
+  return [o.reshape(size, batch, *o.shape[1:]) for o in outs], (0,) * len(outs)
 
 
 def _bwd_batch_rule(prim, args, dims, *, with_dbias, **params):
@@ -162,8 +203,12 @@ def _bwd_batch_rule(prim, args, dims, *, with_dbias, **params):
 # -- sharding: batch and heads shard; sequences and head_dim stay whole ----------------
 
 
-def _sharding(avals_in, avals_out, **params):
+def _sharding(extra_operands, results):
   """Batch- and head-sharded attention runs locally on each shard.
+
+  ``extra_operands``: the layouts of the operands after query_offset;
+  ``results``: those of the results ("q" like the query, "kv" like a key,
+  "bnts" like the bias, "bnt" like the log-sum-exp).
 
   With GQA the query heads are (kv_heads, group): they shard through the KV
   heads, so each shard holds whole groups with their KV heads. A bias or mask
@@ -171,37 +216,38 @@ def _sharding(avals_in, avals_out, **params):
   the broadcast copies) is summed over the shards. The query and key sequence
   axes and head_dim stay whole: the kernel needs every key of a query row.
   """
-  q, k = avals_in[0], avals_in[1]
-  B, _, N, _ = q.shape
-  K = k.shape[2]
-  if N == K or K == 1:
-    # MHA: heads shard alike. MQA: query heads shard, the one KV head is whole.
-    heads, kv_heads, sizes = "heads", ("heads" if N == K else None), {}
-  else:
-    heads, kv_heads, sizes = ("kv_heads", "group"), "kv_heads", {"group": N // K}
 
-  def dims(aval, layout):
-    if _is_absent(aval):
-      return (None,)
-    if layout == "q":
-      return ("batch", None, heads, None)
-    if layout == "kv":
-      return ("batch", None, kv_heads, None)
-    if layout == "bnts":  # bias, mask and dbias: [B or 1, N or 1, T, S]
-      return ("batch" if aval.shape[0] == B else None,
-              heads if aval.shape[1] == N else None, None, None)
-    if layout == "bnt":  # log-sum-exp
-      return ("batch", heads, None)
-    if layout == "b":  # sequence lengths
-      return ("batch",)
-    return (None,) * aval.ndim  # query_offset
+  def factors(avals_in, avals_out, **params):
+    q, k = avals_in[0], avals_in[1]
+    B, _, N, _ = q.shape
+    K = k.shape[2]
+    if N == K or K == 1:
+      # MHA: heads shard alike. MQA: query heads shard, the one KV head is whole.
+      heads, kv_heads, sizes = "heads", ("heads" if N == K else None), {}
+    else:
+      heads, kv_heads, sizes = ("kv_heads", "group"), "kv_heads", {"group": N // K}
 
-  operand_layouts = ["q", "kv", "kv", "bnts", "bnts", "b", "b", "scalar"]
-  if len(avals_in) > 8:  # the backward's out, lse, dout, dlse
-    operand_layouts += ["q", "bnt", "q", "bnt"]
-  result_layouts = ["q", "bnt"] if len(avals_out) == 2 else ["q", "kv", "kv", "bnts"]
-  return Factors([dims(a, l) for a, l in zip(avals_in, operand_layouts)],
-                 [dims(a, l) for a, l in zip(avals_out, result_layouts)], sizes)
+    def dims(aval, layout):
+      if is_absent(aval):
+        return (None,)
+      if layout == "q":
+        return ("batch", None, heads, None)
+      if layout == "kv":
+        return ("batch", None, kv_heads, None)
+      if layout == "bnts":  # bias, mask and dbias: [B or 1, N or 1, T, S]
+        return ("batch" if aval.shape[0] == B else None,
+                heads if aval.shape[1] == N else None, None, None)
+      if layout == "bnt":  # log-sum-exp
+        return ("batch", heads, None)
+      if layout == "b":  # sequence lengths
+        return ("batch",)
+      return (None,) * aval.ndim  # query_offset
+
+    operands = ["q", "kv", "kv", "bnts", "bnts", "b", "b", "scalar", *extra_operands]
+    return Factors([dims(a, l) for a, l in zip(avals_in, operands)],
+                   [dims(a, l) for a, l in zip(avals_out, results)], sizes)
+
+  return factors
 
 
 def _bwd_workspace(avals_in, params, platform):
@@ -217,54 +263,45 @@ def _bwd_workspace(avals_in, params, platform):
 attention_fwd_p = FfiPrimitive(
     name="jaxops_attention_fwd", target="jaxops_attention_fwd",
     abstract_eval=_fwd_abstract_eval, reference=_fwd_reference, attributes=_ATTRIBUTES,
-    batch_rule=_fwd_batch_rule, sharding=_sharding)
+    batch_rule=_fwd_batch_rule, sharding=_sharding([], ["q", "bnt"]))
+
+attention_fwd_jvp_p = FfiPrimitive(
+    name="jaxops_attention_fwd_jvp", target=None,
+    abstract_eval=_fwd_jvp_abstract_eval, reference=_fwd_jvp_reference, attributes=_ATTRIBUTES,
+    batch_rule=_fwd_batch_rule,
+    sharding=_sharding(["q", "kv", "kv", "bnts"], ["q", "bnt", "q", "bnt"]))
+
+attention_jvp_p = FfiPrimitive(
+    name="jaxops_attention_jvp", target=None,
+    abstract_eval=lambda q, *operands, **params: _fwd_abstract_eval(q, *operands[:7], **params),
+    reference=_jvp_reference, composite=_jvp_with_fused_kernel, attributes=_ATTRIBUTES,
+    # Folding the primals too keeps the fused kernel's batch rule on its batched path.
+    batch_rule=_fwd_batch_rule)
 
 attention_bwd_p = FfiPrimitive(
     name="jaxops_attention_bwd", target="jaxops_attention_bwd",
     abstract_eval=_bwd_abstract_eval, reference=_bwd_reference,
     attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, workspace=_bwd_workspace,
-    batch_rule=_bwd_batch_rule, sharding=_sharding)
+    batch_rule=_bwd_batch_rule,
+    sharding=_sharding(["q", "bnt", "q", "bnt"], ["q", "kv", "kv", "bnts"]))
 
 
-# -- custom VJP over the primitives ------------------------------------------------------
-
-
-class _Config(NamedTuple):
-  scale: float
-  is_causal: bool
-  window_left: int
-  window_right: int
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
-def _attention_kernel(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, config):
-  return attention_fwd_p(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset,
-                         **config._asdict())
-
-
-def _attention_kernel_fwd(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, config):
-  # symbolic_zeros: each argument arrives as (value, perturbed).
-  values = [a.value for a in (q, k, v, bias, mask, q_lengths, kv_lengths, query_offset)]
-  out, lse = attention_fwd_p(*values, **config._asdict())
-  # The bias gradient costs an extra pass: computed only when bias is differentiated
-  # (the marker's presence is static pytree structure).
-  dbias_marker = _absent(_F32) if bias.perturbed and not _is_absent(bias.value) else None
-  return (out, lse), (*values, out, lse, dbias_marker)
-
-
-def _attention_kernel_bwd(config, residuals, cotangents):
-  q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dbias_marker = residuals
-  wants_dbias = dbias_marker is not None
+def _transpose(cotangents, saved, wanted, **params):
+  """The backward kernel; dbias (an extra pass) only when the bias is differentiated."""
   dout, dlse = cotangents
-  dout = jnp.zeros_like(out) if isinstance(dout, SymbolicZero) else dout
-  dlse = _absent(_F32) if isinstance(dlse, SymbolicZero) else dlse
+  q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse = saved
+  with_dbias = wanted[3] is not None
   dq, dk, dv, dbias = attention_bwd_p(
-      q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dout, dlse,
-      with_dbias=wants_dbias, **config._asdict())
-  return dq, dk, dv, (dbias if wants_dbias else None), None, None, None, None
+      q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse,
+      jnp.zeros_like(out) if dout is None else dout, absent(_F32) if dlse is None else dlse,
+      with_dbias=with_dbias, **params)
+  return dq, dk, dv, dbias if with_dbias else None
 
 
-_attention_kernel.defvjp(_attention_kernel_fwd, _attention_kernel_bwd, symbolic_zeros=True)
+Differentiable(
+    forward=attention_fwd_p, tangent=attention_jvp_p, fused=attention_fwd_jvp_p,
+    transpose=_transpose, tangent_inputs=(0, 1, 2, 3), saved_inputs=tuple(range(8)),
+    saved_outputs=(0, 1), checkpoint_name="jaxops.attention")
 
 
 # -- public function ------------------------------------------------------------------
@@ -350,14 +387,15 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   query_offset = _check_offset(op, query_offset)
 
   if _use_kernel(op, implementation, query.dtype, H):
-    config = _Config(scale, bool(is_causal), *(window if window else (-1, -1)))
-    out, lse = _attention_kernel(
+    window_left, window_right = window if window else (-1, -1)
+    out, lse = attention_fwd_p(
         query, key, value,
-        _absent(_F32) if bias is None else bias.astype(_F32),
-        _absent(jnp.bool_) if mask is None else mask,
-        _absent(_I32) if q_lengths is None else q_lengths,
-        _absent(_I32) if kv_lengths is None else kv_lengths,
-        query_offset, config)
+        absent(_F32) if bias is None else bias.astype(_F32),
+        absent(jnp.bool_) if mask is None else mask,
+        absent(_I32) if q_lengths is None else q_lengths,
+        absent(_I32) if kv_lengths is None else kv_lengths,
+        query_offset, scale=scale, is_causal=bool(is_causal), window_left=window_left,
+        window_right=window_right)
   else:
     out, lse = reference.attention_with_logsumexp(
         query, key, value, bias, mask, scale=scale, is_causal=bool(is_causal),

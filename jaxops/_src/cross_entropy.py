@@ -1,31 +1,35 @@
 """cross_entropy and linear_cross_entropy: primitives and public functions.
 
 cross_entropy: the forward primitive returns the float32 per-token loss and
-logsumexp; the backward primitive writes dlogits in one pass over the logits
-from that logsumexp (no one-hot, no second reduction). The reduction over
-tokens ("mean", "sum") is jnp on the per-token losses, so its cotangent reaches
-the backward kernel as a per-token scale.
+logsumexp; the tangent primitive (forward mode) reads the logits and their
+tangent once per row; its transpose, the backward primitive, writes dlogits in
+one pass over the logits from that logsumexp (no one-hot, no second
+reduction). The reduction over tokens ("mean", "sum") is jnp on the per-token
+losses, so its cotangent reaches the backward kernel as a per-token scale. The
+logsumexp is a residual: the references that take it recompute it.
 
 linear_cross_entropy: the loss of ``x @ weight + bias`` without the [tokens,
-vocab] logits. Tokens are processed in blocks by a ``lax.scan``: each block's
-logits are an XLA matmul (XLA's CPU dot runs 3-4x faster here than an Eigen GEMM
-inside a kernel, and the matmuls are most of the time), and the cross-entropy
-kernel turns them into the loss and, in place, their gradient. Blocking over
-tokens rather than over the vocabulary keeps every row whole, so each block
-needs one matmul forward and two backward and no online rescaling; peak
-temporary memory is one block of logits (``_LOGITS_BLOCK_BYTES``) plus the
-weight gradient.
+vocab] logits. Its primitives have no kernel of their own: on the kernel
+platforms they lower to a ``lax.scan`` over blocks of tokens, where each
+block's logits are an XLA matmul (XLA's CPU dot runs 3-4x faster here than an
+Eigen GEMM inside a kernel, and the matmuls are most of the time) and the
+cross-entropy kernels turn them into the loss, its tangent or, in place, its
+gradient. Blocking over tokens rather than over the vocabulary keeps every row
+whole, so each block needs one matmul forward and two backward and no online
+rescaling; peak temporary memory is one block of logits
+(``_LOGITS_BLOCK_BYTES``) plus the weight gradient.
 
-For a summed or averaged loss the cotangent is one scalar, so the forward under
-differentiation computes the gradients for a unit cotangent in the same sweep
-(3 matmuls in all, as many as the unfused jnp program) and the backward only
-scales them. reduction="none" has one cotangent per token, unknown during the
-forward: its backward sweeps the blocks again (4 matmuls).
+For a summed or averaged loss the cotangent is one scalar, so when the loss is
+differentiated its forward computes the gradient for a unit cotangent in the
+same sweep (3 matmuls in all, as many as the unfused jnp program): the tangent
+is then the dot product of that gradient with the input tangents, and its
+transpose (reverse mode) only scales it. reduction="none" has one cotangent per
+token, unknown during the forward: its tangent and its backward each sweep the
+blocks again.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -36,14 +40,15 @@ from jax import lax
 
 from jaxops import reference
 from jaxops._src import primitive
+from jaxops._src.autodiff import Differentiable
 from jaxops._src.checks import (
     check_array,
     check_float_array,
     check_static_float,
     check_static_int,
 )
-from jaxops._src.primitive import FfiPrimitive, batch_to_front
-from jaxops._src.sharding import leading_axes
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent
+from jaxops._src.sharding import Factors, leading_axes
 
 _F32 = jnp.float32
 _REDUCTIONS = ("mean", "sum", "none")
@@ -77,16 +82,25 @@ def _fwd_reference(logits, labels, **options):
   return reference.cross_entropy_per_token(logits, labels, **options)
 
 
-def _bwd_reference(logits, labels, lse, dloss, *, ignore_index, label_smoothing, z_loss):
-  vocab = logits.shape[-1]
-  computed = (labels != ignore_index) & (labels >= 0) & (labels < vocab)
-  x = jnp.where(computed[..., None], logits.astype(_F32), 0.0)
-  lse = jnp.where(computed, lse, 0.0)[..., None]
-  onehot = jnp.arange(vocab) == labels[..., None]
-  d = (jnp.exp(x - lse) * (1.0 + 2.0 * z_loss * lse) - label_smoothing / vocab
-       - (1.0 - label_smoothing) * onehot)
-  d = jnp.where(computed[..., None], d * dloss[..., None], 0.0)
+def _bwd_reference(logits, labels, lse, dloss, **options):
+  del lse  # recomputed, so that the reference differentiates exactly
+  _, vjp = jax.vjp(lambda l: _fwd_reference(l, labels, **options)[0], logits.astype(_F32))
+  computed = _computed(labels, logits.shape[-1], options)
+  d = jnp.where(computed[..., None], vjp(jnp.where(computed, dloss, 0.0))[0], 0.0)
   return (d.astype(logits.dtype),)
+
+
+def _jvp_reference(logits, labels, lse, dlogits, **options):
+  del lse
+  _, dloss = jax.jvp(lambda l: _fwd_reference(l, labels, **options)[0],
+                     (logits.astype(_F32),), (dlogits.astype(_F32),))
+  # A label out of range has a NaN loss and, like its gradient, a zero tangent.
+  return (jnp.where(_computed(labels, logits.shape[-1], options), dloss, 0.0),)
+
+
+def _computed(labels, vocab, options):
+  """Tokens whose loss is computed: not ignored, label in range."""
+  return (labels != options["ignore_index"]) & (labels >= 0) & (labels < vocab)
 
 
 def _fwd_grad_reference(logits, labels, **options):
@@ -100,20 +114,26 @@ def _row_batch_rule(prim, args, dims, **params):
   return outs, (0,) * len(outs)
 
 
-def _make(name, abstract_eval, reference_fn, roles, target=None, input_output_aliases=None):
+def _make(name, abstract_eval, reference_fn, roles, target=None, input_output_aliases=None,
+          kernel=True):
   # Tokens shard (logits, labels, losses alike); the vocabulary axis stays whole.
   # The mean over tokens is taken outside the primitive, where XLA reduces it.
-  return FfiPrimitive(name=name, target=target or name, abstract_eval=abstract_eval,
-                      reference=reference_fn, attributes=_ATTRIBUTES,
-                      batch_rule=_row_batch_rule,
+  return FfiPrimitive(name=name, target=(target or name) if kernel else None,
+                      abstract_eval=abstract_eval, reference=reference_fn,
+                      attributes=_ATTRIBUTES, batch_rule=_row_batch_rule,
                       input_output_aliases=input_output_aliases or {},
-                      sharding=leading_axes(roles))
+                      sharding=leading_axes(roles) if kernel else None)
 
 
 cross_entropy_fwd_p = _make(
     "jaxops_cross_entropy_fwd",
     lambda logits, labels, **_: (_rows_aval(labels), _rows_aval(labels)),
     _fwd_reference, "xs -> ss")
+
+cross_entropy_jvp_p = _make(
+    "jaxops_cross_entropy_jvp",
+    lambda logits, labels, lse, dlogits, **_: (_rows_aval(labels),),
+    _jvp_reference, "xssx -> s", kernel=False)
 
 _bwd_aval = lambda logits, labels, lse, dloss, **_: (
     jax.core.ShapedArray(logits.shape, logits.dtype),)
@@ -134,25 +154,18 @@ cross_entropy_fwd_grad_p = _make(
     _fwd_grad_reference, "xs -> sx", input_output_aliases={0: 1})
 
 
+def _cross_entropy_transpose(cotangents, saved, wanted, **options):
+  (dloss,), (logits, labels, lse) = cotangents, saved
+  return cross_entropy_bwd_p(logits, labels, lse, dloss, **options)
+
+
+Differentiable(
+    forward=cross_entropy_fwd_p, tangent=cross_entropy_jvp_p, transpose=_cross_entropy_transpose,
+    tangent_inputs=(0,), outputs=1, saved_inputs=(0, 1), saved_outputs=(1,),
+    checkpoint_name="jaxops.cross_entropy")
+
+
 # -- cross_entropy -----------------------------------------------------------------------
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _cross_entropy_rows(logits, labels, options):
-  return cross_entropy_fwd_p(logits, labels, **options.params())[0]
-
-
-def _cross_entropy_rows_fwd(logits, labels, options):
-  loss, lse = cross_entropy_fwd_p(logits, labels, **options.params())
-  return loss, (logits, labels, lse)
-
-
-def _cross_entropy_rows_bwd(options, residuals, dloss):
-  logits, labels, lse = residuals
-  return cross_entropy_bwd_p(logits, labels, lse, dloss, **options.params())[0], None
-
-
-_cross_entropy_rows.defvjp(_cross_entropy_rows_fwd, _cross_entropy_rows_bwd)
 
 
 def cross_entropy(logits, labels, *, ignore_index: int = -100, label_smoothing: float = 0.0,
@@ -189,19 +202,11 @@ def cross_entropy(logits, labels, *, ignore_index: int = -100, label_smoothing: 
   options, reduction = _check_options(op, ignore_index, label_smoothing, z_loss, reduction)
   if not primitive.use_kernel(op, implementation, [logits.dtype]):
     return reference.cross_entropy(logits, labels, reduction=reduction, **options.params())
-  loss = _cross_entropy_rows(logits, _kernel_labels(labels), options)
+  loss, _ = cross_entropy_fwd_p(logits, _kernel_labels(labels), **options.params())
   return reference.reduce_loss(loss, labels, ignore_index, reduction).astype(logits.dtype)
 
 
 # -- linear_cross_entropy ----------------------------------------------------------------
-
-
-class _Linear(NamedTuple):
-  """Static configuration of one linear_cross_entropy call."""
-  options: Options
-  block: int  # tokens per block
-  x_dtype: str
-  weight_dtype: str
 
 
 def _block_tokens(tokens, vocab):
@@ -250,100 +255,235 @@ def _zero_grads(weight, bias):
   return jnp.zeros(weight.shape, _F32), jnp.zeros(bias.shape, _F32)
 
 
-def _loss_and_lse(x, weight, bias, labels, config):
-  options = config.options
+def _sweep(body, carry, x, labels, block, ignore_index, *per_token):
+  """``lax.scan`` of ``body(carry, xb, lb, *per_token_b)`` over blocks of tokens."""
+  blocks = (_blocked(x, block, 0), _blocked(labels, block, ignore_index),
+            *(_blocked(a, block, 0) for a in per_token))
+  return lax.scan(lambda c, b: body(c, *b), carry, blocks)
 
-  def body(_, block):
-    xb, lb = block
-    loss, lse = cross_entropy_fwd_p(_logits_block(xb, weight, bias), lb, **options.params())
-    return None, (loss, lse)
 
-  blocks = (_blocked(x, config.block, 0), _blocked(labels, config.block, options.ignore_index))
-  _, (loss, lse) = lax.scan(body, None, blocks)
+def _loss_and_lse(x, weight, bias, labels, *, block, **options):
+  def body(_, xb, lb):
+    return None, cross_entropy_fwd_p(_logits_block(xb, weight, bias), lb, **options)
+
+  _, (loss, lse) = _sweep(body, None, x, labels, block, options["ignore_index"])
   return _unblocked(loss, x.shape[0]), _unblocked(lse, x.shape[0])
 
 
-def _loss_and_unit_grads(x, weight, bias, labels, config):
+def _loss_and_unit_grads(x, weight, bias, labels, *, block, **options):
   """Per-token losses and the float32 gradients of their sum."""
-  options = config.options
 
-  def body(carry, block):
-    xb, lb = block
-    loss, dlogits = cross_entropy_fwd_grad_p(_logits_block(xb, weight, bias), lb,
-                                             **options.params())
+  def body(carry, xb, lb):
+    loss, dlogits = cross_entropy_fwd_grad_p(_logits_block(xb, weight, bias), lb, **options)
     dx, carry = _grad_block(xb, dlogits, weight, carry)
     return carry, (loss, dx)
 
-  blocks = (_blocked(x, config.block, 0), _blocked(labels, config.block, options.ignore_index))
-  (dweight, dbias), (loss, dx) = lax.scan(body, _zero_grads(weight, bias), blocks)
+  (dweight, dbias), (loss, dx) = _sweep(body, _zero_grads(weight, bias), x, labels, block,
+                                        options["ignore_index"])
   return _unblocked(loss, x.shape[0]), _unblocked(dx, x.shape[0]), dweight, dbias
 
 
-def _grads_for(x, weight, bias, labels, lse, dloss, config):
-  """The gradients of sum(dloss * loss), sweeping the blocks again."""
-  options = config.options
+def _loss_tangent(x, weight, bias, labels, lse, dx, dweight, dbias, *, block, **options):
+  """Per-token tangents of the losses, sweeping the blocks again: each block's
+  logits and their tangent dx @ weight + x @ dweight + dbias."""
 
-  def body(carry, block):
-    xb, lb, lse_b, dloss_b = block
+  def body(_, xb, lb, lse_b, *tangents):
+    dlogits = jnp.zeros((xb.shape[0], weight.shape[1]), _F32)
+    if not is_absent(dx):
+      dlogits = dlogits + jnp.dot(tangents[0], weight, preferred_element_type=_F32)
+    if not is_absent(dweight):
+      dlogits = dlogits + jnp.dot(xb, dweight, preferred_element_type=_F32)
+    if not is_absent(dbias):
+      dlogits = dlogits + dbias.astype(_F32)
+    return None, cross_entropy_jvp_p(_logits_block(xb, weight, bias), lb, lse_b, dlogits,
+                                     **options)[0]
+
+  per_token = (lse,) if is_absent(dx) else (lse, dx)
+  _, dloss = _sweep(body, None, x, labels, block, options["ignore_index"], *per_token)
+  return (_unblocked(dloss, x.shape[0]),)
+
+
+def _grads_for(x, weight, bias, labels, lse, dloss, *, block, **options):
+  """The float32 gradients of sum(dloss * loss), sweeping the blocks again."""
+
+  def body(carry, xb, lb, lse_b, dloss_b):
     dlogits, = cross_entropy_bwd_inplace_p(_logits_block(xb, weight, bias), lb, lse_b, dloss_b,
-                                           **options.params())
+                                           **options)
     dx, carry = _grad_block(xb, dlogits, weight, carry)
     return carry, dx
 
-  blocks = (_blocked(x, config.block, 0), _blocked(labels, config.block, options.ignore_index),
-            _blocked(lse, config.block, 0), _blocked(dloss, config.block, 0))
-  (dweight, dbias), dx = lax.scan(body, _zero_grads(weight, bias), blocks)
+  (dweight, dbias), dx = _sweep(body, _zero_grads(weight, bias), x, labels, block,
+                                options["ignore_index"], lse, dloss)
   return _unblocked(dx, x.shape[0]), dweight, dbias
 
 
-def _cast_grads(config, dx, dweight, dbias, scale=1.0):
-  return ((dx * scale).astype(config.x_dtype), (dweight * scale).astype(config.weight_dtype),
-          (dbias * scale).astype(config.weight_dtype))
-
-
-def _denominator(labels, config, mean):
+def _denominator(labels, ignore_index, mean):
   if not mean:
     return jnp.float32(1.0)
-  count = jnp.sum(labels != config.options.ignore_index)
-  return jnp.maximum(count, 1).astype(_F32)
+  return jnp.maximum(jnp.sum(labels != ignore_index), 1).astype(_F32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _linear_reduced(x, weight, bias, labels, config, mean):
-  loss, _ = _loss_and_lse(x, weight, bias, labels, config)
-  return jnp.sum(loss) / _denominator(labels, config, mean)
+# -- linear_cross_entropy primitives: scans of XLA matmuls and the kernels above --------
+#
+# Operands (x [tokens, hidden], weight [hidden, vocab], bias [vocab] or absent,
+# labels [tokens]); parameters: the cross-entropy options and `block` (tokens
+# per block); the reduced loss also `mean` (else the sum).
 
 
-def _linear_reduced_fwd(x, weight, bias, labels, config, mean):
-  loss, dx, dweight, dbias = _loss_and_unit_grads(x, weight, bias, labels, config)
-  denominator = _denominator(labels, config, mean)
-  return jnp.sum(loss) / denominator, (dx, dweight, dbias, denominator)
+def _linear_logits_reference(x, weight, bias):
+  logits = jnp.matmul(x, weight, precision=lax.Precision.HIGHEST, preferred_element_type=_F32)
+  return logits + bias.astype(_F32) if bias.shape[0] else logits
 
 
-def _linear_reduced_bwd(config, mean, residuals, g):
-  dx, dweight, dbias, denominator = residuals
-  return (*_cast_grads(config, dx, dweight, dbias, g / denominator), None)
+def _linear_rows_reference(x, weight, bias, labels, *, block, **options):
+  return reference.cross_entropy_per_token(_linear_logits_reference(x, weight, bias), labels,
+                                           **options)
 
 
-_linear_reduced.defvjp(_linear_reduced_fwd, _linear_reduced_bwd)
+def _linear_rows_tangent_reference(x, weight, bias, labels, lse, dx, dweight, dbias, *, block,
+                                   **options):
+  del lse
+  primals = tuple(a.astype(_F32) for a in (x, weight, bias))
+  tangents = tuple(jnp.zeros_like(p) if is_absent(t) else t.astype(_F32)
+                   for p, t in zip(primals, (dx, dweight, dbias)))
+  rows = lambda *a: _linear_rows_reference(*a, labels, block=block, **options)[0]
+  _, dloss = jax.jvp(rows, primals, tangents)
+  return (jnp.where(_computed(labels, weight.shape[1], options), dloss, 0.0),)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _linear_rows(x, weight, bias, labels, config):
-  return _loss_and_lse(x, weight, bias, labels, config)[0]
+def _linear_loss_reference(x, weight, bias, labels, *, block, mean, **options):
+  loss, _ = _linear_rows_reference(x, weight, bias, labels, block=block, **options)
+  return (jnp.sum(loss) / _denominator(labels, options["ignore_index"], mean),)
 
 
-def _linear_rows_fwd(x, weight, bias, labels, config):
-  loss, lse = _loss_and_lse(x, weight, bias, labels, config)
-  return loss, (x, weight, bias, labels, lse)
+def _linear_loss_grads_reference(x, weight, bias, labels, **params):
+  primals = tuple(a.astype(_F32) for a in (x, weight, bias))
+  loss_of = lambda *a: _linear_loss_reference(*a, labels, **params)[0]
+  loss, grads = jax.value_and_grad(loss_of, (0, 1, 2))(*primals)
+  return (loss, *grads)
 
 
-def _linear_rows_bwd(config, residuals, dloss):
-  x, weight, bias, labels, lse = residuals
-  return (*_cast_grads(config, *_grads_for(x, weight, bias, labels, lse, dloss, config)), None)
+def _linear_loss_grads(x, weight, bias, labels, *, block, mean, **options):
+  loss, dx, dweight, dbias = _loss_and_unit_grads(x, weight, bias, labels, block=block,
+                                                  **options)
+  scale = 1.0 / _denominator(labels, options["ignore_index"], mean)
+  return jnp.sum(loss) * scale, dx * scale, dweight * scale, dbias * scale
 
 
-_linear_rows.defvjp(_linear_rows_fwd, _linear_rows_bwd)
+def _linear_loss_tangent(gx, gweight, gbias, dx, dweight, dbias, **params):
+  """The tangent of a summed loss: its (unit) gradient dotted with the tangents."""
+  dloss = jnp.float32(0.0)
+  for grad, tangent in ((gx, dx), (gweight, dweight), (gbias, dbias)):
+    if not is_absent(tangent):
+      dloss = dloss + jnp.vdot(grad, tangent.astype(_F32))
+  return (dloss,)
+
+
+def _fold_tokens_batch_rule(prim, args, dims, **params):
+  """vmap over x and labels (the weight shared): more tokens for one sweep."""
+  if any(d is not NOT_MAPPED for d in dims[1:3]):
+    return None
+  (x, _, _, labels), size = batch_to_front(args, dims, (0, 3))
+  tokens = x.shape[1]
+  outs = prim(x.reshape(size * tokens, x.shape[-1]), args[1], args[2],
+              labels.reshape(size * tokens), **params)
+  return [o.reshape(size, tokens) for o in outs], (0,) * len(outs)
+
+
+def _per_example_loss_batch_rule(prim, args, dims, *, mean, **params):
+  """vmap of a summed or averaged loss (the weight shared): the per-token losses
+  of every example in one sweep, then each example's own sum or mean."""
+  if any(d is not NOT_MAPPED for d in dims[1:3]):
+    return None
+  (x, _, _, labels), size = batch_to_front(args, dims, (0, 3))
+  rows, _ = _fold_tokens_batch_rule(linear_rows_p, [x, args[1], args[2], labels],
+                                    (0, NOT_MAPPED, NOT_MAPPED, 0), **params)
+  loss = rows[0].sum(axis=1) / jax.vmap(
+      lambda l: _denominator(l, params["ignore_index"], mean))(labels)
+  return (loss,), (0,)
+
+
+def _rows_aval_of(x, *_, **__):
+  return jax.core.ShapedArray(x.shape[:1], _F32)
+
+
+def _linear_sharding(roles):
+  """Tokens shard (role "t": x's rows, labels, per-token results, x's gradient);
+  everything else (role "w": the weight, bias and their gradients; scalars) is
+  whole. ``roles``: one letter per operand, "->", one per result."""
+  operand_roles, result_roles = (part.strip() for part in roles.split("->"))
+
+  def dims(role, aval):
+    if role == "t" and not is_absent(aval):
+      return ("tokens",) + (None,) * (aval.ndim - 1)
+    return (None,) * aval.ndim
+
+  def factors(avals_in, avals_out, **params):
+    return Factors([dims(r, a) for r, a in zip(operand_roles, avals_in)],
+                   [dims(r, a) for r, a in zip(result_roles, avals_out)])
+
+  return factors
+
+
+def _composite(name, roles, abstract_eval, reference_fn, composite, batch_rule=None):
+  return FfiPrimitive(name=name, target=None, abstract_eval=abstract_eval,
+                      reference=reference_fn, composite=composite, batch_rule=batch_rule,
+                      sharding=_linear_sharding(roles))
+
+
+linear_rows_p = _composite(
+    "jaxops_linear_cross_entropy_rows", "twwt -> tt",
+    lambda x, w, b, l, **_: (_rows_aval_of(x), _rows_aval_of(x)),
+    _linear_rows_reference, _loss_and_lse, _fold_tokens_batch_rule)
+
+linear_rows_tangent_p = _composite(
+    "jaxops_linear_cross_entropy_rows_jvp", "twwtttww -> t",
+    lambda x, *_, **__: (_rows_aval_of(x),),
+    _linear_rows_tangent_reference, _loss_tangent)
+
+_SCALAR = jax.core.ShapedArray((), _F32)
+
+linear_loss_p = _composite(
+    "jaxops_linear_cross_entropy_loss", "twwt -> w",
+    lambda x, w, b, l, **_: (_SCALAR,),
+    _linear_loss_reference,
+    lambda x, w, b, labels, *, block, mean, **options: (
+        jnp.sum(_loss_and_lse(x, w, b, labels, block=block, **options)[0])
+        / _denominator(labels, options["ignore_index"], mean),),
+    _per_example_loss_batch_rule)
+
+linear_loss_grads_p = _composite(
+    "jaxops_linear_cross_entropy_loss_grads", "twwt -> wtww",
+    lambda x, w, b, l, **_: (_SCALAR, *(jax.core.ShapedArray(a.shape, _F32) for a in (x, w, b))),
+    _linear_loss_grads_reference, _linear_loss_grads)
+
+linear_loss_tangent_p = _composite(
+    "jaxops_linear_cross_entropy_loss_jvp", "twwtww -> w", lambda *_, **__: (_SCALAR,),
+    _linear_loss_tangent, None)
+
+
+def _cast(grads, wanted, scale=1.0):
+  return [None if w is None else (g * scale).astype(w.dtype) for g, w in zip(grads, wanted)]
+
+
+def _linear_rows_transpose(cotangents, saved, wanted, **params):
+  (dloss,), (x, weight, bias, labels, lse) = cotangents, saved
+  return _cast(_grads_for(x, weight, bias, labels, lse, dloss, **params), wanted)
+
+
+def _linear_loss_transpose(cotangents, saved, wanted, **params):
+  return _cast(saved, wanted, cotangents[0])
+
+
+Differentiable(
+    forward=linear_rows_p, tangent=linear_rows_tangent_p, transpose=_linear_rows_transpose,
+    tangent_inputs=(0, 1, 2), outputs=1, saved_inputs=(0, 1, 2, 3), saved_outputs=(1,),
+    checkpoint_name="jaxops.linear_cross_entropy")
+
+Differentiable(
+    forward=linear_loss_p, jvp_forward=linear_loss_grads_p, tangent=linear_loss_tangent_p,
+    transpose=_linear_loss_transpose, tangent_inputs=(0, 1, 2), outputs=1,
+    saved_outputs=(1, 2, 3), checkpoint_name="jaxops.linear_cross_entropy")
 
 
 def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -100,
@@ -384,13 +524,13 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -1
   if not tokens or not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.linear_cross_entropy(x, weight, labels, bias=bias, reduction=reduction,
                                           **options.params())
-  config = _Linear(options, _block_tokens(tokens, vocab), x.dtype.name, weight.dtype.name)
-  args = (x.reshape(tokens, x.shape[-1]), weight,
-          jnp.zeros((0,), x.dtype) if bias is None else bias,
+  params = dict(options.params(), block=_block_tokens(tokens, vocab))
+  args = (x.reshape(tokens, x.shape[-1]), weight, absent(x.dtype) if bias is None else bias,
           _kernel_labels(labels).reshape(tokens))
   if reduction == "none":
-    return _linear_rows(*args, config).reshape(labels.shape).astype(x.dtype)
-  return _linear_reduced(*args, config, reduction == "mean").astype(x.dtype)
+    loss, _ = linear_rows_p(*args, **params)
+    return loss.reshape(labels.shape).astype(x.dtype)
+  return linear_loss_p(*args, mean=reduction == "mean", **params)[0].astype(x.dtype)
 
 
 # -- argument handling --------------------------------------------------------------------

@@ -4,6 +4,11 @@ The forward gathers rows (ids clamped to the table); the backward is a
 deterministic, race-free scatter-add (cpu/embedding.h) that writes the
 gradient of the whole table once. ids are int32 of any shape.
 
+The lookup is linear in the table: the forward primitive is its own tangent
+primitive (forward mode gathers the tangent's rows) and the scatter-add is its
+transpose; the scatter-add, linear in its cotangent, transposes back to the
+gather, so every order of derivative stays on the two kernels.
+
 Batching: a vmapped table [V, vocab, dim] becomes one table [V * vocab, dim]
 with each example's ids offset into its own slice, so the kernels still run
 once; the backward's per-example gradients come out as [V, vocab, dim] the
@@ -12,14 +17,13 @@ same way.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive
+from jaxops._src.autodiff import Differentiable
 from jaxops._src.checks import check_array, check_float_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
 from jaxops._src.sharding import Factors
@@ -93,20 +97,20 @@ embedding_bwd_p = FfiPrimitive(
     sharding=_bwd_sharding)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _embedding_kernel(table, ids, vocab):
-  return embedding_fwd_p(table, ids)[0]
+def _gather_transpose(cotangents, saved, wanted):
+  (dout,), (ids,) = cotangents, saved
+  return embedding_bwd_p(dout, ids, vocab=wanted[0].shape[0])
 
 
-def _embedding_kernel_fwd(table, ids, vocab):
-  return _embedding_kernel(table, ids, vocab), ids
+def _scatter_transpose(cotangents, saved, wanted, *, vocab):
+  (dtable,), (ids,) = cotangents, saved
+  return embedding_fwd_p(dtable, ids)
 
 
-def _embedding_kernel_bwd(vocab, ids, dout):
-  return embedding_bwd_p(dout, ids, vocab=vocab)[0], None
-
-
-_embedding_kernel.defvjp(_embedding_kernel_fwd, _embedding_kernel_bwd)
+Differentiable(forward=embedding_fwd_p, transpose=_gather_transpose, tangent_inputs=(0,),
+               checkpoint_name="jaxops.embedding")
+Differentiable(forward=embedding_bwd_p, transpose=_scatter_transpose, tangent_inputs=(0,),
+               checkpoint_name="jaxops.embedding")
 
 
 def embedding(table, ids, *, implementation=None):
@@ -138,4 +142,4 @@ def embedding(table, ids, *, implementation=None):
     ids = jnp.clip(ids, 0, vocab - 1).astype(jnp.int32)
   if not primitive.use_kernel(op, implementation, [table.dtype]):
     return reference.embedding(table, ids)
-  return _embedding_kernel(table, ids, vocab)
+  return embedding_fwd_p(table, ids)[0]

@@ -1,9 +1,16 @@
 """layer_norm, rms_norm and add_rms_norm: primitives and public functions.
 
 Forward primitives return the output and the float32 row statistics the
-backward needs (mean, rstd). Backward primitives produce dx and the weight/bias
-gradients in one pass over dy and x. An absent weight or bias is passed to the
-kernels as a zero-size array, so one handler signature serves every case.
+tangent and backward kernels need (mean, rstd). Tangent primitives (forward
+mode) produce dy from the tangents of x, weight and bias in one pass over each
+row; backward primitives (their transposes) produce dx and the weight/bias
+gradients in one pass over dy and x. An absent weight or bias, or a zero
+tangent, is passed to the kernels as a zero-size array, so one handler
+signature serves every case.
+
+The statistics are residuals (zero tangent): the references of the tangent and
+backward primitives recompute them from x, which is what makes second and
+higher derivatives exact.
 
 Weight gradients are reduced per *group* of rows: the public call uses one
 group; vmap over x with a shared weight multiplies the groups by the batch
@@ -13,7 +20,6 @@ the kernel still runs once over all rows.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -22,8 +28,10 @@ import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive
+from jaxops._src.autodiff import Differentiable
 from jaxops._src.checks import check_float_array, check_matching, check_param_vector
-from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front, is_batched
+from jaxops._src.primitive import (
+    NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent, is_batched)
 from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
@@ -32,10 +40,6 @@ _F32 = jnp.float32
 # order (see cpu/norms.h). Enough for every thread of a CPU, and for the SMs of a
 # GPU; the sums are deterministic for any value.
 _WEIGHT_GRAD_TASKS = {"cpu": 32, "cuda": 256}
-
-
-def _absent(dtype):
-  return jnp.zeros((0,), dtype)
 
 
 def _rows(shape) -> int:
@@ -84,11 +88,12 @@ def _row_batch_rule(row_operands, column_operands, grad_outputs=()):
     if is_batched(dims, column_operands):
       return None
     args, size = batch_to_front(args, dims, row_operands)
+    groups = params.get("groups", 1)
     if grad_outputs:
-      params = dict(params, groups=params["groups"] * size)
+      params = dict(params, groups=groups * size)
     outs = list(prim(*args, **params))
     for i in grad_outputs:
-      outs[i] = outs[i].reshape(size, -1, outs[i].shape[-1])
+      outs[i] = outs[i].reshape(size, groups, outs[i].shape[-1])
     return outs, (0,) * len(outs)
 
   return rule
@@ -114,13 +119,33 @@ def _local_groups(params, avals_in, local_avals_in):
 
 
 def _make(name, *, abstract_eval, reference_fn, attributes, batch_rule, roles,
-          workspace=None, input_output_aliases=None):
+          workspace=None, input_output_aliases=None, composite=None, kernel=True):
   return FfiPrimitive(
-      name=name, target=name, abstract_eval=abstract_eval, reference=reference_fn,
-      attributes=attributes, batch_rule=batch_rule, workspace=workspace,
+      name=name, target=name if kernel and not composite else None, abstract_eval=abstract_eval,
+      reference=reference_fn, composite=composite, attributes=attributes,
+      batch_rule=batch_rule, workspace=workspace,
       input_output_aliases=input_output_aliases or {},
       # Rows shard; the feature axis and weight/bias (and their gradients) stay whole.
-      sharding=leading_axes(roles, grouped_axes=_grouped_axes), local_params=_local_groups)
+      sharding=None if composite else leading_axes(roles, grouped_axes=_grouped_axes),
+      local_params=_local_groups)
+
+
+def _like(x):
+  return jax.core.ShapedArray(x.shape, x.dtype)
+
+
+def _tangent_or_zero(tangent, primal):
+  return jnp.zeros_like(primal) if is_absent(tangent) else tangent
+
+
+def upcast_all(*arrays):
+  return [a.astype(_F32) for a in arrays]
+
+
+def _jvp_of(fn, primals, tangents):
+  """The tangent of ``fn`` at ``primals`` (absent tangents are zero)."""
+  return jax.jvp(fn, tuple(primals),
+                 tuple(_tangent_or_zero(t, p) for t, p in zip(tangents, primals)))[1]
 
 
 # -- layer norm ---------------------------------------------------------------------
@@ -131,55 +156,71 @@ def _layer_norm_fwd_reference(x, weight, bias, *, epsilon):
       x, _param_or_none(weight), _param_or_none(bias), epsilon=epsilon)
 
 
-def _layer_norm_bwd_reference(dy, x, weight, bias, mean, rstd, *, groups):
-  xhat = (x.astype(_F32) - mean[..., None]) * rstd[..., None]
+def _layer_norm_bwd_reference(dy, x, weight, bias, mean, rstd, *, groups, epsilon):
+  del mean, rstd  # recomputed, so that the reference differentiates exactly
+  xf = x.astype(_F32)
+  mean = xf.mean(-1, keepdims=True)
+  rstd = jax.lax.rsqrt(jnp.square(xf - mean).mean(-1, keepdims=True) + epsilon)
+  xhat = (xf - mean) * rstd
   dyf = dy.astype(_F32)
   g = dyf * (weight.astype(_F32) if weight.shape[0] else 1.0)
-  dx = (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True)) * rstd[..., None]
+  dx = (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True)) * rstd
   dweight = _grouped_column_sum(dyf * xhat, groups) if weight.shape[0] else jnp.zeros((groups, 0))
   dbias = _grouped_column_sum(dyf, groups) if bias.shape[0] else jnp.zeros((groups, 0))
   return dx.astype(x.dtype), dweight.astype(weight.dtype), dbias.astype(bias.dtype)
 
 
+def _layer_norm_jvp_reference(x, weight, mean, rstd, dx, dweight, dbias, *, epsilon):
+  del mean, rstd
+  norm = lambda x, w: reference.layer_norm(x, _param_or_none(w), epsilon=epsilon)
+  dy = _jvp_of(norm, upcast_all(x, weight), upcast_all(dx, dweight))
+  if not is_absent(dbias):
+    dy = dy + dbias.astype(_F32)
+  return (dy.astype(x.dtype),)
+
+
 layer_norm_fwd_p = _make(
     "jaxops_layer_norm_fwd",
-    abstract_eval=lambda x, w, b, *, epsilon: (
-        jax.core.ShapedArray(x.shape, x.dtype), _stat_aval(x), _stat_aval(x)),
+    abstract_eval=lambda x, w, b, *, epsilon: (_like(x), _stat_aval(x), _stat_aval(x)),
     reference_fn=_layer_norm_fwd_reference,
     attributes={"epsilon": np.float32},
     batch_rule=_row_batch_rule(row_operands=(0,), column_operands=(1, 2)),
     roles="xpp -> xss")
 
+layer_norm_jvp_p = _make(
+    "jaxops_layer_norm_jvp",
+    abstract_eval=lambda x, w, mean, rstd, dx, dw, db, *, epsilon: (_like(x),),
+    reference_fn=_layer_norm_jvp_reference, kernel=False,
+    attributes={"epsilon": None},
+    batch_rule=_row_batch_rule(row_operands=(0, 2, 3, 4), column_operands=(1, 5, 6)),
+    roles="xpssxpp -> x")
+
 layer_norm_bwd_p = _make(
     "jaxops_layer_norm_bwd",
-    abstract_eval=lambda dy, x, w, b, mean, rstd, *, groups: (
-        jax.core.ShapedArray(x.shape, x.dtype),
-        _grad_aval(w, groups, x.shape[-1]), _grad_aval(b, groups, x.shape[-1])),
+    abstract_eval=lambda dy, x, w, b, mean, rstd, *, groups, epsilon: (
+        _like(x), _grad_aval(w, groups, x.shape[-1]), _grad_aval(b, groups, x.shape[-1])),
     reference_fn=_layer_norm_bwd_reference,
-    attributes={"groups": np.int64},
+    attributes={"groups": np.int64, "epsilon": None},
     workspace=_workspace(sums=2),
     batch_rule=_row_batch_rule(row_operands=(0, 1, 4, 5), column_operands=(2, 3),
                                grad_outputs=(1, 2)),
     roles="xxppss -> xgg")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm_kernel(x, weight, bias, epsilon):
-  return layer_norm_fwd_p(x, weight, bias, epsilon=epsilon)[0]
-
-
-def _layer_norm_kernel_fwd(x, weight, bias, epsilon):
-  y, mean, rstd = layer_norm_fwd_p(x, weight, bias, epsilon=epsilon)
-  return y, (x, weight, bias, mean, rstd)
-
-
-def _layer_norm_kernel_bwd(epsilon, residuals, dy):
-  x, weight, bias, mean, rstd = residuals
-  dx, dweight, dbias = layer_norm_bwd_p(dy, x, weight, bias, mean, rstd, groups=1)
+def _layer_norm_transpose(cotangents, saved, wanted, *, epsilon):
+  (dy,) = cotangents
+  x, weight, mean, rstd = saved
+  # The kernel needs the bias operand only to know whether dbias is wanted.
+  bias = absent(x.dtype) if wanted[2] is None else jnp.zeros(wanted[2].shape, x.dtype)
+  dx, dweight, dbias = layer_norm_bwd_p(dy, x, weight, bias, mean, rstd, groups=1,
+                                        epsilon=epsilon)
   return dx, dweight.reshape(weight.shape), dbias.reshape(bias.shape)
 
 
-_layer_norm_kernel.defvjp(_layer_norm_kernel_fwd, _layer_norm_kernel_bwd)
+Differentiable(
+    forward=layer_norm_fwd_p, tangent=layer_norm_jvp_p, transpose=_layer_norm_transpose,
+    tangent_inputs=(0, 1, 2), outputs=1, saved_inputs=(0, 1), saved_outputs=(1, 2),
+    checkpoint_name="jaxops.layer_norm")
 
 
 def layer_norm(x, weight=None, bias=None, *, epsilon: float = 1e-5, implementation=None):
@@ -204,7 +245,8 @@ def layer_norm(x, weight=None, bias=None, *, epsilon: float = 1e-5, implementati
   epsilon = _check_epsilon(op, epsilon)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.layer_norm(x, weight, bias, epsilon=epsilon)
-  return _layer_norm_kernel(x, _present_or_absent(weight, x), _present_or_absent(bias, x), epsilon)
+  return layer_norm_fwd_p(x, _present_or_absent(weight, x), _present_or_absent(bias, x),
+                          epsilon=epsilon)[0]
 
 
 # -- rms norm -----------------------------------------------------------------------
@@ -214,15 +256,25 @@ def _rms_norm_fwd_reference(x, weight, *, epsilon):
   return reference.rms_norm_with_stats(x, _param_or_none(weight), epsilon=epsilon)
 
 
-def _rms_norm_bwd_reference(dy, x, weight, rstd, dresidual, *, groups):
-  xhat = x.astype(_F32) * rstd[..., None]
+def _rms_norm_bwd_reference(dy, x, weight, rstd, dresidual, *, groups, epsilon):
+  del rstd  # recomputed, so that the reference differentiates exactly
+  xf = x.astype(_F32)
+  rstd = jax.lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + epsilon)
+  xhat = xf * rstd
   dyf = dy.astype(_F32)
   g = dyf * (weight.astype(_F32) if weight.shape[0] else 1.0)
-  dx = (g - xhat * (g * xhat).mean(-1, keepdims=True)) * rstd[..., None]
+  dx = (g - xhat * (g * xhat).mean(-1, keepdims=True)) * rstd
   if dresidual.shape == x.shape:
     dx = dx + dresidual.astype(_F32)
   dweight = _grouped_column_sum(dyf * xhat, groups) if weight.shape[0] else jnp.zeros((groups, 0))
   return dx.astype(x.dtype), dweight.astype(weight.dtype)
+
+
+def _rms_norm_jvp_reference(x, weight, rstd, dx, dweight, *, epsilon):
+  del rstd
+  norm = lambda x, w: reference.rms_norm(x, _param_or_none(w), epsilon=epsilon)
+  dy = _jvp_of(norm, upcast_all(x, weight), upcast_all(dx, dweight))
+  return (dy.astype(x.dtype),)
 
 
 def _add_rms_norm_fwd_reference(x, residual, weight, *, epsilon):
@@ -233,11 +285,19 @@ def _add_rms_norm_fwd_reference(x, residual, weight, *, epsilon):
 
 rms_norm_fwd_p = _make(
     "jaxops_rms_norm_fwd",
-    abstract_eval=lambda x, w, *, epsilon: (jax.core.ShapedArray(x.shape, x.dtype), _stat_aval(x)),
+    abstract_eval=lambda x, w, *, epsilon: (_like(x), _stat_aval(x)),
     reference_fn=_rms_norm_fwd_reference,
     attributes={"epsilon": np.float32},
     batch_rule=_row_batch_rule(row_operands=(0,), column_operands=(1,)),
     roles="xp -> xs")
+
+rms_norm_jvp_p = _make(
+    "jaxops_rms_norm_jvp",
+    abstract_eval=lambda x, w, rstd, dx, dw, *, epsilon: (_like(x),),
+    reference_fn=_rms_norm_jvp_reference, kernel=False,
+    attributes={"epsilon": None},
+    batch_rule=_row_batch_rule(row_operands=(0, 2, 3), column_operands=(1, 4)),
+    roles="xpsxp -> x")
 
 
 def _rms_norm_bwd_batch_rule(prim, args, dims, **params):
@@ -249,19 +309,17 @@ def _rms_norm_bwd_batch_rule(prim, args, dims, **params):
 
 rms_norm_bwd_p = _make(
     "jaxops_rms_norm_bwd",
-    abstract_eval=lambda dy, x, w, rstd, dres, *, groups: (
-        jax.core.ShapedArray(x.shape, x.dtype), _grad_aval(w, groups, x.shape[-1])),
+    abstract_eval=lambda dy, x, w, rstd, dres, *, groups, epsilon: (
+        _like(x), _grad_aval(w, groups, x.shape[-1])),
     reference_fn=_rms_norm_bwd_reference,
-    attributes={"groups": np.int64},
+    attributes={"groups": np.int64, "epsilon": None},
     workspace=_workspace(sums=1),
     batch_rule=_rms_norm_bwd_batch_rule,
     roles="xxpsx -> xg")
 
 add_rms_norm_fwd_p = _make(
     "jaxops_add_rms_norm_fwd",
-    abstract_eval=lambda x, r, w, *, epsilon: (
-        jax.core.ShapedArray(x.shape, x.dtype), jax.core.ShapedArray(x.shape, x.dtype),
-        _stat_aval(x)),
+    abstract_eval=lambda x, r, w, *, epsilon: (_like(x), _like(x), _stat_aval(x)),
     reference_fn=_add_rms_norm_fwd_reference,
     attributes={"epsilon": np.float32},
     batch_rule=_row_batch_rule(row_operands=(0, 1), column_operands=(2,)),
@@ -270,45 +328,59 @@ add_rms_norm_fwd_p = _make(
     input_output_aliases={1: 1})
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _rms_norm_kernel(x, weight, epsilon):
-  return rms_norm_fwd_p(x, weight, epsilon=epsilon)[0]
+def _add_rms_norm_tangent(weight, h, rstd, dx, dresidual, dweight, *, epsilon):
+  """dh = dx + dresidual; dy = rms_norm's tangent at h along dh (and dweight)."""
+  if is_absent(dx) and is_absent(dresidual):
+    dh = jnp.zeros_like(h)
+  elif is_absent(dx) or is_absent(dresidual):
+    dh = dresidual if is_absent(dx) else dx
+  else:
+    dh = dx + dresidual
+  (dy,) = rms_norm_jvp_p(h, weight, rstd, dh, dweight, epsilon=epsilon)
+  return dy, dh
 
 
-def _rms_norm_kernel_fwd(x, weight, epsilon):
-  y, rstd = rms_norm_fwd_p(x, weight, epsilon=epsilon)
-  return y, (x, weight, rstd)
+def _add_rms_norm_jvp_reference(weight, h, rstd, dx, dresidual, dweight, *, epsilon):
+  dh = _tangent_or_zero(dx, h) + _tangent_or_zero(dresidual, h)
+  (dy,) = _rms_norm_jvp_reference(h, weight, rstd, dh, dweight, epsilon=epsilon)
+  return dy, dh
 
 
-def _rms_norm_kernel_bwd(epsilon, residuals, dy):
-  x, weight, rstd = residuals
-  dx, dweight = rms_norm_bwd_p(dy, x, weight, rstd, _absent(x.dtype), groups=1)
+add_rms_norm_jvp_p = _make(
+    "jaxops_add_rms_norm_jvp",
+    abstract_eval=lambda w, h, rstd, dx, dr, dw, *, epsilon: (_like(h), _like(h)),
+    reference_fn=_add_rms_norm_jvp_reference, composite=_add_rms_norm_tangent,
+    attributes={"epsilon": None},
+    batch_rule=_row_batch_rule(row_operands=(1, 2, 3, 4), column_operands=(0, 5)),
+    roles="pxsxxp -> xx")
+
+
+def _rms_norm_transpose(cotangents, saved, wanted, *, epsilon):
+  (dy,) = cotangents
+  x, weight, rstd = saved
+  dx, dweight = rms_norm_bwd_p(dy, x, weight, rstd, absent(x.dtype), groups=1, epsilon=epsilon)
   return dx, dweight.reshape(weight.shape)
 
 
-_rms_norm_kernel.defvjp(_rms_norm_kernel_fwd, _rms_norm_kernel_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _add_rms_norm_kernel(x, residual, weight, epsilon):
-  y, h, _ = add_rms_norm_fwd_p(x, residual, weight, epsilon=epsilon)
-  return y, h
-
-
-def _add_rms_norm_kernel_fwd(x, residual, weight, epsilon):
-  y, h, rstd = add_rms_norm_fwd_p(x, residual, weight, epsilon=epsilon)
-  return (y, h), (h, weight, rstd)
-
-
-def _add_rms_norm_kernel_bwd(epsilon, residuals, cotangents):
-  h, weight, rstd = residuals
+def _add_rms_norm_transpose(cotangents, saved, wanted, *, epsilon):
   dy, dh = cotangents
+  weight, h, rstd = saved
   # h = x + residual, so both receive the same gradient: the norm's, plus h's own.
-  dsum, dweight = rms_norm_bwd_p(dy, h, weight, rstd, dh, groups=1)
+  dy = jnp.zeros_like(h) if dy is None else dy
+  dsum, dweight = rms_norm_bwd_p(dy, h, weight, rstd, absent(h.dtype) if dh is None else dh,
+                                 groups=1, epsilon=epsilon)
   return dsum, dsum, dweight.reshape(weight.shape)
 
 
-_add_rms_norm_kernel.defvjp(_add_rms_norm_kernel_fwd, _add_rms_norm_kernel_bwd)
+Differentiable(
+    forward=rms_norm_fwd_p, tangent=rms_norm_jvp_p, transpose=_rms_norm_transpose,
+    tangent_inputs=(0, 1), outputs=1, saved_inputs=(0, 1), saved_outputs=(1,),
+    checkpoint_name="jaxops.rms_norm")
+
+Differentiable(
+    forward=add_rms_norm_fwd_p, tangent=add_rms_norm_jvp_p, transpose=_add_rms_norm_transpose,
+    tangent_inputs=(0, 1, 2), outputs=2, saved_inputs=(2,), saved_outputs=(1, 2),
+    checkpoint_name="jaxops.add_rms_norm")
 
 
 def rms_norm(x, weight=None, *, epsilon: float = 1e-6, implementation=None):
@@ -324,7 +396,7 @@ def rms_norm(x, weight=None, *, epsilon: float = 1e-6, implementation=None):
   epsilon = _check_epsilon(op, epsilon)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.rms_norm(x, weight, epsilon=epsilon)
-  return _rms_norm_kernel(x, _present_or_absent(weight, x), epsilon)
+  return rms_norm_fwd_p(x, _present_or_absent(weight, x), epsilon=epsilon)[0]
 
 
 def add_rms_norm(x, residual, weight=None, *, epsilon: float = 1e-6, implementation=None):
@@ -342,14 +414,15 @@ def add_rms_norm(x, residual, weight=None, *, epsilon: float = 1e-6, implementat
   epsilon = _check_epsilon(op, epsilon)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.add_rms_norm(x, residual, weight, epsilon=epsilon)
-  return _add_rms_norm_kernel(x, residual, _present_or_absent(weight, x), epsilon)
+  y, h, _ = add_rms_norm_fwd_p(x, residual, _present_or_absent(weight, x), epsilon=epsilon)
+  return y, h
 
 
 # -- argument handling ---------------------------------------------------------------
 
 
 def _present_or_absent(param, x):
-  return _absent(x.dtype) if param is None else param
+  return absent(x.dtype) if param is None else param
 
 
 def _check_epsilon(op, epsilon):

@@ -1,26 +1,31 @@
 """The one mechanism that turns an operator description into a JAX primitive.
 
 Every jaxops kernel is reached through a :class:`FfiPrimitive`. A description
-names the primitive, its custom-call target, the types of its static attributes,
-its abstract evaluation and a pure-``jnp`` reference with the same signature and
-outputs. From that, the mechanism registers:
+names the primitive, what runs it on the platforms jaxops ships kernels for
+(an FFI custom-call target, or a composition of other primitives), the types of
+its static attributes, its abstract evaluation and a pure-``jnp`` reference with
+the same signature and outputs. From that, the mechanism registers:
 
 * abstract evaluation (``abstract_eval``);
 * lowering: an XLA FFI custom call on every platform that has a kernel (``cpu``
   and ``cuda``), with each static parameter converted to the attribute type the
   C++ handler binds (a Python float would otherwise become an f64 attribute and
-  fail to bind against ``Attr<float>``, and only on the device); on any other
-  platform the reference is lowered instead, so a program still runs there;
+  fail to bind against ``Attr<float>``, and only on the device); a primitive
+  without a target of its own lowers its ``composite`` there (other primitives,
+  e.g. a tangent computed by another op's kernel) or else its reference; on any
+  other platform the reference is lowered, so a program still runs there;
 * an optional hidden workspace result: scratch memory the kernel needs, added to
   the custom call in the lowering and dropped there, so JAX (abstract eval,
   batching, AD) never sees it. Device kernels run asynchronously, so their
   scratch must be an XLA-owned buffer that outlives the launch;
 * a batching rule: the op's own rule when it has one (``batch_rule``), else
-  ``vmap`` of the reference (correct for every op, but it leaves the kernel);
-* a JVP rule that differentiates the reference. Public functions pair a forward
-  and a backward primitive with ``jax.custom_vjp``, so first-order gradients use
-  the fused backward kernel; this rule is what makes the backward primitive
-  differentiable again (``check_grads(order=2)``);
+  ``vmap`` of the composite or of the reference (correct for every op, but the
+  reference leaves the kernel);
+* a JVP rule that differentiates the reference: what makes backward and tangent
+  primitives differentiable again (second order). An op's forward primitive
+  gets its real differentiation rules from :class:`jaxops._src.autodiff.Differentiable`
+  (forward mode through a tangent primitive, reverse mode through the fused
+  backward kernel);
 * an optional sharding rule (``sharding``, see :mod:`jaxops._src.sharding`):
   on a mesh, the kernel runs once per shard on local shapes instead of XLA
   gathering the operands around an opaque custom call;
@@ -50,6 +55,9 @@ NOT_MAPPED = None
 # Platforms for which jaxops ships kernels, as JAX's lowering names them.
 KERNEL_PLATFORMS = ("cpu", "cuda")
 
+# Every FfiPrimitive, in creation order (the CUDA harness swaps their kernels).
+ALL_PRIMITIVES: list["FfiPrimitive"] = []
+
 Avals = Sequence[jax.core.ShapedArray]
 BatchRule = Callable[..., Any]
 
@@ -60,12 +68,17 @@ class FfiPrimitive:
 
   Attributes:
     name: primitive name (shown in jaxprs), e.g. ``"jaxops_layer_norm_fwd"``.
-    target: custom-call target name registered by the C++ handlers.
+    target: custom-call target name registered by the C++ handlers, or None for
+      a primitive without a kernel of its own.
+    composite: for a primitive without a target: ``(*arrays, **params) ->
+      tuple`` computed from other primitives (whose kernels then run), lowered
+      on the kernel platforms in place of the reference.
     abstract_eval: ``(*avals, **params) -> tuple[ShapedArray, ...]``.
     reference: ``(*arrays, **params) -> tuple[Array, ...]`` in pure ``jnp``,
       with the same outputs as the kernel (the specification of the primitive).
     attributes: static parameter name -> numpy scalar type the handler binds
-      (``np.float32`` for ``Attr<float>``, ``np.int64`` for ``Attr<int64_t>``...).
+      (``np.float32`` for ``Attr<float>``, ``np.int64`` for ``Attr<int64_t>``...),
+      or None for a parameter only the reference uses.
     workspace: optional ``(avals_in, params, platform) -> ShapedArray`` of a
       scratch result appended to the custom call and dropped after it.
     batch_rule: optional ``(prim, args, dims, **params) -> (outs, out_dims) | None``;
@@ -73,16 +86,19 @@ class FfiPrimitive:
     input_output_aliases: ``{operand index: result index}`` the kernel may
       write in place (XLA copies the operand first when it is still live).
     sharding: optional ``(avals_in, avals_out, **params) -> Factors``: which
-      dimensions shard alike; without it a sharded operand is gathered.
+      dimensions shard alike; without it a sharded operand is gathered. For a
+      composite it only types the results under Explicit mesh axes (the
+      primitives inside partition themselves).
     local_params: optional ``(params, avals_in, local_avals_in) -> params`` for
       a parameter that counts something a shard holds only part of.
   """
 
   name: str
-  target: str
+  target: str | None
   abstract_eval: Callable[..., tuple]
   reference: Callable[..., tuple]
-  attributes: Mapping[str, type] = dataclasses.field(default_factory=dict)
+  composite: Callable[..., tuple] | None = None
+  attributes: Mapping[str, type | None] = dataclasses.field(default_factory=dict)
   workspace: Callable[..., jax.core.ShapedArray] | None = None
   batch_rule: BatchRule | None = None
   input_output_aliases: Mapping[int, int] = dataclasses.field(default_factory=dict)
@@ -100,9 +116,21 @@ class FfiPrimitive:
     prim.def_impl(self._eager)
     mlir.register_lowering(
         prim, mlir.lower_fun(self._reference_tuple, multiple_results=True))
+    batching.primitive_batchers[prim] = self._batch
+    ad.primitive_jvps[prim] = self._jvp
+    ALL_PRIMITIVES.append(self)
+    if self.target is None:
+      if self.composite is not None:
+        for platform in KERNEL_PLATFORMS:
+          mlir.register_lowering(
+              prim, mlir.lower_fun(self._composite_tuple, multiple_results=True),
+              platform=platform)
+        # The kernels inside partition themselves on a mesh, which needs the
+        # program's devices at lowering time; jit looks for them at the top.
+        register_for_sharding(prim)
+      return
     for platform in KERNEL_PLATFORMS:
       mlir.register_lowering(prim, self.kernel_lowering(platform), platform=platform)
-    batching.primitive_batchers[prim] = self._batch
     local = Primitive(self.name + "_local")
     local.multiple_results = True
     object.__setattr__(self, "local_primitive", local)
@@ -110,7 +138,6 @@ class FfiPrimitive:
     local.def_impl(lambda *args, **params: _jitted_bind(local, tuple(sorted(params.items())))(*args))
     for platform in KERNEL_PLATFORMS:
       mlir.register_lowering(local, self.ffi_lowering(platform), platform=platform)
-    ad.primitive_jvps[prim] = self._jvp
 
   def __call__(self, *args, **params) -> tuple:
     return tuple(self.primitive.bind(*args, **params))
@@ -126,6 +153,9 @@ class FfiPrimitive:
   def _reference_tuple(self, *args, **params):
     return tuple(self.reference(*args, **params))
 
+  def _composite_tuple(self, *args, **params):
+    return tuple(self.composite(*args, **params))
+
   def _eager(self, *args, **params):
     return _jitted_bind(self.primitive, tuple(sorted(params.items())))(*args)
 
@@ -140,7 +170,7 @@ class FfiPrimitive:
     target = self.target if target is None else target
 
     def lowering(ctx, *operands, **params):
-      attrs = {key: self._typed_attribute(key, value) for key, value in params.items()}
+      attrs = self._kernel_attributes(params)
       workspace = None
       if self.workspace is not None:
         workspace = self.workspace(ctx.avals_in, params, platform)
@@ -180,28 +210,43 @@ class FfiPrimitive:
 
     return lowering
 
-  def _typed_attribute(self, key: str, value):
-    if key not in self.attributes:
-      raise TypeError(f"{self.name}: parameter {key!r} has no declared attribute type")
-    return self.attributes[key](value)
+  def _kernel_attributes(self, params) -> dict:
+    """The parameters the kernel binds, typed; those declared None are the
+    reference's only (e.g. a norm's epsilon, which its tangent kernel does not
+    need but its reference uses to recompute the statistics)."""
+    attrs = {}
+    for key, value in params.items():
+      if key not in self.attributes:
+        raise TypeError(f"{self.name}: parameter {key!r} has no declared attribute type")
+      if self.attributes[key] is not None:
+        attrs[key] = self.attributes[key](value)
+    return attrs
 
   def _batch(self, args, dims, **params):
     if self.batch_rule is not None:
       result = self.batch_rule(self, args, dims, **params)
       if result is not None:
         return result
-    return vmap_reference(self.reference, args, dims, **params)
+    # A composite batches through its primitives (which keep their kernels and
+    # fall back to their references on other platforms).
+    return vmap_reference(self.composite or self.reference, args, dims, **params)
 
   def _jvp(self, primals, tangents, **params):
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    primal_out, tangent_out = jax.jvp(
-        lambda *a: self._reference_tuple(*a, **params), tuple(primals), tuple(tangents))
-    return primal_out, tangent_out
+    """The reference's JVP: differentiates backward and tangent primitives (the
+    second derivatives of an op), and any primitive an op does not describe."""
+    return reference_jvp(self.reference, primals, tangents, **params)
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted_bind(prim: Primitive, params: tuple):
   return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
+
+
+def reference_jvp(reference, primals, tangents, **params):
+  """``jax.jvp`` of ``reference`` (a function returning a tuple), with JAX's
+  symbolic zero tangents made concrete; integer operands get none."""
+  tangents = [ad.instantiate_zeros(t) for t in tangents]
+  return jax.jvp(lambda *a: tuple(reference(*a, **params)), tuple(primals), tuple(tangents))
 
 
 def vmap_reference(reference, args, dims, **params):
@@ -214,16 +259,29 @@ def batch_to_front(args, dims, which: Sequence[int]):
   """Moves the vmapped axis of ``args[i]`` (i in ``which``) to the front.
 
   Unbatched ones among ``which`` are broadcast, so all share the leading batch
-  axis. Returns ``(new_args, batch_size)``; other args are left as they are.
+  axis, except absent operands (the zero-size placeholder of an optional
+  operand or of a zero tangent), which stay absent. Returns ``(new_args,
+  batch_size)``; other args are left as they are.
   """
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not NOT_MAPPED)
   out = list(args)
   for i in which:
     if dims[i] is NOT_MAPPED:
-      out[i] = jnp.broadcast_to(args[i], (size, *args[i].shape))
+      if not is_absent(args[i]):
+        out[i] = jnp.broadcast_to(args[i], (size, *args[i].shape))
     else:
       out[i] = jnp.moveaxis(args[i], dims[i], 0)
   return out, size
+
+
+def absent(dtype):
+  """The placeholder of an absent operand: an optional input not given, or a
+  tangent that is zero. Kernels take it as "none"."""
+  return jnp.zeros((0,), dtype)
+
+
+def is_absent(x) -> bool:
+  return x.shape == (0,)
 
 
 def is_batched(dims, which: Sequence[int]) -> bool:

@@ -2,6 +2,8 @@
 
 One primitive serves both directions: the rotation is orthogonal, so the
 backward is the same kernel rotating by minus the angle (``inverse=True``).
+The rotation is linear in x, so the primitive is its own tangent primitive
+(forward mode rotates the tangent) and the inverse rotation is its transpose.
 Positions are an int32 operand (they may be traced), shaped [1, seq] (shared
 by the batch) or [batch, seq]; the kernel builds its cos/sin table for those
 rows into a hidden workspace.
@@ -9,14 +11,13 @@ rows into a hidden workspace.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive
+from jaxops._src.autodiff import Differentiable
 from jaxops._src.checks import check_array, check_float_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
 from jaxops._src.sharding import Factors
@@ -74,23 +75,13 @@ rope_p = FfiPrimitive(
     sharding=_rope_sharding)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _rope_kernel(x, positions, theta, rotary_dim, interleaved):
-  return rope_p(x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
-                inverse=False)[0]
+def _rope_transpose(cotangents, saved, wanted, *, inverse, **params):
+  (dy,), (positions,) = cotangents, saved
+  return rope_p(dy, positions, inverse=not inverse, **params)
 
 
-def _rope_kernel_fwd(x, positions, theta, rotary_dim, interleaved):
-  return _rope_kernel(x, positions, theta, rotary_dim, interleaved), positions
-
-
-def _rope_kernel_bwd(theta, rotary_dim, interleaved, positions, dy):
-  dx = rope_p(dy, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
-              inverse=True)[0]
-  return dx, None
-
-
-_rope_kernel.defvjp(_rope_kernel_fwd, _rope_kernel_bwd)
+Differentiable(forward=rope_p, transpose=_rope_transpose, tangent_inputs=(0,),
+               checkpoint_name="jaxops.rope")
 
 
 def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
@@ -132,7 +123,8 @@ def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
     return reference.rope(x, positions, theta=theta, style=style, rotary_dim=rotary_dim)
   if positions.ndim == 1:
     positions = positions[None]
-  return _rope_kernel(x, positions, theta, rotary_dim, style == "gptj")
+  return rope_p(x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=style == "gptj",
+                inverse=False)[0]
 
 
 # -- argument handling ---------------------------------------------------------------

@@ -11,14 +11,15 @@ row of a [B, H, S, S] input instead of being materialised at x's size. Under
 vmap an unbatched mask or bias gets a leading axis of size 1 for the same
 reason. Absent ones are passed as zero-size arrays.
 
-Forward primitives return the output only: the backward of softmax needs
-y (``dx = y * (dy - sum(y * dy))``) and that of log_softmax needs log y, both
-already the forward's result, so no residual is added.
+Forward primitives return the output only: the tangent and backward of
+softmax need y (``dx = y * (dy - sum(y * dy))``, the same expression both
+ways) and those of log_softmax need log y, both already the forward's result,
+so no residual is added. The tangent primitives take the tangents of x and of
+the bias (``where`` has none).
 """
 
 from __future__ import annotations
 
-import functools
 import operator
 
 import jax
@@ -27,23 +28,16 @@ import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive
+from jaxops._src.autodiff import Differentiable
 from jaxops._src.checks import check_array, check_float_array, check_static_int
-from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent
 from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
 
 
-def _absent(dtype):
-  return jnp.zeros((0,), dtype)
-
-
-def _is_absent(operand):
-  return operand.shape == (0,)
-
-
 def _present_or_none(operand):
-  return None if _is_absent(operand) else operand
+  return None if is_absent(operand) else operand
 
 
 def _same_as_x(x, *rest, **params):
@@ -53,18 +47,24 @@ def _same_as_x(x, *rest, **params):
 # -- batching --------------------------------------------------------------------------
 
 
-def _masked_batch_rule(prim, args, dims, **params):
-  """x gains a leading batch axis; a present mask or bias gains one too, of size 1
-  when it is not batched, so that the kernel broadcasts it instead of XLA."""
-  (x, *_), _ = batch_to_front(args, dims, (0,))
-  operands = []
-  for operand, dim in ((args[1], dims[1]), (args[2], dims[2])):
-    if dim is NOT_MAPPED:
-      operand = operand if _is_absent(operand) else operand[None]
-    else:
-      operand = jnp.moveaxis(operand, dim, 0)
-    operands.append(operand)
-  return prim(x, *operands, **params), (0,)
+def _broadcast_operand_to_front(operand, dim):
+  """A present mask or bias that is not batched gains a leading axis of size 1, so
+  that the kernel broadcasts it instead of XLA."""
+  if dim is NOT_MAPPED:
+    return operand if is_absent(operand) else operand[None]
+  return jnp.moveaxis(operand, dim, 0)
+
+
+def _masked_batch_rule(rows):
+  """The operands before ``rows`` (x; y and dx for a tangent) gain a leading batch
+  axis; the others (mask, bias, the bias tangent) are broadcast operands."""
+
+  def rule(prim, args, dims, **params):
+    args_front, _ = batch_to_front(args, dims, range(rows))
+    operands = [_broadcast_operand_to_front(args[i], dims[i]) for i in range(rows, len(args))]
+    return prim(*args_front[:rows], *operands, **params), (0,)
+
+  return rule
 
 
 def _row_batch_rule(prim, args, dims, **params):
@@ -101,76 +101,97 @@ def _log_softmax_bwd_reference(dy, y):
   return (dx.astype(y.dtype),)
 
 
-def _make(name, reference_fn, batch_rule, roles, attributes=None, whole_trailing=1):
+def _tangent_sum(dx, dbias, shape):
+  """t = dx + dbias in float32 (absent terms are zero; the bias broadcasts)."""
+  t = jnp.zeros(shape, _F32)
+  if not is_absent(dx):
+    t = t + dx.astype(_F32)
+  if not is_absent(dbias):
+    t = t + dbias.astype(_F32)
+  return t
+
+
+def _softmax_jvp_reference(y, dx, dbias):
+  p, t = y.astype(_F32), _tangent_sum(dx, dbias, y.shape)
+  # Invisible columns (p = 0) may hold non-finite tangents (of a -inf bias).
+  pt = jnp.where(p != 0, p * t, 0.0)
+  return ((pt - p * jnp.sum(pt, axis=-1, keepdims=True)).astype(y.dtype),)
+
+
+def _log_softmax_jvp_reference(y, dx, dbias):
+  logp, t = y.astype(_F32), _tangent_sum(dx, dbias, y.shape)
+  visible = logp != -jnp.inf
+  t = jnp.where(visible, t, 0.0)
+  total = jnp.sum(jnp.exp(jnp.where(visible, logp, -jnp.inf)) * t, axis=-1, keepdims=True)
+  return (jnp.where(visible, t - total, 0.0).astype(y.dtype),)
+
+
+def _make(name, reference_fn, batch_rule, roles, attributes=None, whole_trailing=1,
+          composite=None, kernel=True):
   # Rows shard; the softmax axis (both of causal_softmax's axes) stays whole.
-  return FfiPrimitive(name=name, target=name, abstract_eval=_same_as_x,
-                      reference=reference_fn, attributes=attributes or {},
-                      batch_rule=batch_rule,
-                      sharding=leading_axes(roles, whole_trailing=whole_trailing))
+  return FfiPrimitive(name=name, target=name if kernel and not composite else None,
+                      abstract_eval=_same_as_x, reference=reference_fn, composite=composite,
+                      attributes=attributes or {}, batch_rule=batch_rule,
+                      sharding=None if composite else leading_axes(roles,
+                                                                  whole_trailing=whole_trailing))
 
 
-softmax_fwd_p = _make("jaxops_softmax_fwd", _softmax_fwd_reference, _masked_batch_rule,
+softmax_fwd_p = _make("jaxops_softmax_fwd", _softmax_fwd_reference, _masked_batch_rule(1),
                       "xxx -> x")
 log_softmax_fwd_p = _make("jaxops_log_softmax_fwd", _log_softmax_fwd_reference,
-                          _masked_batch_rule, "xxx -> x")
+                          _masked_batch_rule(1), "xxx -> x")
 causal_softmax_fwd_p = _make("jaxops_causal_softmax_fwd", _causal_softmax_fwd_reference,
                              _row_batch_rule, "x -> x", attributes={"query_offset": np.int64},
                              whole_trailing=2)
+softmax_jvp_p = _make("jaxops_softmax_jvp", _softmax_jvp_reference, _masked_batch_rule(2),
+                      "xxx -> x", kernel=False)
+log_softmax_jvp_p = _make("jaxops_log_softmax_jvp", _log_softmax_jvp_reference,
+                          _masked_batch_rule(2), "xxx -> x", kernel=False)
+# causal_softmax's tangent is softmax's: its y is zero where the mask hides a key.
+causal_softmax_jvp_p = _make(
+    "jaxops_causal_softmax_jvp",
+    lambda y, dx, *, query_offset: _softmax_jvp_reference(y, dx, absent(y.dtype)),
+    _row_batch_rule, "xx -> x",
+    attributes={"query_offset": None}, whole_trailing=2,
+    composite=lambda y, dx, *, query_offset: softmax_jvp_p(y, dx, absent(y.dtype)))
 softmax_bwd_p = _make("jaxops_softmax_bwd", _softmax_bwd_reference, _row_batch_rule, "xx -> x")
 log_softmax_bwd_p = _make("jaxops_log_softmax_bwd", _log_softmax_bwd_reference, _row_batch_rule,
                           "xx -> x")
 
 
-# -- custom VJPs -----------------------------------------------------------------------
+# -- differentiation: the tangent kernels, transposed to the backward kernels -----------
 
 
-def _bias_grad(dx, bias):
+def _bias_grad(dx, bias_aval):
   """Sum of dx over the axes the bias broadcasts along (bias has x's rank)."""
-  if _is_absent(bias):
-    return jnp.zeros_like(bias)
-  axes = tuple(i for i, (b, n) in enumerate(zip(bias.shape, dx.shape)) if b == 1 and n != 1)
+  axes = tuple(i for i, (b, n) in enumerate(zip(bias_aval.shape, dx.shape)) if b == 1 and n != 1)
   if not axes:
-    return dx.astype(bias.dtype)
-  return dx.astype(_F32).sum(axis=axes, keepdims=True).astype(bias.dtype)
+    return dx.astype(bias_aval.dtype)
+  return dx.astype(_F32).sum(axis=axes, keepdims=True).astype(bias_aval.dtype)
 
 
-def _masked_kernel(fwd_p, bwd_p):
-  @jax.custom_vjp
-  def kernel(x, where, bias):
-    return fwd_p(x, where, bias)[0]
-
-  def kernel_fwd(x, where, bias):
-    y = fwd_p(x, where, bias)[0]
-    return y, (y, bias)
-
-  def kernel_bwd(residuals, dy):
-    y, bias = residuals
+def _masked_transpose(bwd_p):
+  def transpose(cotangents, saved, wanted):
+    (dy,), (y,) = cotangents, saved
     dx = bwd_p(dy, y)[0]
-    return dx, None, _bias_grad(dx, bias)
+    return dx, None if wanted[1] is None else _bias_grad(dx, wanted[1])
 
-  kernel.defvjp(kernel_fwd, kernel_bwd)
-  return kernel
-
-
-_softmax_kernel = _masked_kernel(softmax_fwd_p, softmax_bwd_p)
-_log_softmax_kernel = _masked_kernel(log_softmax_fwd_p, log_softmax_bwd_p)
+  return transpose
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _causal_softmax_kernel(x, query_offset):
-  return causal_softmax_fwd_p(x, query_offset=query_offset)[0]
+def _causal_transpose(cotangents, saved, wanted, *, query_offset):
+  return (softmax_bwd_p(cotangents[0], saved[0])[0],)
 
 
-def _causal_softmax_kernel_fwd(x, query_offset):
-  y = causal_softmax_fwd_p(x, query_offset=query_offset)[0]
-  return y, y
+for _fwd_p, _jvp_p, _bwd_p, _name in (
+    (softmax_fwd_p, softmax_jvp_p, softmax_bwd_p, "jaxops.softmax"),
+    (log_softmax_fwd_p, log_softmax_jvp_p, log_softmax_bwd_p, "jaxops.log_softmax")):
+  Differentiable(forward=_fwd_p, tangent=_jvp_p, transpose=_masked_transpose(_bwd_p),
+                 tangent_inputs=(0, 2), saved_outputs=(0,), checkpoint_name=_name)
 
-
-def _causal_softmax_kernel_bwd(query_offset, y, dy):
-  return (softmax_bwd_p(dy, y)[0],)
-
-
-_causal_softmax_kernel.defvjp(_causal_softmax_kernel_fwd, _causal_softmax_kernel_bwd)
+Differentiable(forward=causal_softmax_fwd_p, tangent=causal_softmax_jvp_p,
+               transpose=_causal_transpose, tangent_inputs=(0,), saved_outputs=(0,),
+               checkpoint_name="jaxops.causal_softmax")
 
 
 # -- public functions ------------------------------------------------------------------
@@ -194,7 +215,7 @@ def _check_axis(op, axis, x):
   return operator.index(axis) % x.ndim
 
 
-def _masked_softmax(op, kernel, ref, x, axis, where, bias, implementation):
+def _masked_softmax(op, fwd_p, ref, x, axis, where, bias, implementation):
   x = check_float_array(op, "x", x, min_rank=1, non_empty_last_axis=False)
   axis = _check_axis(op, axis, x)
   if where is not None:
@@ -213,9 +234,9 @@ def _masked_softmax(op, kernel, ref, x, axis, where, bias, implementation):
     value = value.reshape((1,) * (x.ndim - value.ndim) + value.shape)
     return jnp.moveaxis(value, axis, -1)
 
-  where = _absent(jnp.bool_) if where is None else to_kernel_layout(where)
-  bias = _absent(x.dtype) if bias is None else to_kernel_layout(bias)
-  y = kernel(jnp.moveaxis(x, axis, -1), where, bias)
+  where = absent(jnp.bool_) if where is None else to_kernel_layout(where)
+  bias = absent(x.dtype) if bias is None else to_kernel_layout(bias)
+  y = fwd_p(jnp.moveaxis(x, axis, -1), where, bias)[0]
   return jnp.moveaxis(y, -1, axis)
 
 
@@ -237,7 +258,7 @@ def softmax(x, axis: int = -1, *, where=None, bias=None, implementation=None):
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
-  return _masked_softmax("jaxops.softmax", _softmax_kernel, reference.softmax, x, axis, where,
+  return _masked_softmax("jaxops.softmax", softmax_fwd_p, reference.softmax, x, axis, where,
                          bias, implementation)
 
 
@@ -251,7 +272,7 @@ def log_softmax(x, axis: int = -1, *, where=None, bias=None, implementation=None
   columns' values but differs on rows of -inf logits without ``where`` (it
   returns NaN) and passes a gradient to -inf logits; here they are constants.
   """
-  return _masked_softmax("jaxops.log_softmax", _log_softmax_kernel, reference.log_softmax, x,
+  return _masked_softmax("jaxops.log_softmax", log_softmax_fwd_p, reference.log_softmax, x,
                          axis, where, bias, implementation)
 
 
@@ -268,4 +289,4 @@ def causal_softmax(x, *, query_offset: int = 0, implementation=None):
   query_offset = check_static_int(op, "query_offset", query_offset)
   if x.size == 0 or not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.causal_softmax(x, query_offset=query_offset)
-  return _causal_softmax_kernel(x, query_offset)
+  return causal_softmax_fwd_p(x, query_offset=query_offset)[0]
