@@ -163,3 +163,151 @@ def vmap_against_loop(fn: Callable, args: Sequence, in_axes, **close_kwargs):
   looped = jax.tree.map(lambda *xs: jnp.stack(xs), *slices)
   assert_tree_close(batched, looped, name=f"vmap(in_axes={in_axes})", **close_kwargs)
   return batched
+
+
+# -- forward mode and every transformation ------------------------------------------
+
+
+def _restrict(f, args, argnums, cast):
+  """f as a function of ``args[i]`` for i in argnums (the others fixed, upcast with cast)."""
+  fixed = upcast(list(args)) if cast else list(args)
+
+  def g(*diff):
+    full = list(fixed)
+    for i, d in zip(argnums, diff):
+      full[i] = d
+    return f(*full)
+
+  return g
+
+
+def _random_like(seed, tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+  return jax.tree.unflatten(
+      treedef, [random_normal(k, jnp.shape(x), jnp.asarray(x).dtype) for k, x in zip(keys, leaves)])
+
+
+def jvp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, seed: int = 0,
+                          argnums: Sequence[int] | None = None, **close_kwargs):
+  """Compares ``jax.jvp`` of ``fn`` and ``reference`` at ``args`` for random tangents.
+
+  As :func:`vjp_against_reference`, the reference runs on float32 copies.
+  Returns (fn's outputs, fn's output tangents).
+  """
+  argnums = tuple(range(len(args))) if argnums is None else tuple(argnums)
+  primals = [args[i] for i in argnums]
+  tangents = _random_like(seed, primals)
+  out, tangent_out = jax.jvp(_restrict(fn, args, argnums, False), primals, tangents)
+  ref_out, ref_tangent = jax.jvp(_restrict(reference, args, argnums, True), upcast(primals),
+                                 upcast(tangents))
+  assert_tree_close(out, ref_out, name="outputs", **close_kwargs)
+  assert_tree_close(tangent_out, ref_tangent, name="jvp", **close_kwargs)
+  return out, tangent_out
+
+
+def scalarize(f: Callable) -> Callable:
+  """A scalar function of f's outputs with non-zero second derivatives."""
+
+  def scalar(*args):
+    leaves = [x for x in jax.tree.leaves(f(*args)) if _is_float(x)]
+    return sum(jnp.sum(jnp.sin(x.astype(jnp.float32))) for x in leaves)
+
+  return scalar
+
+
+def check_transformations(fn: Callable, reference: Callable, args: Sequence, *,
+                          argnums: Sequence[int] | None = None, seed: int = 0,
+                          forward_kernel: str | None = None, checkpoint_name: str | None = None,
+                          **close_kwargs) -> None:
+  """The transformations an op composes with, each against the reference (float32 args).
+
+  ``jax.jacfwd`` == ``jax.jacrev``; ``jax.hessian`` and ``jvp(grad)`` /
+  ``grad(jvp)`` of a scalar function of the outputs; ``jvp`` under ``vmap`` and
+  ``vmap`` under ``jvp``; ``jax.linearize``; ``jax.eval_shape``; ``jax.checkpoint``
+  without a policy and with ``save_only_these_names(checkpoint_name)``. With
+  ``forward_kernel`` (a primitive name) and ``checkpoint_name``, the named
+  policy must keep the residuals: the forward kernel runs once in the
+  differentiated program, not again in the backward pass.
+  """
+  argnums = tuple(range(len(args))) if argnums is None else tuple(argnums)
+  f = _restrict(fn, args, argnums, False)
+  r = _restrict(reference, args, argnums, False)
+  primals = tuple(args[i] for i in argnums)
+  tangents = tuple(_random_like(seed + 1, list(primals)))
+  s, sr = scalarize(f), scalarize(r)
+
+  every = tuple(range(len(primals)))
+  # Each check is one jitted program: eagerly, every primitive of a second-order
+  # program would be compiled on its own.
+  jac_fwd = jax.jit(jax.jacfwd(f, argnums=every))(*primals)
+  jac_rev = jax.jit(jax.jacrev(f, argnums=every))(*primals)
+  assert_tree_close(jac_fwd, jac_rev, name="jacfwd vs jacrev", **close_kwargs)
+
+  hess = jax.jit(jax.hessian(s, argnums=every))(*primals)
+  hess_ref = jax.jit(jax.hessian(sr, argnums=every))(*primals)
+  assert_tree_close(hess, hess_ref, name="hessian", **close_kwargs)
+
+  hvp = jax.jit(lambda g: jax.jvp(jax.grad(g, argnums=every), primals, tangents)[1],
+                static_argnums=0)
+  assert_tree_close(hvp(s), hvp(sr), name="jvp(grad)", **close_kwargs)
+  grad_of_jvp = jax.jit(lambda g: jax.grad(
+      lambda *p: scalarize(lambda *q: jax.jvp(g, q, tangents)[1])(*p), argnums=every)(*primals),
+      static_argnums=0)
+  assert_tree_close(grad_of_jvp(f), grad_of_jvp(r), name="grad(jvp)", **close_kwargs)
+
+  # A batch of two: the arguments and a perturbed copy.
+  batched = tuple(jnp.stack([p, p + 0.125 * t]) for p, t in zip(primals, tangents))
+  batched_t = tuple(jnp.stack([t, -t]) for t in tangents)
+  vmap_jvp = jax.jit(lambda g: jax.vmap(lambda p, t: jax.jvp(g, p, t))(batched, batched_t),
+                     static_argnums=0)
+  assert_tree_close(vmap_jvp(f), vmap_jvp(r), name="vmap(jvp)", **close_kwargs)
+  jvp_vmap = jax.jit(lambda g: jax.jvp(jax.vmap(g), batched, batched_t), static_argnums=0)
+  assert_tree_close(jvp_vmap(f), jvp_vmap(r), name="jvp(vmap)", **close_kwargs)
+  vmap_jvp_grad = jax.jit(lambda g: jax.vmap(
+      lambda p, t: jax.jvp(jax.grad(g, argnums=every), p, t)[1])(batched, batched_t),
+      static_argnums=0)
+  assert_tree_close(vmap_jvp_grad(s), vmap_jvp_grad(sr), name="vmap(jvp(grad))", **close_kwargs)
+
+  out, linear = jax.linearize(f, *primals)
+  assert_tree_close(linear(*tangents), jax.jvp(r, primals, tangents)[1], name="linearize",
+                    **close_kwargs)
+  shapes = jax.eval_shape(f, *primals)
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), shapes) == jax.tree.map(
+      lambda a: (a.shape, a.dtype), out)
+
+  # A linear function of the outputs: its backward pass needs the op's residuals
+  # but not its outputs, so a policy that saves the residuals needs no forward.
+  weights = _random_like(seed + 2, out)
+  linear_scalar = lambda *p: sum(jnp.vdot(w.astype(jnp.float32), y.astype(jnp.float32))
+                                 for w, y in zip(jax.tree.leaves(weights), jax.tree.leaves(f(*p))))
+  expected = jax.jit(jax.grad(linear_scalar, argnums=every))(*primals)
+  policies = {"no policy": None}
+  if checkpoint_name is not None:
+    policies["names"] = jax.checkpoint_policies.save_only_these_names(checkpoint_name)
+  for label, policy in policies.items():
+    remat = jax.grad(jax.checkpoint(linear_scalar, policy=policy), argnums=every)
+    assert_tree_close(jax.jit(remat)(*primals), expected, name=f"checkpoint ({label})",
+                      **close_kwargs)
+    if forward_kernel is not None and policy is not None:
+      runs = count_primitive(jax.make_jaxpr(remat)(*primals).jaxpr, forward_kernel)
+      assert runs == 1, (f"{forward_kernel} runs {runs} times: the {checkpoint_name!r} policy "
+                         "should save its residuals for the backward pass")
+
+
+def count_primitive(jaxpr, name: str) -> int:
+  """How many equations of ``jaxpr`` (and of the jaxprs inside it) apply ``name``."""
+  from jax.extend.core import jaxprs_in_params
+  count = 0
+  for eqn in jaxpr.eqns:
+    count += eqn.primitive.name == name
+    for sub in jaxprs_in_params(eqn.params):
+      count += count_primitive(getattr(sub, "jaxpr", sub), name)
+  return count
+
+
+def custom_call_targets(fn: Callable, *args) -> list[str]:
+  """The custom-call targets of ``jax.jit(fn)`` lowered for the default backend."""
+  import re
+  text = jax.jit(fn).lower(*args).as_text()
+  return re.findall(r"stablehlo\.custom_call @(\w+)", text)

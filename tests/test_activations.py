@@ -15,7 +15,11 @@ from jaxops.testing import (
     FLOAT_DTYPES,
     assert_close,
     assert_tree_close,
+    check_transformations,
+    custom_call_targets,
+    jvp_against_reference,
     random_inputs,
+    scalarize,
     upcast,
     vjp_against_reference,
     vmap_against_loop,
@@ -68,10 +72,36 @@ def test_vjp_matches_reference(name, fn, ref, arity, dtype, shape):
 
 
 @pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(1,), (5, 3), (2, 4099)], ids=str)
+def test_jvp_matches_reference(name, fn, ref, arity, dtype, shape):
+  jvp_against_reference(jax.jit(fn), ref, _args(11, shape, dtype, arity), dtype=dtype)
+
+
+@pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
 def test_check_grads_orders_1_and_2(name, fn, ref, arity):
   args = _args(2, (3, 5), jnp.float32, arity, scale=1.5)
-  check_grads(fn, args, order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
-  check_grads(fn, args, order=2, modes=("rev",), atol=2e-2, rtol=2e-2)
+  check_grads(fn, args, order=1, atol=2e-2, rtol=2e-2)
+  check_grads(fn, args, order=2, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
+def test_forward_mode_and_every_transformation(name, fn, ref, arity):
+  check_transformations(fn, ref, _args(12, (2, 5), jnp.float32, arity, scale=1.5),
+                        checkpoint_name=f"jaxops.{name.split('_')[0]}", atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
+def test_each_mode_runs_the_fused_kernels(name, fn, ref, arity):
+  """grad: the forward and backward kernels. jvp: gelu and silu multiply the
+  tangent by f'(x) with their backward kernel; the gated ops' tangent is one
+  XLA fusion."""
+  family = name.split("_")[0]
+  args = _args(13, (4, 6), jnp.float32, arity)
+  grad = jax.grad(scalarize(fn), argnums=tuple(range(arity)))
+  assert custom_call_targets(grad, *args) == [f"jaxops_{family}_fwd", f"jaxops_{family}_bwd"]
+  jvp_kernels = [f"jaxops_{family}_fwd"] + ([f"jaxops_{family}_bwd"] if arity == 1 else [])
+  assert custom_call_targets(lambda *p: jax.jvp(fn, p, p), *args) == jvp_kernels
 
 
 @pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)

@@ -15,7 +15,11 @@ from jaxops.testing import (
     FLOAT_DTYPES,
     assert_close,
     assert_tree_close,
+    check_transformations,
+    custom_call_targets,
+    jvp_against_reference,
     random_inputs,
+    scalarize,
     upcast,
     vjp_against_reference,
     vmap_against_loop,
@@ -89,14 +93,46 @@ def test_vjp_matches_reference(dtype, shape, reduction):
   vjp_against_reference(f, r, [logits], dtype=dtype, reduce_size=shape[-1])
 
 
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_jvp_matches_reference(options, dtype):
+  logits, = random_inputs(26, [(3, 7, 37)], dtype, scale=3.0)
+  labels = _labels(27, (3, 7), 37, options.get("ignore_index", -100))
+  f = jax.jit(lambda x: jaxops.cross_entropy(x, labels, reduction="none", **options))
+  r = lambda x: reference.cross_entropy(x, labels, reduction="none", **options)
+  jvp_against_reference(f, r, [logits], dtype=dtype, reduce_size=37)
+
+
 def test_check_grads_orders_1_and_2():
   logits, = random_inputs(6, [(4, 7)])
   labels = jnp.array([1, -100, 6, 0])
   for reduction in REDUCTIONS:
     f = lambda x: jaxops.cross_entropy(x, labels, reduction=reduction, label_smoothing=0.1,
                                        z_loss=0.01)
-    check_grads(f, (logits,), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
-    check_grads(f, (logits,), order=2, modes=("rev",), atol=2e-2, rtol=2e-2)
+    check_grads(f, (logits,), order=1, atol=2e-2, rtol=2e-2)
+    check_grads(f, (logits,), order=2, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_forward_mode_and_every_transformation(reduction):
+  logits, = random_inputs(28, [(4, 7)])
+  labels = jnp.array([1, -100, 6, 0])
+  options = dict(reduction=reduction, label_smoothing=0.1, z_loss=0.01)
+  check_transformations(lambda x: jaxops.cross_entropy(x, labels, **options),
+                        lambda x: reference.cross_entropy(x, labels, **options), [logits],
+                        forward_kernel="jaxops_cross_entropy_fwd",
+                        checkpoint_name="jaxops.cross_entropy", atol=1e-5, rtol=1e-4)
+
+
+def test_each_mode_runs_the_fused_kernels():
+  """grad: the forward and backward kernels; jvp: the forward and JVP kernels."""
+  logits, = random_inputs(29, [(4, 7)])
+  labels = jnp.array([1, -100, 6, 0])
+  f = lambda x: jaxops.cross_entropy(x, labels, reduction="none")
+  assert custom_call_targets(jax.grad(scalarize(f)), logits) == [
+      "jaxops_cross_entropy_fwd", "jaxops_cross_entropy_bwd"]
+  assert custom_call_targets(lambda x: jax.jvp(f, (x,), (x,)), logits) == [
+      "jaxops_cross_entropy_fwd", "jaxops_cross_entropy_jvp"]
 
 
 def test_grad_of_grad_matches_reference():
@@ -242,8 +278,47 @@ def test_linear_check_grads_orders_1_and_2(small_blocks):
   for reduction in ("mean", "none"):
     f = lambda x, w, b: jaxops.linear_cross_entropy(x, w, labels, bias=b, reduction=reduction,
                                                     label_smoothing=0.1)
-    check_grads(f, (x, weight, b), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
-    check_grads(f, (x, weight, b), order=2, modes=("rev",), atol=2e-2, rtol=2e-2)
+    check_grads(f, (x, weight, b), order=1, atol=2e-2, rtol=2e-2)
+    check_grads(f, (x, weight, b), order=2, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_forward_mode_and_every_transformation(small_blocks, reduction):
+  small_blocks(2, 7)
+  x, weight, b, _ = _linear_args(30, (5,), 4, 7)
+  labels = jnp.array([1, -100, 6, 0, 3])
+  options = dict(reduction=reduction, label_smoothing=0.1)
+  check_transformations(
+      lambda x, w, b: jaxops.linear_cross_entropy(x, w, labels, bias=b, **options),
+      lambda x, w, b: reference.linear_cross_entropy(x, w, labels, bias=b, **options),
+      [x, weight, b], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_linear_jvp_matches_reference(small_blocks, reduction, dtype):
+  small_blocks(8, 67)
+  x, weight, b, labels = _linear_args(31, (19,), 24, 67, dtype)
+  f = jax.jit(lambda x, w, b: jaxops.linear_cross_entropy(x, w, labels, bias=b,
+                                                          reduction=reduction))
+  r = lambda x, w, b: reference.linear_cross_entropy(x, w, labels, bias=b, reduction=reduction)
+  jvp_against_reference(f, r, [x, weight, b], dtype=dtype, reduce_size=67 * 19)
+
+
+def test_linear_modes_sweep_the_blocks_with_the_kernels(small_blocks):
+  """Reverse mode of a mean: one sweep computing the gradient with the forward
+  (the in-place forward-grad kernel), none after. Forward mode of per-token
+  losses: the forward sweep and a tangent sweep with the JVP kernel."""
+  small_blocks(4, 11)
+  x, weight, b, labels = _linear_args(32, (9,), 5, 11)
+  mean = lambda x, w: jaxops.linear_cross_entropy(x, w, labels, bias=b)
+  assert custom_call_targets(jax.grad(mean, (0, 1)), x, weight) == [
+      "jaxops_cross_entropy_fwd_grad"]
+  rows = lambda x, w: jaxops.linear_cross_entropy(x, w, labels, bias=b, reduction="none")
+  assert custom_call_targets(lambda x, w: jax.jvp(rows, (x, w), (x, w)), x, weight) == [
+      "jaxops_cross_entropy_fwd", "jaxops_cross_entropy_jvp"]
+  assert custom_call_targets(jax.grad(lambda x, w: jnp.sum(rows(x, w) ** 2), (0, 1)), x,
+                             weight) == ["jaxops_cross_entropy_fwd", "jaxops_cross_entropy_bwd"]
 
 
 def test_linear_vmap(small_blocks):

@@ -14,7 +14,11 @@ from jaxops.testing import (
     FLOAT_DTYPES,
     assert_close,
     assert_tree_close,
+    check_transformations,
+    custom_call_targets,
+    jvp_against_reference,
     random_inputs,
+    scalarize,
     upcast,
     vjp_against_reference,
     vmap_against_loop,
@@ -105,28 +109,43 @@ def test_vjp_matches_reference(name, fn, ref, make_args, dtype, shape):
 
 
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
-def test_check_grads_orders_1_and_2(name, fn, ref, make_args):
-  args = make_args(3, (3, 8), jnp.float32)
-  f, present = _bind(fn, args)
-  check_grads(f, present, order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
-  check_grads(f, present, order=2, modes=("rev",), atol=2e-2, rtol=2e-2)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (11, 257), (3, 2, 4099)], ids=str)
+def test_jvp_matches_reference(name, fn, ref, make_args, dtype, shape):
+  args = make_args(12, shape, dtype)
+  f, present = _bind(jax.jit(fn), args)
+  r, _ = _bind(ref, args)
+  jvp_against_reference(f, r, present, dtype=dtype, reduce_size=shape[-1])
 
 
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
-def test_grad_of_grad_matches_reference(name, fn, ref, make_args):
-  args = make_args(4, (4, 16), jnp.float32)
+def test_check_grads_orders_1_and_2(name, fn, ref, make_args):
+  args = make_args(3, (3, 8), jnp.float32)
+  f, present = _bind(fn, args)
+  check_grads(f, present, order=1, atol=2e-2, rtol=2e-2)
+  check_grads(f, present, order=2, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
+def test_forward_mode_and_every_transformation(name, fn, ref, make_args):
+  args = make_args(4, (3, 7), jnp.float32)
   f, present = _bind(fn, args)
   r, _ = _bind(ref, args)
+  check_transformations(f, r, present, forward_kernel=f"jaxops_{name}_fwd",
+                        checkpoint_name=f"jaxops.{name}", atol=1e-4, rtol=1e-4)
 
-  def loss(g):
-    return lambda *a: jnp.sum(jnp.tanh(jnp.stack(jax.tree.leaves(g(*a)))) ** 2)
 
-  def grad_norm(g):
-    return lambda *a: sum(jnp.sum(t ** 2) for t in jax.grad(loss(g), argnums=0)(*a))
-
-  assert_tree_close(jax.grad(grad_norm(f), argnums=tuple(range(len(present))))(*present),
-                    jax.grad(grad_norm(r), argnums=tuple(range(len(present))))(*present),
-                    atol=1e-4, rtol=1e-4)
+@pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
+def test_each_mode_runs_the_fused_kernels(name, fn, ref, make_args):
+  """grad: the forward and backward kernels; jvp: the forward and JVP kernels."""
+  args = make_args(5, (4, 16), jnp.float32)
+  f, present = _bind(fn, args)
+  backward = "jaxops_rms_norm_bwd" if name == "add_rms_norm" else f"jaxops_{name}_bwd"
+  grad = jax.grad(scalarize(f), argnums=tuple(range(len(present))))
+  assert custom_call_targets(grad, *present) == [f"jaxops_{name}_fwd", backward]
+  tangent = "jaxops_rms_norm_jvp" if name == "add_rms_norm" else f"jaxops_{name}_jvp"
+  jvp = lambda *p: jax.jvp(f, p, p)
+  assert custom_call_targets(jvp, *present) == [f"jaxops_{name}_fwd", tangent]
 
 
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)

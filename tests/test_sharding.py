@@ -147,6 +147,34 @@ def test_unsupported_sharding_gathers_and_stays_right(mesh, case):
   assert "all-gather" in hlo
 
 
+# Forward mode: the tangent kernels (and attention's fused one) shard like the forward.
+JVP_CASES = ["layer_norm rows", "add_rms_norm rows", "softmax rows", "cross_entropy per token",
+             "linear_cross_entropy tokens", "swiglu any axis", "rope batch and heads",
+             "embedding columns", "attention batch and heads (GQA)", "attention broadcast bias"]
+
+
+@pytest.mark.parametrize("case", JVP_CASES)
+def test_sharded_jvp_runs_locally(mesh, case):
+  fn, args, specs, argnums = LOCAL_CASES[case]
+
+  def jvp(*args):
+    primals = [args[i] for i in argnums]
+
+    def restricted(*p):
+      full = list(args)
+      for i, x in zip(argnums, p):
+        full[i] = x
+      return fn(*full)
+
+    return jax.jvp(restricted, primals, [0.5 * x for x in primals])
+
+  placed = [a if s is None else jax.device_put(a, NamedSharding(mesh, s))
+            for a, s in zip(args, specs)]
+  compiled = jax.jit(jvp).lower(*placed).compile()
+  testing.assert_tree_close(compiled(*placed), jax.jit(jvp)(*args), dtype=jnp.float32)
+  assert "all-gather" not in compiled.as_text()
+
+
 def test_vmap_of_grad_under_sharding(mesh):
   """Per-example weight gradients (several groups) with sharded rows."""
   def per_example(x, w):

@@ -14,7 +14,11 @@ from jaxops.testing import (
     FLOAT_DTYPES,
     assert_close,
     assert_tree_close,
+    check_transformations,
+    custom_call_targets,
+    jvp_against_reference,
     random_inputs,
+    scalarize,
     upcast,
     vjp_against_reference,
     vmap_against_loop,
@@ -108,19 +112,72 @@ def test_causal_vjp_matches_reference(dtype):
 
 
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", [(1, 1), (11, 257), (3, 2, 4099)], ids=str)
+def test_jvp_matches_reference(name, fn, ref, dtype, shape):
+  x, bias = random_inputs(14, [shape, shape[-1:]], dtype, scale=2.0)
+  where = _mask(15, shape)
+  f = jax.jit(lambda x, b: fn(x, where=where, bias=b))
+  r = lambda x, b: ref(x, where=where, bias=b)
+  jvp_against_reference(f, r, [x, bias], dtype=dtype, reduce_size=shape[-1])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_causal_jvp_matches_reference(dtype):
+  x, = random_inputs(16, [(2, 9, 13)], dtype)
+  for offset in (0, 4, -3):
+    jvp_against_reference(jax.jit(functools.partial(jaxops.causal_softmax, query_offset=offset)),
+                          functools.partial(reference.causal_softmax, query_offset=offset), [x],
+                          dtype=dtype, reduce_size=13)
+
+
+@pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
 def test_check_grads_orders_1_and_2(name, fn, ref):
   x, bias = random_inputs(7, [(3, 8), (8,)])
   where = _mask(8, (3, 8)).at[:, 0].set(True)
   f = lambda x, b: _finite(fn(x, where=where, bias=b))
-  check_grads(f, (x, bias), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
-  check_grads(f, (x, bias), order=2, modes=("rev",), atol=2e-2, rtol=2e-2)
+  check_grads(f, (x, bias), order=1, atol=2e-2, rtol=2e-2)
+  check_grads(f, (x, bias), order=2, atol=2e-2, rtol=2e-2)
 
 
 def test_causal_check_grads_orders_1_and_2():
   x, = random_inputs(9, [(2, 4, 6)])
   f = functools.partial(jaxops.causal_softmax, query_offset=1)
-  check_grads(f, (x,), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
-  check_grads(f, (x,), order=2, modes=("rev",), atol=2e-2, rtol=2e-2)
+  check_grads(f, (x,), order=1, atol=2e-2, rtol=2e-2)
+  check_grads(f, (x,), order=2, atol=2e-2, rtol=2e-2)
+
+
+def _transformation_cases():
+  """(name, fn, reference, args): a masked, biased softmax / log_softmax and causal_softmax."""
+  x, bias = random_inputs(17, [(3, 7), (3, 1)])
+  where = _mask(18, (1, 7)).at[:, 0].set(True)
+  cases = [(name, lambda x, b, fn=fn: _finite(fn(x, where=where, bias=b)),
+            lambda x, b, ref=ref: _finite(ref(x, where=where, bias=b)), [x, bias])
+           for name, fn, ref in MASKED]
+  cases.append(("causal_softmax", functools.partial(jaxops.causal_softmax, query_offset=1),
+                functools.partial(reference.causal_softmax, query_offset=1), [x.reshape(3, 7)]))
+  return cases
+
+
+TRANSFORMATION_CASES = _transformation_cases()
+TRANSFORMATION_IDS = [case[0] for case in TRANSFORMATION_CASES]
+
+
+@pytest.mark.parametrize("name,fn,ref,args", TRANSFORMATION_CASES, ids=TRANSFORMATION_IDS)
+def test_forward_mode_and_every_transformation(name, fn, ref, args):
+  check_transformations(fn, ref, args, forward_kernel=f"jaxops_{name}_fwd",
+                        checkpoint_name=f"jaxops.{name}", atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,fn,ref,args", TRANSFORMATION_CASES, ids=TRANSFORMATION_IDS)
+def test_each_mode_runs_the_fused_kernels(name, fn, ref, args):
+  """grad: the forward and backward kernels; jvp: the forward and JVP kernels."""
+  grad = jax.grad(scalarize(fn), argnums=tuple(range(len(args))))
+  backward = "jaxops_softmax_bwd" if name == "causal_softmax" else f"jaxops_{name}_bwd"
+  assert custom_call_targets(grad, *args) == [f"jaxops_{name}_fwd", backward]
+  tangent = "jaxops_softmax_jvp" if name == "causal_softmax" else f"jaxops_{name}_jvp"
+  assert custom_call_targets(lambda *p: jax.jvp(fn, p, p), *args) == [
+      f"jaxops_{name}_fwd", tangent]
 
 
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
