@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
+from jax.ad_checkpoint import Saveable, checkpoint_name
 from jax.extend.core import DropVar, Var, new_jaxpr_eqn
 from jax.interpreters import ad, batching
 from jax.interpreters import partial_eval as pe
@@ -268,8 +268,8 @@ class Differentiable:
     known = new_jaxpr_eqn(primals, results, self.forward.primitive, eqn.params, set(),
                           eqn.source_info, eqn.ctx)
     saved_outputs = [results[j] for j in self.saved_outputs]
-    save = bool(saveable(self.forward.primitive, *[v.aval for v in primals], **eqn.params)) or all(
-        saveable(_NAME_PRIMITIVE, v.aval, name=self.checkpoint_name) for v in saved_outputs)
+    save = _saves(saveable(self.forward.primitive, *[v.aval for v in primals], **eqn.params)) or all(
+        _saves(saveable(_NAME_PRIMITIVE, v.aval, name=self.checkpoint_name)) for v in saved_outputs)
     if save:
       saved_inputs = [primals[i] for i in self.saved_inputs]
       for i in self.saved_inputs:
@@ -287,6 +287,12 @@ class Differentiable:
       needs(var, index)
     unknown_out = [False] * n_results + [True] * len(output_tangents)
     return known, staged, unknown_out, unknown_out, residuals
+
+
+def _saves(policy_result) -> bool:
+  """Whether a remat policy's answer keeps a value (an offload counts as no:
+  the fused primitive is then recomputed, which is right, if slower)."""
+  return policy_result is True or policy_result is Saveable
 
 
 def _zero(value):

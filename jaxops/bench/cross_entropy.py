@@ -1,9 +1,10 @@
 """``python -m jaxops.bench cross_entropy``: cross-entropy and linear cross-entropy vs jnp.
 
-cross_entropy on logits [tokens, vocab]: forward (mean loss) and
-forward+backward (value_and_grad), jaxops against ``implementation="xla"``.
-GB/s counts the logits read once forward, and read once plus their gradient
-written once forward+backward.
+cross_entropy on logits [tokens, vocab]: forward (mean loss),
+forward+backward (value_and_grad) and jvp (the loss and its tangent for a
+tangent of the logits), jaxops against ``implementation="xla"``. GB/s counts
+the logits read once forward, read once plus their gradient written once
+forward+backward, and the logits and their tangent read once for jvp.
 
 linear_cross_entropy on x [tokens, hidden], weight [hidden, vocab]:
 forward+backward, jaxops against the jnp matmul + cross-entropy; also reports
@@ -31,8 +32,8 @@ def _parse(argv):
   parser.add_argument("--linear-shapes", nargs="+", default=["8192x1024x32000"],
                       help="tokens x hidden x vocab for linear_cross_entropy")
   parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-  parser.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"],
-                      choices=["fwd", "fwd+bwd"])
+  parser.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd", "jvp"],
+                      choices=["fwd", "fwd+bwd", "jvp"])
   parser.add_argument("--ignored", type=float, default=0.0,
                       help="share of tokens labelled ignore_index")
   parser.add_argument("--runs", type=int, default=5)
@@ -68,13 +69,18 @@ def main(argv=()):
       for dtype_name in args.dtypes:
         dtype = jnp.dtype(dtype_name)
         logits = (2.0 * jax.random.normal(jax.random.key(0), (tokens, vocab))).astype(dtype)
+        tangent = jax.random.normal(jax.random.key(2), (tokens, vocab)).astype(dtype)
         logits_gb = logits.size * dtype.itemsize / 1e9
         for pass_name in args.passes:
           results = {}
           for impl in (None, "xla"):
             loss = lambda x, l, impl=impl: jaxops.cross_entropy(x, l, implementation=impl)
-            f = loss if pass_name == "fwd" else jax.value_and_grad(loss)
-            results[impl] = time_jitted(f, logits, labels, runs=args.runs)
+            if pass_name == "jvp":
+              f = lambda x, l, t, loss=loss: jax.jvp(lambda x: loss(x, l), (x,), (t,))
+            else:
+              f = lambda x, l, t, loss=loss: (loss if pass_name == "fwd" else
+                                              jax.value_and_grad(loss))(x, l)
+            results[impl] = time_jitted(f, logits, labels, tangent, runs=args.runs)
           _row("cross_entropy", shape_text, dtype_name, pass_name, results[None], results["xla"],
                logits_gb * (1 if pass_name == "fwd" else 2))
   if "linear_cross_entropy" in args.ops:

@@ -1,9 +1,10 @@
 """``python -m jaxops.bench norms``: layer_norm, rms_norm, add_rms_norm vs the jnp reference.
 
-For each op, dtype and shape: forward, and forward+backward (a VJP with a given
-cotangent), for jaxops and for ``implementation="xla"`` in the same process.
-Prints median ms, effective GB/s (the bytes an ideal fused kernel must move:
-each input read once, each output written once) and the speed-up.
+For each op, dtype and shape: forward, forward+backward (a VJP with a given
+cotangent) and jvp (forward mode: the output and its tangent for a tangent of
+each x-shaped input), for jaxops and for ``implementation="xla"`` in the same
+process. Prints median ms, effective GB/s (the bytes an ideal fused kernel
+must move: each input read once, each output written once) and the speed-up.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import jaxops
 from jaxops.bench.timing import machine_line, time_jitted
 
 # op -> (function, number of x-shaped inputs, x-shaped arrays moved forward,
-#        x-shaped arrays moved forward+backward)
+#        forward+backward, and jvp)
 _OPS = {
-    "layer_norm": (lambda x, r, w, b, impl: jaxops.layer_norm(x, w, b, implementation=impl), 1, 2, 5),
-    "rms_norm": (lambda x, r, w, b, impl: jaxops.rms_norm(x, w, implementation=impl), 1, 2, 5),
-    "add_rms_norm": (lambda x, r, w, b, impl: jaxops.add_rms_norm(x, r, w, implementation=impl), 2, 4, 8),
+    "layer_norm": (lambda x, r, w, b, impl: jaxops.layer_norm(x, w, b, implementation=impl),
+                   1, 2, 5, 4),
+    "rms_norm": (lambda x, r, w, b, impl: jaxops.rms_norm(x, w, implementation=impl), 1, 2, 5, 4),
+    "add_rms_norm": (lambda x, r, w, b, impl: jaxops.add_rms_norm(x, r, w, implementation=impl),
+                     2, 4, 8, 8),
 }
 
 
@@ -31,6 +34,9 @@ def _parse(argv):
   parser.add_argument("--shapes", nargs="+", default=["8192x4096", "32768x1024"],
                       help="rows x cols, e.g. 8192x4096")
   parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+  parser.add_argument("--passes", nargs="+", default=["fwd", "fwd don.", "fwd+bwd", "jvp"],
+                      choices=["fwd", "fwd don.", "fwd+bwd", "jvp"],
+                      help="'fwd don.': add_rms_norm with the residual donated")
   parser.add_argument("--runs", type=int, default=7)
   return parser.parse_args(argv)
 
@@ -44,7 +50,7 @@ def main(argv=()):
             f"{'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} {'speed-up':>8}")
   print(header)
   for op in args.ops:
-    fn, n_inputs, fwd_arrays, fwd_bwd_arrays = _OPS[op]
+    fn, n_inputs, fwd_arrays, fwd_bwd_arrays, jvp_arrays = _OPS[op]
     for shape_text in args.shapes:
       shape = tuple(int(s) for s in shape_text.split("x"))
       for dtype_name in args.dtypes:
@@ -56,14 +62,21 @@ def main(argv=()):
         b = (0.1 * jax.random.normal(keys[3], shape[-1:])).astype(dtype)
         dy = jnp.ones(shape, dtype)
         array_bytes = x.size * dtype.itemsize
-        passes = [("fwd", fwd_arrays, ()), ("fwd+bwd", fwd_bwd_arrays, ())]
+        passes = [("fwd", fwd_arrays, ()), ("fwd+bwd", fwd_bwd_arrays, ()),
+                  ("jvp", jvp_arrays, ())]
         if n_inputs == 2:
           # The sum is written over the residual when the caller donates it.
           passes.insert(1, ("fwd don.", fwd_arrays, (1,)))
         for pass_name, arrays, donate in passes:
+          if pass_name not in args.passes:
+            continue
           results = {}
           for impl in (None, "xla"):
-            if pass_name.startswith("fwd") and "bwd" not in pass_name:
+            if pass_name == "jvp":
+              # x's tangent is dy, the residual's r: arrays already in memory.
+              def f(x, r, w, b, dy, impl=impl):
+                return jax.jvp(lambda x, r: fn(x, r, w, b, impl), (x, r), (dy, r))
+            elif pass_name.startswith("fwd") and "bwd" not in pass_name:
               f = lambda x, r, w, b, dy, impl=impl: fn(x, r, w, b, impl)
             else:
               def f(x, r, w, b, dy, impl=impl):

@@ -1,12 +1,14 @@
 """``python -m jaxops.bench softmax``: the softmax family vs the jnp reference.
 
-For each op, dtype and shape: forward, and forward+backward (a VJP with a given
-cotangent), for jaxops and for ``implementation="xla"`` in the same process.
+For each op, dtype and shape: forward, forward+backward (a VJP with a given
+cotangent) and jvp (the output and its tangent), for jaxops and for
+``implementation="xla"`` in the same process.
 ``masked`` is softmax with a boolean mask over the last two axes (a causal
 pattern, broadcast over the leading axes, as attention uses it); ``causal`` is
 causal_softmax on the same shape, which needs no mask. Prints median ms,
 effective GB/s (each x-shaped array an ideal fused kernel must move, counted
-once: x and y forward; x, y, dy, dx forward+backward) and the speed-up.
+once: x and y forward; x, y, dy, dx forward+backward; x, dx, y, dy jvp) and
+the speed-up.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ _OPS = {
     "masked": lambda x, mask, impl: jaxops.softmax(x, where=mask, implementation=impl),
     "causal": lambda x, mask, impl: jaxops.causal_softmax(x, implementation=impl),
 }
-_FWD_ARRAYS, _FWD_BWD_ARRAYS = 2, 4
+_ARRAYS = {"fwd": 2, "fwd+bwd": 4, "jvp": 4}
 
 
 def _parse(argv):
@@ -35,8 +37,8 @@ def _parse(argv):
   parser.add_argument("--shapes", nargs="+", default=["8192x4096", "32x1024x1024"],
                       help="axes joined by x; softmax over the last, e.g. 8192x4096")
   parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-  parser.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"],
-                      choices=["fwd", "fwd+bwd"])
+  parser.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd", "jvp"],
+                      choices=["fwd", "fwd+bwd", "jvp"])
   parser.add_argument("--runs", type=int, default=7)
   return parser.parse_args(argv)
 
@@ -45,7 +47,8 @@ def main(argv=()):
   args = _parse(argv)
   print(f"# {machine_line()}")
   print(f"# median of {args.runs} runs after warm-up; GB/s counts each x-shaped array moved once "
-        "(x, y forward; x, y, dy, dx forward+backward); 'sys' = share of CPU time in the kernel")
+        "(x, y forward; x, y, dy, dx forward+backward and jvp); 'sys' = share of CPU time in "
+        "the kernel")
   print(f"{'op':<12} {'shape':<13} {'dtype':<9} {'pass':<8} {'jaxops ms':>10} {'GB/s':>6} "
         f"{'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} {'speed-up':>8}")
   for op in args.ops:
@@ -61,11 +64,13 @@ def main(argv=()):
         dy = jnp.ones(shape, dtype)
         array_bytes = x.size * dtype.itemsize
         for pass_name in args.passes:
-          arrays = _FWD_ARRAYS if pass_name == "fwd" else _FWD_BWD_ARRAYS
+          arrays = _ARRAYS[pass_name]
           results = {}
           for impl in (None, "xla"):
             if pass_name == "fwd":
               f = lambda x, dy, impl=impl: fn(x, mask, impl)
+            elif pass_name == "jvp":
+              f = lambda x, dy, impl=impl: jax.jvp(lambda x: fn(x, mask, impl), (x,), (dy,))
             else:
               def f(x, dy, impl=impl):
                 _, vjp = jax.vjp(lambda x: fn(x, mask, impl), x)
