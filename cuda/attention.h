@@ -1,5 +1,5 @@
-// Flash attention on CUDA (FlashAttention-2 style): forward and backward. No
-// XLA, no Python.
+// Flash attention on CUDA (FlashAttention-2 style): forward, backward and
+// forward mode (JVP). No XLA, no Python.
 //
 // The same operation, layouts and masking as cpu/attention.h (keep the two in
 // step), plus the stream to launch on:
@@ -66,12 +66,26 @@ cudaError_t attention_bwd(cudaStream_t stream, const AttentionParams& p, const T
                           const T* dout, const float* dlogsumexp, T* dquery, T* dkey, T* dvalue,
                           float* dbias, void* workspace);
 
+// Forward mode: out and logsumexp as attention_fwd, with their tangents dout
+// [B,T,N,H] and dlogsumexp [B,N,T] (float32) for the tangents dquery, dkey,
+// dvalue (shaped like their primals) and dbias (float32, read through the bias
+// strides); a null tangent is zero, and its products are skipped. One pass over
+// K/V, no workspace. A row with no attended key gets zero tangents.
+template <typename T>
+cudaError_t attention_fwd_jvp(cudaStream_t stream, const AttentionParams& p, const T* query,
+                              const T* key, const T* value, const T* dquery, const T* dkey,
+                              const T* dvalue, const float* dbias, T* out, float* logsumexp,
+                              T* dout, float* dlogsumexp);
+
 #define JAXOPS_CUDA_ATTENTION_DECLARE(T)                                                   \
   extern template cudaError_t attention_fwd<T>(cudaStream_t, const AttentionParams&,       \
                                                const T*, const T*, const T*, T*, float*);  \
   extern template cudaError_t attention_bwd<T>(                                            \
       cudaStream_t, const AttentionParams&, const T*, const T*, const T*, const T*,        \
-      const float*, const T*, const float*, T*, T*, T*, float*, void*);
+      const float*, const T*, const float*, T*, T*, T*, float*, void*);                    \
+  extern template cudaError_t attention_fwd_jvp<T>(                                        \
+      cudaStream_t, const AttentionParams&, const T*, const T*, const T*, const T*,        \
+      const T*, const T*, const float*, T*, float*, T*, float*);
 
 JAXOPS_CUDA_ATTENTION_DECLARE(float)
 JAXOPS_CUDA_ATTENTION_DECLARE(__half)

@@ -1,18 +1,22 @@
 """The CUDA attention kernels under AddressSanitizer and ThreadSanitizer, run by
 the CPU harness (see test_cuda_harness_checks.py for the harness's own checks).
 
-tests/cuda_harness/attention_driver.cc runs the forward and the backward in
-float32 (SIMT path), bfloat16 and float16 (wmma path) with a full bias and its
-gradient, a broadcast mask, sequence lengths and the causal mask with an
-offset, against a double-precision reference, on tiny shapes: GQA, T != S,
-lengths that are not multiples of the tile, head dims padded to 16 and the
-head dim that selects the smallest tiles.
+tests/cuda_harness/attention_driver.cc runs the forward and the backward with a
+full bias and its gradient, and the forward mode (cuda/attention_jvp.cu) with
+a broadcast bias, with every tangent, with none, and with the subsets that take
+each variant of the tangent products (the bias tangent NaN on masked keys), in
+float32 (SIMT path), bfloat16 and float16 (wmma path), with a broadcast mask
+that empties a query row, sequence lengths and the causal mask with an offset,
+against a double-precision reference, on tiny shapes: GQA, T != S, lengths
+that are not multiples of the tile, head dims padded to 16, two query and key
+tiles, and every tile configuration of the forward mode (float32 64x64, 32x32
+at H = 64 and 16x16 at H = 200; bfloat16/float16 64x64 and 32x32 at H = 200).
 """
 
 from test_cuda_harness_checks import RIGHT, _executable, _run
 
-ASAN_SHAPES = ["2x5x9x4x2x8c", "1x17x3x2x1x20", "1x3x5x1x1x200c"]
-TSAN_SHAPES = ["1x3x5x2x1x8c"]
+ASAN_SHAPES = ["2x5x9x4x2x8c", "1x17x3x2x1x20", "1x3x5x1x1x200c", "1x33x40x1x1x64c"]
+TSAN_SHAPES = ["1x3x5x2x1x8c", "1x3x40x1x1x64c"]
 DRIVER = "attention_driver.cc"
 
 

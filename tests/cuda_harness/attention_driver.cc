@@ -1,14 +1,21 @@
-// Test-only: runs the CUDA attention kernels (cuda/attention.cu, compiled by the
-// harness) forward and backward on the shapes given on the command line, in
-// float32, bfloat16 and float16, with a full bias (and its gradient), a
-// broadcast [T, S] mask, sequence lengths and, for shapes ending in "c", the
-// causal mask with query_offset S - T, and checks every result against a
-// double-precision reference. Built under AddressSanitizer and ThreadSanitizer
-// by tests/test_cuda_harness_attention_sanitizers.py, where what matters most is
+// Test-only: runs the CUDA attention kernels (cuda/attention.cu and
+// cuda/attention_jvp.cu, compiled by the harness) on the shapes given on the
+// command line, in float32, bfloat16 and float16, with a broadcast [T, S] mask
+// that empties query row 1, sequence lengths and, for shapes ending in "c",
+// the causal mask with query_offset S - T, and checks every result against a
+// double-precision reference:
+//   - forward and backward with a full bias (and its gradient);
+//   - forward mode with a [1, N, T, S] bias and its tangent, with every
+//     tangent (query, key, value, bias), with none, and with the subsets that
+//     take each variant of the tangent products; the bias tangent is NaN on
+//     masked keys, which must not reach any result.
+// Built under AddressSanitizer and ThreadSanitizer by
+// tests/test_cuda_harness_attention_sanitizers.py, where what matters most is
 // that the sanitizers stay silent: each buffer is its own exact-size
 // allocation, so a read past any tile edge is caught.
 //
 // usage: attention_driver BxTxSxNxKxH[c] ...     exit status 0 when all agree
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -50,6 +57,14 @@ void compare(const std::string& what, const std::vector<V>& actual,
   }
 }
 
+bool failed(cudaError_t status, const std::string& name) {
+  if (status == cudaSuccess) return false;
+  std::fprintf(stderr, "FAIL %s: %s: %s\n", name.c_str(), cudaGetErrorName(status),
+               cudaGetErrorString(status));
+  ++g_failures;
+  return true;
+}
+
 template <typename T>
 std::vector<T> random_vector(size_t n, std::mt19937& rng, std::vector<double>* rounded) {
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -62,114 +77,238 @@ std::vector<T> random_vector(size_t n, std::mt19937& rng, std::vector<double>* r
   return out;
 }
 
+// A tensor in the kernel's type and the doubles its elements round to.
 template <typename T>
-void run(const Shape& s, std::mt19937& rng) {
-  const std::string name = std::string(type_name<T>()) + " " + std::to_string(s.B) + "x" +
-                           std::to_string(s.T) + "x" + std::to_string(s.S) + "x" +
-                           std::to_string(s.N) + "x" + std::to_string(s.K) + "x" +
-                           std::to_string(s.H) + (s.causal ? "c" : "");
-  const size_t nq = s.B * s.T * s.N * s.H, nk = s.B * s.S * s.K * s.H;
-  std::vector<double> q, k, v, dout, bias;
-  auto q_t = random_vector<T>(nq, rng, &q), k_t = random_vector<T>(nk, rng, &k),
-       v_t = random_vector<T>(nk, rng, &v), dout_t = random_vector<T>(nq, rng, &dout);
-  auto bias_f = random_vector<float>(s.B * s.N * s.T * s.S, rng, &bias);
-  std::vector<uint8_t> mask(s.T * s.S);
-  for (int64_t i = 0; i < s.T * s.S; ++i) mask[i] = (i * 7 + 3) % 5 != 0;
-  std::vector<int32_t> q_lengths(s.B), kv_lengths(s.B);
-  for (int64_t b = 0; b < s.B; ++b) {
-    q_lengths[b] = static_cast<int32_t>(s.T - b % 2);
-    kv_lengths[b] = static_cast<int32_t>(s.S - b % 3);
-  }
-  std::vector<int32_t> offset(1, static_cast<int32_t>(s.S - s.T));
+struct Tensor {
+  Tensor(size_t n, std::mt19937& rng) : data(random_vector<T>(n, rng, &value)) {}
+  std::vector<double> value;
+  std::vector<T> data;
+};
 
+// What the forward, the backward and the forward mode of one shape share: the
+// random q, k, v, the mask, lengths and offset, and the reference's masking
+// and logits.
+template <typename T>
+struct Problem {
+  Problem(const Shape& shape, std::mt19937& rng)
+      : s(shape),
+        nq(s.B * s.T * s.N * s.H),
+        nk(s.B * s.S * s.K * s.H),
+        q(nq, rng),
+        k(nk, rng),
+        v(nk, rng),
+        mask(s.T * s.S),
+        q_lengths(s.B),
+        kv_lengths(s.B),
+        offset(1, static_cast<int32_t>(s.S - s.T)) {
+    name = std::string(type_name<T>()) + " " + std::to_string(s.B) + "x" + std::to_string(s.T) +
+           "x" + std::to_string(s.S) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) +
+           "x" + std::to_string(s.H) + (s.causal ? "c" : "");
+    for (int64_t i = 0; i < s.T * s.S; ++i) mask[i] = (i * 7 + 3) % 5 != 0 && i / s.S != 1;
+    for (int64_t b = 0; b < s.B; ++b) {
+      q_lengths[b] = static_cast<int32_t>(s.T - b % 2);
+      kv_lengths[b] = static_cast<int32_t>(s.S - b % 3);
+    }
+    p.batch = s.B;
+    p.q_len = s.T;
+    p.kv_len = s.S;
+    p.num_heads = s.N;
+    p.num_kv_heads = s.K;
+    p.head_dim = s.H;
+    p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.H)));
+    p.is_causal = s.causal;
+    p.query_offset = offset.data();
+    p.q_seq_lengths = q_lengths.data();
+    p.kv_seq_lengths = kv_lengths.data();
+    p.mask = mask.data();
+    p.mask_strides[2] = s.S;
+    p.mask_strides[3] = 1;
+  }
+
+  size_t q_row(int64_t b, int64_t t, int64_t n) const { return ((b * s.T + t) * s.N + n) * s.H; }
+  size_t k_row(int64_t b, int64_t j, int64_t n) const {
+    return ((b * s.S + j) * s.K + n / (s.N / s.K)) * s.H;
+  }
+  size_t stat(int64_t b, int64_t n, int64_t t) const { return (b * s.N + n) * s.T + t; }
+  bool visible(int64_t b, int64_t t, int64_t j) const {
+    return t < q_lengths[b] && j < kv_lengths[b] && mask[t * s.S + j] &&
+           (!s.causal || j <= t + offset[0]);
+  }
+  double dot(const std::vector<double>& x, size_t x_row, const std::vector<double>& y,
+             size_t y_row) const {
+    double sum = 0.0;
+    for (int64_t h = 0; h < s.H; ++h) sum += x[x_row + h] * y[y_row + h];
+    return sum;
+  }
+  // The probabilities of row (b, n, t) into prob from its logits (-inf where
+  // masked); returns the logsumexp.
+  double softmax(std::vector<double>* prob) const {
+    double mx = -INFINITY;
+    for (double x : *prob) mx = std::max(mx, x);
+    double sum = 0.0;
+    for (double& x : *prob) {
+      x = mx == -INFINITY || x == -INFINITY ? 0.0 : std::exp(x - mx);
+      sum += x;
+    }
+    for (double& x : *prob) x = sum > 0.0 ? x / sum : 0.0;
+    return sum > 0.0 ? mx + std::log(sum) : -INFINITY;
+  }
+
+  Shape s;
+  size_t nq, nk;
+  Tensor<T> q, k, v;
+  std::vector<uint8_t> mask;
+  std::vector<int32_t> q_lengths, kv_lengths, offset;
   cuda::AttentionParams p;
-  p.batch = s.B;
-  p.q_len = s.T;
-  p.kv_len = s.S;
-  p.num_heads = s.N;
-  p.num_kv_heads = s.K;
-  p.head_dim = s.H;
-  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.H)));
-  p.is_causal = s.causal;
-  p.query_offset = offset.data();
-  p.q_seq_lengths = q_lengths.data();
-  p.kv_seq_lengths = kv_lengths.data();
-  p.mask = mask.data();
-  p.mask_strides[2] = s.S;
-  p.mask_strides[3] = 1;
-  p.bias = bias_f.data();
+  std::string name;
+};
+
+template <typename T>
+void run_fwd_bwd(const Problem<T>& pr, std::mt19937& rng) {
+  const Shape& s = pr.s;
+  const size_t nq = pr.nq, nk = pr.nk;
+  Tensor<T> dout(nq, rng);
+  Tensor<float> bias(s.B * s.N * s.T * s.S, rng);
+  cuda::AttentionParams p = pr.p;
+  p.bias = bias.data.data();
   p.bias_strides[0] = s.N * s.T * s.S;
   p.bias_strides[1] = s.T * s.S;
   p.bias_strides[2] = s.S;
   p.bias_strides[3] = 1;
 
   std::vector<T> out(nq), dq(nq), dk(nk), dv(nk);
-  std::vector<float> lse(s.B * s.N * s.T), dbias(bias.size());
+  std::vector<float> lse(s.B * s.N * s.T), dbias(bias.value.size());
   std::vector<unsigned char> workspace(cuda::attention_bwd_workspace_bytes(p));
-  cudaError_t status = cuda::attention_fwd<T>(nullptr, p, q_t.data(), k_t.data(), v_t.data(),
-                                              out.data(), lse.data());
+  cudaError_t status = cuda::attention_fwd<T>(nullptr, p, pr.q.data.data(), pr.k.data.data(),
+                                              pr.v.data.data(), out.data(), lse.data());
   if (status == cudaSuccess) {
-    status = cuda::attention_bwd<T>(nullptr, p, q_t.data(), k_t.data(), v_t.data(), out.data(),
-                                    lse.data(), dout_t.data(), nullptr, dq.data(), dk.data(),
-                                    dv.data(), dbias.data(), workspace.data());
+    status = cuda::attention_bwd<T>(nullptr, p, pr.q.data.data(), pr.k.data.data(),
+                                    pr.v.data.data(), out.data(), lse.data(), dout.data.data(),
+                                    nullptr, dq.data(), dk.data(), dv.data(), dbias.data(),
+                                    workspace.data());
   }
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "FAIL %s: %s: %s\n", name.c_str(), cudaGetErrorName(status),
-                 cudaGetErrorString(status));
-    ++g_failures;
-    return;
-  }
+  if (failed(status, pr.name)) return;
 
   // Reference in double: P, out, lse, then dP, D, dS and the gradients.
+  const auto& q = pr.q.value;
+  const auto& k = pr.k.value;
+  const auto& v = pr.v.value;
   std::vector<double> out_r(nq, 0.0), lse_r(lse.size()), dq_r(nq, 0.0), dk_r(nk, 0.0),
-      dv_r(nk, 0.0), dbias_r(bias.size(), 0.0);
-  const int64_t group = s.N / s.K;
-  std::vector<double> prob(s.S), dprob(s.S);
+      dv_r(nk, 0.0), dbias_r(bias.value.size(), 0.0);
+  std::vector<double> prob(s.S);
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t n = 0; n < s.N; ++n) {
-      const int64_t kh = n / group;
       for (int64_t t = 0; t < s.T; ++t) {
-        const size_t qrow = ((b * s.T + t) * s.N + n) * s.H;
-        const size_t stat = (b * s.N + n) * s.T + t;
-        double mx = -INFINITY;
+        const size_t qrow = pr.q_row(b, t, n);
         for (int64_t j = 0; j < s.S; ++j) {
-          const bool visible = t < q_lengths[b] && j < kv_lengths[b] && mask[t * s.S + j] &&
-                               (!s.causal || j <= t + offset[0]);
-          double x = -INFINITY;
-          if (visible) {
-            const size_t krow = ((b * s.S + j) * s.K + kh) * s.H;
-            double dot = 0.0;
-            for (int64_t h = 0; h < s.H; ++h) dot += q[qrow + h] * k[krow + h];
-            x = p.scale * dot + bias[((b * s.N + n) * s.T + t) * s.S + j];
-          }
-          prob[j] = x;
-          mx = std::max(mx, x);
+          prob[j] = pr.visible(b, t, j) ? p.scale * pr.dot(q, qrow, k, pr.k_row(b, j, n)) +
+                                              bias.value[((b * s.N + n) * s.T + t) * s.S + j]
+                                        : -INFINITY;
         }
-        double sum = 0.0;
-        for (int64_t j = 0; j < s.S; ++j) {
-          prob[j] = mx == -INFINITY || prob[j] == -INFINITY ? 0.0 : std::exp(prob[j] - mx);
-          sum += prob[j];
-        }
-        lse_r[stat] = sum > 0.0 ? mx + std::log(sum) : -INFINITY;
-        for (int64_t j = 0; j < s.S; ++j) prob[j] = sum > 0.0 ? prob[j] / sum : 0.0;
+        lse_r[pr.stat(b, n, t)] = pr.softmax(&prob);
         double d = 0.0;
         for (int64_t h = 0; h < s.H; ++h) {
           double o = 0.0;
-          for (int64_t j = 0; j < s.S; ++j) o += prob[j] * v[((b * s.S + j) * s.K + kh) * s.H + h];
+          for (int64_t j = 0; j < s.S; ++j) o += prob[j] * v[pr.k_row(b, j, n) + h];
           out_r[qrow + h] = o;
-          d += o * dout[qrow + h];
+          d += o * dout.value[qrow + h];
         }
         for (int64_t j = 0; j < s.S; ++j) {
-          const size_t krow = ((b * s.S + j) * s.K + kh) * s.H;
-          double dp = 0.0;
-          for (int64_t h = 0; h < s.H; ++h) dp += dout[qrow + h] * v[krow + h];
-          const double ds = prob[j] * (dp - d);
+          const size_t krow = pr.k_row(b, j, n);
+          const double ds = prob[j] * (pr.dot(dout.value, qrow, v, krow) - d);
           dbias_r[((b * s.N + n) * s.T + t) * s.S + j] = ds;
           for (int64_t h = 0; h < s.H; ++h) {
             dq_r[qrow + h] += p.scale * ds * k[krow + h];
             dk_r[krow + h] += p.scale * ds * q[qrow + h];
-            dv_r[krow + h] += prob[j] * dout[qrow + h];
+            dv_r[krow + h] += prob[j] * dout.value[qrow + h];
           }
+        }
+      }
+    }
+  }
+  const double tol = tolerance<T>();
+  compare(pr.name + " out", out, out_r, tol);
+  compare(pr.name + " logsumexp", lse, lse_r, 1e-4);
+  compare(pr.name + " dq", dq, dq_r, tol);
+  compare(pr.name + " dk", dk, dk_r, tol);
+  compare(pr.name + " dv", dv, dv_r, tol);
+  compare(pr.name + " dbias", dbias, dbias_r, tol);
+}
+
+// Which tangents of the forward mode are present: bits of kQuery... kBias.
+enum Tangent { kQuery = 1, kKey = 2, kValue = 4, kBias = 8 };
+
+template <typename T>
+void run_fwd_jvp(const Problem<T>& pr, int present, std::mt19937& rng) {
+  const Shape& s = pr.s;
+  const size_t nq = pr.nq, nk = pr.nk;
+  const std::string name = pr.name + " jvp" + (present & kQuery ? " dq" : "") +
+                           (present & kKey ? " dk" : "") + (present & kValue ? " dv" : "") +
+                           (present & kBias ? " dbias" : "");
+  Tensor<T> dq(nq, rng), dk(nk, rng), dv(nk, rng);
+  // bias and its tangent [1, N, T, S]; the tangent is NaN where the mask is false.
+  const size_t bias_size = s.N * s.T * s.S;
+  Tensor<float> bias(bias_size, rng), dbias(bias_size, rng);
+  for (size_t i = 0; i < bias_size; ++i) {
+    if (!pr.mask[i % (s.T * s.S)]) dbias.data[i] = NAN;
+  }
+  // Absent tangents are zero in the reference and null for the kernel.
+  const auto zero_unless = [present](int which, std::vector<double>* x) {
+    if (!(present & which)) x->assign(x->size(), 0.0);
+  };
+  zero_unless(kQuery, &dq.value);
+  zero_unless(kKey, &dk.value);
+  zero_unless(kValue, &dv.value);
+  zero_unless(kBias, &dbias.value);
+  cuda::AttentionParams p = pr.p;
+  p.bias = bias.data.data();
+  p.bias_strides[1] = s.T * s.S;
+  p.bias_strides[2] = s.S;
+  p.bias_strides[3] = 1;
+
+  std::vector<T> out(nq), dout(nq);
+  std::vector<float> lse(s.B * s.N * s.T), dlse(lse.size());
+  const cudaError_t status = cuda::attention_fwd_jvp<T>(
+      nullptr, p, pr.q.data.data(), pr.k.data.data(), pr.v.data.data(),
+      present & kQuery ? dq.data.data() : nullptr, present & kKey ? dk.data.data() : nullptr,
+      present & kValue ? dv.data.data() : nullptr, present & kBias ? dbias.data.data() : nullptr,
+      out.data(), lse.data(), dout.data(), dlse.data());
+  if (failed(status, name)) return;
+
+  // Reference in double: P, then the logit tangents dS, their mean mu (the
+  // logsumexp tangent) and dout = sum_j P (dS - mu) v_j + P dv_j.
+  const auto& q = pr.q.value;
+  const auto& k = pr.k.value;
+  const auto& v = pr.v.value;
+  std::vector<double> out_r(nq, 0.0), lse_r(lse.size()), dout_r(nq, 0.0), dlse_r(lse.size());
+  std::vector<double> prob(s.S), dscore(s.S);
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t n = 0; n < s.N; ++n) {
+      for (int64_t t = 0; t < s.T; ++t) {
+        const size_t qrow = pr.q_row(b, t, n);
+        for (int64_t j = 0; j < s.S; ++j) {
+          const size_t krow = pr.k_row(b, j, n);
+          const bool visible = pr.visible(b, t, j);
+          const size_t at = (n * s.T + t) * s.S + j;
+          prob[j] = visible ? p.scale * pr.dot(q, qrow, k, krow) + bias.value[at] : -INFINITY;
+          dscore[j] = visible ? p.scale * (pr.dot(dq.value, qrow, k, krow) +
+                                           pr.dot(q, qrow, dk.value, krow)) +
+                                    dbias.value[at]
+                              : 0.0;
+        }
+        lse_r[pr.stat(b, n, t)] = pr.softmax(&prob);
+        double mu = 0.0;
+        for (int64_t j = 0; j < s.S; ++j) mu += prob[j] * dscore[j];
+        dlse_r[pr.stat(b, n, t)] = mu;
+        for (int64_t h = 0; h < s.H; ++h) {
+          double o = 0.0, dot = 0.0;
+          for (int64_t j = 0; j < s.S; ++j) {
+            const size_t at = pr.k_row(b, j, n) + h;
+            o += prob[j] * v[at];
+            dot += prob[j] * ((dscore[j] - mu) * v[at] + dv.value[at]);
+          }
+          out_r[qrow + h] = o;
+          dout_r[qrow + h] = dot;
         }
       }
     }
@@ -177,10 +316,20 @@ void run(const Shape& s, std::mt19937& rng) {
   const double tol = tolerance<T>();
   compare(name + " out", out, out_r, tol);
   compare(name + " logsumexp", lse, lse_r, 1e-4);
-  compare(name + " dq", dq, dq_r, tol);
-  compare(name + " dk", dk, dk_r, tol);
-  compare(name + " dv", dv, dv_r, tol);
-  compare(name + " dbias", dbias, dbias_r, tol);
+  compare(name + " dout", dout, dout_r, tol);
+  compare(name + " dlogsumexp", dlse, dlse_r, tol);
+}
+
+template <typename T>
+void run(const Shape& s, std::mt19937& rng) {
+  const Problem<T> problem(s, rng);
+  run_fwd_bwd(problem, rng);
+  // Each product's variants: dS from dq, dk or both, or from dbias alone; the
+  // output tangent from dS, dv or both.
+  for (int present : {kQuery | kKey | kValue | kBias, 0, int{kQuery}, kKey | kValue, int{kValue},
+                      int{kBias}}) {
+    run_fwd_jvp(problem, present, rng);
+  }
 }
 
 bool parse(const std::string& text, Shape* s) {

@@ -97,14 +97,47 @@ ffi::Error AttentionBwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   });
 }
 
+ffi::Error AttentionFwdJvp(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
+                           ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                           ffi::AnyBuffer query_offset, ffi::AnyBuffer dq, ffi::AnyBuffer dk,
+                           ffi::AnyBuffer dv, ffi::AnyBuffer dbias,
+                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                           ffi::Result<ffi::AnyBuffer> dout, ffi::Result<ffi::AnyBuffer> dlse,
+                           float scale, bool is_causal, int64_t window_left,
+                           int64_t window_right) {
+  const std::string op = "jaxops_attention_fwd_jvp";
+  AttentionShape s;
+  cuda::AttentionParams p;
+  JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
+                                       query_offset, scale, is_causal, window_left, window_right,
+                                       &s, &p));
+  JAXOPS_RETURN_IF_ERROR(
+      check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, s));
+  // An absent tangent ([0]) is null, and so is a present one with no elements
+  // (an empty head dim), whose products are zero.
+  return dispatch(op, q.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::attention_fwd_jvp<T>(
+                stream, p, data<const T>(q), data<const T>(k), data<const T>(v),
+                data_or_null<const T>(dq), data_or_null<const T>(dk), data_or_null<const T>(dv),
+                data_or_null<const float>(dbias), data<T>(*out), data<float>(*lse),
+                data<T>(*dout), data<float>(*dlse)));
+  });
+}
+
 }  // namespace
 
 // Distinct symbol names from the CPU module's handlers: both modules can be
 // loaded in one process.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwdCuda, AttentionFwd, bind_attention_fwd(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionBwdCuda, AttentionBwd, bind_attention_bwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwdJvpCuda, AttentionFwdJvp,
+                              bind_attention_fwd_jvp(cuda_binding()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd", kAttentionFwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_bwd", kAttentionBwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd_jvp", kAttentionFwdJvpCuda);
 
 }  // namespace jaxops

@@ -1,0 +1,311 @@
+// Device code that the CUDA attention kernels share (attention.cu: forward and
+// backward; attention_jvp.cu: forward mode): block-wide products between
+// shared-memory tiles, the masking of one (batch, head), tile loads and the
+// shared-memory carving. See attention.cu for the design.
+//
+// Tiles live in shared memory with head vectors padded to a multiple of 16
+// (hp) and rows padded against bank conflicts. Every product is a block_gemm
+// between shared-memory tiles: tensor cores through nvcuda::wmma for
+// __half/__nv_bfloat16 on sm_80+ (accumulators loaded from and stored to the
+// f32 shared tiles, so nothing depends on the fragment's element-to-lane
+// layout), a float32 SIMT loop otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+#include <mma.h>
+
+#include "cuda/attention.h"
+#include "cuda/float_convert.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define JAXOPS_ATTENTION_TENSOR_CORES 1
+#endif
+
+namespace jaxops::cuda::attention_tiles {
+
+constexpr int kThreads = 128;
+constexpr int kWarpSize = 32;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr unsigned kFullWarp = 0xffffffffu;
+// Tile sizes are the largest of 64x64, 32x32, 16x16 whose shared memory fits
+// this (sm_80's per-block limit is 163 KiB, sm_90's 227 KiB).
+constexpr size_t kSharedBudget = 160 * 1024;
+
+// The neighbouring threads that share each of kRows rows of a block's tile
+// (the online softmax's groups of lanes).
+template <int kRows>
+__host__ __device__ constexpr int row_threads() {
+  static_assert(kThreads % kRows == 0 && kThreads / kRows <= kWarpSize, "rows share warps evenly");
+  return kThreads / kRows;
+}
+
+// Reductions over aligned groups of kWidth neighbouring lanes.
+template <int kWidth>
+__device__ __forceinline__ float group_max(float v) {
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+    v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, offset));
+  }
+  return v;
+}
+
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float v) {
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(kFullWarp, v, offset);
+  }
+  return v;
+}
+
+// -- shared-memory layout --------------------------------------------------------------
+
+// Hands out 128-byte aligned pieces of a block's shared memory; with a null
+// base it only measures.
+class SharedCarver {
+ public:
+  __host__ __device__ explicit SharedCarver(unsigned char* base) : base_(base) {}
+  template <typename U>
+  __host__ __device__ U* take(int64_t count) {
+    U* piece = reinterpret_cast<U*>(base_ + used_);
+    used_ += (static_cast<size_t>(count) * sizeof(U) + 127) / 128 * 128;
+    return piece;
+  }
+  __host__ __device__ size_t used() const { return used_; }
+
+ private:
+  unsigned char* base_;
+  size_t used_ = 0;
+};
+
+// Leading dimensions: element tiles [rows][hp + 8], float tiles [rows][cols + 4]
+// (multiples of 8 and 4 as wmma requires, off the 32-bank period).
+struct Strides {
+  int hp;    // head dim padded to 16
+  int ld_t;  // T tiles over the head dim
+  int ld_o;  // f32 accumulators over the head dim
+  int ld_s;  // f32 scores [kBr][kBc]
+  int ld_p;  // T probabilities [kBr][kBc]
+  __host__ __device__ Strides(int hp_, int bc) : hp(hp_), ld_t(hp_ + 8), ld_o(hp_ + 4),
+                                                 ld_s(bc + 4), ld_p(bc + 8) {}
+};
+
+
+// -- block-wide products between shared-memory tiles -----------------------------------
+
+template <typename TA, typename TB>
+constexpr bool kTensorCoreOperands =
+    std::is_same<TA, TB>::value &&
+    (std::is_same<TA, __half>::value || std::is_same<TA, __nv_bfloat16>::value);
+
+// c[m][n] = (kAccumulate ? c[m][n] : 0) + sum_k A(m, k) B(k, n) for m < M, n < N,
+// k < K (multiples of 16), with A(m, k) = kTransA ? a[k][m] : a[m][k] and
+// B(k, n) = kTransB ? b[n][k] : b[k][n]. Every thread of the block calls it;
+// the caller synchronises before reading c or overwriting a, b.
+template <bool kTransA, bool kTransB, bool kAccumulate, typename TA, typename TB>
+__device__ __forceinline__ void block_gemm(float* c, int ldc, const TA* a, int lda, const TB* b, int ldb, int M,
+                           int N, int K) {
+#ifdef JAXOPS_ATTENTION_TENSOR_CORES
+  if constexpr (kTensorCoreOperands<TA, TB>) {
+    namespace wmma = nvcuda::wmma;
+    using LayoutA = std::conditional_t<kTransA, wmma::col_major, wmma::row_major>;
+    using LayoutB = std::conditional_t<kTransB, wmma::col_major, wmma::row_major>;
+    const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+    const int tiles_n = N / 16;
+    for (int tile = warp; tile < M / 16 * tiles_n; tile += kWarps) {
+      const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 16;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      if (kAccumulate) {
+        wmma::load_matrix_sync(acc, c + m0 * ldc + n0, ldc, wmma::mem_row_major);
+      } else {
+        wmma::fill_fragment(acc, 0.0f);
+      }
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, TA, LayoutA> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, TB, LayoutB> fb;
+        wmma::load_matrix_sync(fa, kTransA ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
+        wmma::load_matrix_sync(fb, kTransB ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(c + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
+    }
+  } else
+#endif
+  {
+    // Each thread owns a 2x2 block of c (M and N are even).
+    const int blocks_n = N / 2;
+    for (int i = threadIdx.x; i < M / 2 * blocks_n; i += kThreads) {
+      const int m = i / blocks_n * 2, n = i % blocks_n * 2;
+      float c00 = 0.0f, c01 = 0.0f, c10 = 0.0f, c11 = 0.0f;
+      if (kAccumulate) {
+        c00 = c[m * ldc + n];
+        c01 = c[m * ldc + n + 1];
+        c10 = c[(m + 1) * ldc + n];
+        c11 = c[(m + 1) * ldc + n + 1];
+      }
+      for (int k = 0; k < K; ++k) {
+        const float a0 = to_float(kTransA ? a[k * lda + m] : a[m * lda + k]);
+        const float a1 = to_float(kTransA ? a[k * lda + m + 1] : a[(m + 1) * lda + k]);
+        const float b0 = to_float(kTransB ? b[n * ldb + k] : b[k * ldb + n]);
+        const float b1 = to_float(kTransB ? b[(n + 1) * ldb + k] : b[k * ldb + n + 1]);
+        c00 = fmaf(a0, b0, c00);
+        c01 = fmaf(a0, b1, c01);
+        c10 = fmaf(a1, b0, c10);
+        c11 = fmaf(a1, b1, c11);
+      }
+      c[m * ldc + n] = c00;
+      c[m * ldc + n + 1] = c01;
+      c[(m + 1) * ldc + n] = c10;
+      c[(m + 1) * ldc + n + 1] = c11;
+    }
+  }
+}
+
+// -- masking ---------------------------------------------------------------------------
+
+// What a block needs to mask the rows of one (batch, query head).
+struct HeadView {
+  int64_t b;
+  int64_t n;
+  int64_t offset;    // absolute position of query row 0
+  int64_t q_valid;   // rows t >= q_valid attend nothing
+  int64_t kv_valid;  // keys j >= kv_valid are masked
+};
+
+__device__ __forceinline__ int64_t clamp_length(const int32_t* lengths, int64_t b, int64_t full) {
+  if (lengths == nullptr) return full;
+  const int64_t n = lengths[b];
+  return n < 0 ? 0 : (n > full ? full : n);
+}
+
+__device__ __forceinline__ HeadView head_view(const AttentionParams& p, int64_t b, int64_t n) {
+  return {b, n, static_cast<int64_t>(*p.query_offset), clamp_length(p.q_seq_lengths, b, p.q_len),
+          clamp_length(p.kv_seq_lengths, b, p.kv_len)};
+}
+
+// The element of query row t and key j in an operand broadcast to [B, N, T, S]
+// through `strides` (the mask, the bias and the bias-shaped tangents).
+__device__ __forceinline__ int64_t broadcast_offset(const int64_t strides[4], const HeadView& h,
+                                                    int64_t t, int64_t j) {
+  return h.b * strides[0] + h.n * strides[1] + t * strides[2] + j * strides[3];
+}
+
+// scale * dot + bias for query row t and key j, or -inf where (t, j) is masked.
+__device__ __forceinline__ float logit(const AttentionParams& p, const HeadView& h, int64_t t,
+                                       int64_t j, float dot) {
+  if (t >= h.q_valid || j >= h.kv_valid) return -CUDART_INF_F;
+  const int64_t pos = t + h.offset;
+  if (p.is_causal && j > pos) return -CUDART_INF_F;
+  if (p.window_left >= 0 && j < pos - p.window_left) return -CUDART_INF_F;
+  if (p.window_right >= 0 && j > pos + p.window_right) return -CUDART_INF_F;
+  if (p.mask != nullptr && !p.mask[broadcast_offset(p.mask_strides, h, t, j)]) {
+    return -CUDART_INF_F;
+  }
+  float x = p.scale * dot;
+  if (p.bias != nullptr) x += p.bias[broadcast_offset(p.bias_strides, h, t, j)];
+  return x;
+}
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+struct Range {
+  int64_t begin;
+  int64_t end;
+};
+
+// The keys that query rows [t0, t1) may attend (a superset: the mask and the
+// bias are checked per element).
+__device__ __forceinline__ Range key_range(const AttentionParams& p, const HeadView& h, int64_t t0, int64_t t1) {
+  t1 = min64(t1, h.q_valid);
+  if (t0 >= t1) return {0, 0};
+  const int64_t first = t0 + h.offset, last = t1 - 1 + h.offset;
+  int64_t lo = 0, hi = h.kv_valid;
+  if (p.is_causal) hi = min64(hi, last + 1);
+  if (p.window_right >= 0) hi = min64(hi, last + p.window_right + 1);
+  if (p.window_left >= 0) lo = max64(lo, first - p.window_left);
+  return lo < hi ? Range{lo, hi} : Range{0, 0};
+}
+
+// The query rows that may attend keys [j0, j1).
+__device__ __forceinline__ Range query_range(const AttentionParams& p, const HeadView& h, int64_t j0, int64_t j1) {
+  j1 = min64(j1, h.kv_valid);
+  if (j0 >= j1) return {0, 0};
+  int64_t lo = 0, hi = h.q_valid;
+  if (p.is_causal) lo = max64(lo, j0 - h.offset);
+  if (p.window_right >= 0) lo = max64(lo, j0 - p.window_right - h.offset);
+  if (p.window_left >= 0) hi = min64(hi, j1 + p.window_left - h.offset);
+  return lo < hi ? Range{lo, hi} : Range{0, 0};
+}
+
+// rows x [hp] of a [B, len, heads, H] tensor into a tile, zero beyond len and H:
+// 16-byte vectors when H is a multiple of 16 (then H == hp and every row starts
+// 16-byte aligned in an aligned buffer), single elements otherwise.
+template <typename T>
+__device__ __forceinline__ void load_rows(T* tile, int ld, const T* x, int64_t b, int64_t len,
+                                          int64_t heads, int64_t head, int64_t head_dim,
+                                          int64_t row0, int rows, int hp) {
+  if (head_dim == hp && reinterpret_cast<uintptr_t>(x) % sizeof(uint4) == 0) {
+    constexpr int kVector = static_cast<int>(sizeof(uint4) / sizeof(T));
+    const int vectors = hp / kVector;
+    for (int i = threadIdx.x; i < rows * vectors; i += kThreads) {
+      const int r = i / vectors, c = i % vectors * kVector;
+      const int64_t row = row0 + r;
+      uint4 value = {0u, 0u, 0u, 0u};
+      if (row < len) {
+        value = *reinterpret_cast<const uint4*>(x + ((b * len + row) * heads + head) * head_dim + c);
+      }
+      *reinterpret_cast<uint4*>(tile + r * ld + c) = value;
+    }
+  } else {
+    for (int i = threadIdx.x; i < rows * hp; i += kThreads) {
+      const int r = i / hp, c = i % hp;
+      const int64_t row = row0 + r;
+      tile[r * ld + c] = row < len && c < head_dim
+                             ? x[((b * len + row) * heads + head) * head_dim + c]
+                             : from_float<T>(0.0f);
+    }
+  }
+}
+
+__device__ __forceinline__ void zero(float* tile, int ld, int rows, int cols) {
+  for (int i = threadIdx.x; i < rows * cols; i += kThreads) tile[i / cols * ld + i % cols] = 0.0f;
+}
+
+// A block's tile of `tile` rows of a sequence of `len` rows and its (batch,
+// head), from blockIdx.x = (b * heads + head) * tiles + tile. 32-bit division:
+// the grid has fewer than 2^31 blocks, and 64-bit division is a call that
+// would spill registers.
+struct BlockIndex {
+  int64_t b;
+  int64_t head;
+  int64_t kv_head;  // head / group
+  int64_t row0;
+};
+
+__device__ __forceinline__ BlockIndex block_index(int64_t len, int tile, int64_t heads,
+                                                  int64_t group) {
+  const unsigned tiles = static_cast<unsigned>((len + tile - 1) / tile);
+  const unsigned block = blockIdx.x;
+  const unsigned bh = block / tiles;
+  const unsigned head = bh % static_cast<unsigned>(heads);
+  return {static_cast<int64_t>(bh / static_cast<unsigned>(heads)), static_cast<int64_t>(head),
+          static_cast<int64_t>(head / static_cast<unsigned>(group)),
+          static_cast<int64_t>(block % tiles) * tile};
+}
+
+// -- launches --------------------------------------------------------------------------
+
+inline int padded_head_dim(int64_t head_dim) {
+  return head_dim <= 0 ? 16 : static_cast<int>((head_dim + 15) / 16 * 16);
+}
+
+inline int64_t blocks(int64_t len, int64_t tile, int64_t heads) { return (len + tile - 1) / tile * heads; }
+
+inline bool fits_grid(int64_t blocks) { return blocks > 0 && blocks <= 0x7fffffff; }
+
+}  // namespace jaxops::cuda::attention_tiles
