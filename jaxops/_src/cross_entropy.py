@@ -375,7 +375,9 @@ def _linear_loss_tangent(gx, gweight, gbias, dx, dweight, dbias, **params):
   dloss = jnp.float32(0.0)
   for grad, tangent in ((gx, dx), (gweight, dweight), (gbias, dbias)):
     if not is_absent(tangent):
-      dloss = dloss + jnp.vdot(grad, tangent.astype(_F32))
+      # Product, then sum: with tokens sharded over Explicit mesh axes a dot
+      # over them would have to be told where its result lives.
+      dloss = dloss + jnp.sum(grad * tangent.astype(_F32))
   return (dloss,)
 
 
