@@ -1,8 +1,8 @@
 // Test-only: runs every CUDA softmax and cross-entropy kernel (cuda/softmax.cu,
 // cuda/cross_entropy.cu, compiled by the harness) on the shapes given on the
 // command line, in float32, bfloat16 and float16, and checks the results
-// against a double-precision reference: forward, backward and the softmax
-// JVPs (absent tangents, broadcast dbias). Built under
+// against a double-precision reference: forward, backward and JVP (absent
+// tangents, broadcast dbias, ignored and out-of-range labels). Built under
 // AddressSanitizer and ThreadSanitizer by
 // tests/test_cuda_harness_softmax_cross_entropy_sanitizers.py, where what
 // matters most is that the sanitizers stay silent; each buffer is its own
@@ -220,6 +220,45 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
   run_softmax_jvp<T>(y, logy, where, shape, name, rng);
 }
 
+// The loss's tangent from the forward's lse, with int32 and int64 labels
+// (ignored and out-of-range ones among them: 0).
+template <typename T>
+void run_cross_entropy_jvp(const Buffer<T>& logits, const std::vector<double>& xr,
+                           const Buffer<int32_t>& labels, const Buffer<float>& lse,
+                           cuda::CrossEntropyShape shape, cuda::CrossEntropyOptions options,
+                           const std::string& name, std::mt19937& rng) {
+  const int64_t rows = shape.rows, vocab = shape.vocab;
+  const double eps = options.label_smoothing, z_loss = options.z_loss;
+  Buffer<T> dlogits(static_cast<size_t>(rows * vocab));
+  Buffer<int64_t> wide_labels(rows);
+  Buffer<float> dloss(rows), wide_dloss(rows);
+  std::vector<double> dr;
+  fill(dlogits, dr, rng, 1.f);
+  std::vector<double> ref(rows, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t l = labels.data[r];
+    wide_labels.data[r] = l;
+    if (l == options.ignore_index || l < 0 || l >= vocab) continue;
+    double p_dot = 0.0, total = 0.0;
+    for (int64_t c = 0; c < vocab; ++c) {
+      const size_t i = r * vocab + c;
+      p_dot += std::exp(xr[i] - lse.data[r]) * dr[i];
+      total += dr[i];
+    }
+    ref[r] = (1 + 2 * z_loss * lse.data[r]) * p_dot - eps * total / vocab -
+             (1 - eps) * dr[r * vocab + l];
+  }
+  const double tol = 1e-5 * std::sqrt(vocab);
+  check(cuda::cross_entropy_jvp<T, int32_t>(nullptr, logits.data, labels.data, lse.data,
+                                            dlogits.data, dloss.data, shape, options),
+        "cross_entropy_jvp " + name);
+  compare("cross_entropy_jvp " + name, dloss.data, ref, tol);
+  check(cuda::cross_entropy_jvp<T, int64_t>(nullptr, logits.data, wide_labels.data, lse.data,
+                                            dlogits.data, wide_dloss.data, shape, options),
+        "cross_entropy_jvp int64 labels " + name);
+  compare("cross_entropy_jvp int64 labels " + name, wide_dloss.data, ref, tol);
+}
+
 template <typename T>
 void run_cross_entropy(int64_t rows, int64_t vocab, std::mt19937& rng) {
   const std::string name = std::string(type_name<T>()) + " " + std::to_string(rows) + "x" +
@@ -280,6 +319,7 @@ void run_cross_entropy(int64_t rows, int64_t vocab, std::mt19937& rng) {
   compare("cross_entropy_fwd_grad loss " + name, grad_loss.data, loss_ref, 1e-5 * std::sqrt(vocab));
   compare("cross_entropy_fwd_grad dlogits " + name, in_place.data, rounded_to<T>(unit_ref),
           tol * 4);
+  run_cross_entropy_jvp<T>(logits, xr, labels, lse, shape, options, name, rng);
 }
 
 template <typename T>
