@@ -314,14 +314,17 @@ namespace {
 
 // The JVP of layer_norm (kCentered) and of rms_norm (mean absent): the row sums
 // of dx and xhat * dx in one pass over x and dx, then dy from the rows, which
-// are still in cache. An absent dx reads as a row of zeros.
-template <typename T, bool kCentered>
-void norm_jvp(const T* x, const T* weight, const float* mean, const float* rstd, const T* dx,
-              const T* dweight, const T* dbias, T* dy, NormShape shape) {
+// are still in cache. An absent dx reads as a row of zeros. Without parameter
+// tangents (kParamTangents false) the write pass reads no dweight/dbias
+// columns: with three column vectors beside two rows it runs from L2, ~20%
+// slower.
+template <typename T, bool kCentered, bool kParamTangents>
+void norm_jvp_rows(const T* x, const T* weight, const float* mean, const float* rstd,
+                   const T* dx, const T* dweight, const T* dbias, T* dy, NormShape shape) {
   const int64_t cols = shape.cols;
   const std::vector<float> w = column_vector_or(weight, cols, 1.f);
-  const std::vector<float> dw = column_vector_or(dweight, cols, 0.f);
-  const std::vector<float> db = column_vector_or(dbias, cols, 0.f);
+  const std::vector<float> dw = column_vector_or(dweight, kParamTangents ? cols : 0, 0.f);
+  const std::vector<float> db = column_vector_or(dbias, kParamTangents ? cols : 0, 0.f);
   const std::vector<float> zero_row(dx == nullptr ? cols : 0, 0.f);
   const float inv_cols = 1.f / static_cast<float>(cols);
   advise_huge_pages(dy, sizeof(T) * shape.rows * cols);
@@ -346,10 +349,22 @@ void norm_jvp(const T* x, const T* weight, const float* mean, const float* rstd,
 #pragma omp simd
       for (int64_t c = 0; c < cols; ++c) {
         const float xhat = (xr[c] - mu) * rs;
-        dyr[c] = (dxr[c] - dx_mean - xhat * xhat_dx_mean) * rs * w[c] + xhat * dw[c] + db[c];
+        float out = (dxr[c] - dx_mean - xhat * xhat_dx_mean) * rs * w[c];
+        if constexpr (kParamTangents) out += xhat * dw[c] + db[c];
+        dyr[c] = out;
       }
       writer.commit(dy + r * cols, cols);
     }
+  }
+}
+
+template <typename T, bool kCentered>
+void norm_jvp(const T* x, const T* weight, const float* mean, const float* rstd, const T* dx,
+              const T* dweight, const T* dbias, T* dy, NormShape shape) {
+  if (dweight != nullptr || dbias != nullptr) {
+    norm_jvp_rows<T, kCentered, true>(x, weight, mean, rstd, dx, dweight, dbias, dy, shape);
+  } else {
+    norm_jvp_rows<T, kCentered, false>(x, weight, mean, rstd, dx, nullptr, nullptr, dy, shape);
   }
 }
 
