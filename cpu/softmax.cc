@@ -46,12 +46,13 @@ void masked_biased_row(const float* x, const uint8_t* where, int64_t where_strid
   }
 }
 
-// Row r of a present broadcast operand in float32: its first n values, or its
-// one value when it broadcasts along the columns (col_stride 0).
+// The row of a present broadcast operand at `offset` (row_offset of a row of x)
+// in float32: its first n values, or its one value when it broadcasts along the
+// columns (col_stride 0).
 template <typename T>
-const float* load_broadcast_row(const BroadcastOperand<T>& operand, int64_t r, float* out,
+const float* load_broadcast_row(const BroadcastOperand<T>& operand, int64_t offset, float* out,
                                 int64_t n) {
-  const T* row = operand.data + operand.row_offset(r);
+  const T* row = operand.data + offset;
   if (operand.col_stride != 0) {
     load_row(row, out, n);
   } else {
@@ -94,9 +95,15 @@ class SummedRows {
     const float* dense =
         dense_ != nullptr ? dense_rows_.read(dense_ + r * cols_, cols_) : zeros_.data();
     if (broadcast_.data == nullptr) return dense;
-    const float* row = load_broadcast_row(broadcast_, r, broadcast_row_.data(), cols_);
-    masked_biased_row<false, true>(dense, nullptr, 0, row, broadcast_.col_stride, sum_.data(),
-                                   cols_);
+    // Consecutive rows that share a broadcast row (all of them for a [1, C]
+    // dbias) convert it once.
+    const int64_t offset = broadcast_.row_offset(r);
+    if (offset != loaded_offset_) {
+      load_broadcast_row(broadcast_, offset, broadcast_row_.data(), cols_);
+      loaded_offset_ = offset;
+    }
+    masked_biased_row<false, true>(dense, nullptr, 0, broadcast_row_.data(),
+                                   broadcast_.col_stride, sum_.data(), cols_);
     return sum_.data();
   }
 
@@ -106,6 +113,7 @@ class SummedRows {
   int64_t cols_;
   Reader dense_rows_;
   std::vector<float> zeros_, broadcast_row_, sum_;
+  int64_t loaded_offset_ = -1;  // of the row in broadcast_row_
 };
 
 // The linear maps of a row that the backward (g = the cotangent dy) and the
@@ -196,7 +204,7 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
       if (where.data != nullptr || bias.data != nullptr) {
         const uint8_t* wr = where.data ? where.data + where.row_offset(r) : nullptr;
         const float* br = bias_row.data();
-        if (bias.data != nullptr) load_broadcast_row(bias, r, bias_row.data(), n);
+        if (bias.data != nullptr) load_broadcast_row(bias, bias.row_offset(r), bias_row.data(), n);
         if (wr != nullptr && bias.data != nullptr) {
           masked_biased_row<true, true>(xr, wr, where.col_stride, br, bias.col_stride, out, n);
         } else if (wr != nullptr) {
