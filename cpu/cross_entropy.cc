@@ -66,6 +66,29 @@ void row_grad(const float* z, float lse, int64_t label, float g, float* d, int64
   d[label] = scale * vexp_nonpositive(target - lse) - uniform - g * (1.f - eps);
 }
 
+// Sums of the loss's tangent over a row: sum(p * dz) and sum(dz).
+struct JvpSums {
+  float p_dot = 0.f;
+  float total = 0.f;
+};
+
+// Adds n columns of logits z and tangents dz to the sums.
+void add_jvp_sums(const float* z, const float* dz, float lse, int64_t n, JvpSums* sums) {
+  float p_dot = 0.f, total = 0.f;
+#pragma omp simd reduction(+ : p_dot, total)
+  for (int64_t c = 0; c < n; ++c) {
+    p_dot += vexp_nonpositive(z[c] - lse) * dz[c];
+    total += dz[c];
+  }
+  sums->p_dot += p_dot;
+  sums->total += total;
+}
+
+// The JVP reads each row once: converted chunk by chunk into buffers that stay
+// in L1, so the loads of the next chunk overlap the arithmetic of this one
+// (whole converted rows would alternate memory-bound and compute-bound phases).
+constexpr int64_t kJvpChunk = 1024;
+
 template <typename T>
 void zero_row(T* row, int64_t n) {
   std::fill(row, row + n, T(0.f));
@@ -146,13 +169,43 @@ void cross_entropy_fwd_grad(const T* logits, const Label* labels, float* loss, T
   }
 }
 
+template <typename T, typename Label>
+void cross_entropy_jvp(const T* logits, const Label* labels, const float* lse, const T* dlogits,
+                       float* dloss, CrossEntropyShape shape, CrossEntropyOptions options) {
+  const int64_t vocab = shape.vocab;
+  const float eps = options.label_smoothing;
+#pragma omp parallel
+  {
+    RowBuffer<T> z_chunk(kJvpChunk), dz_chunk(kJvpChunk);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < shape.rows; ++r) {
+      if (classify(labels[r], vocab, options.ignore_index) != LabelKind::kValid) {
+        dloss[r] = 0.f;
+        continue;
+      }
+      const T* z = logits + r * vocab;
+      const T* dz = dlogits + r * vocab;
+      JvpSums sums;
+      for (int64_t c = 0; c < vocab; c += kJvpChunk) {
+        const int64_t n = std::min(kJvpChunk, vocab - c);
+        add_jvp_sums(z_chunk.read(z + c, n), dz_chunk.read(dz + c, n), lse[r], n, &sums);
+      }
+      const float picked = to_float(dz[static_cast<int64_t>(labels[r])]);
+      dloss[r] = (1.f + 2.f * options.z_loss * lse[r]) * sums.p_dot -
+                 eps * sums.total / static_cast<float>(vocab) - (1.f - eps) * picked;
+    }
+  }
+}
+
 #define JAXOPS_INSTANTIATE_CROSS_ENTROPY(T, Label)                                             \
   template void cross_entropy_fwd<T, Label>(const T*, const Label*, float*, float*,           \
                                             CrossEntropyShape, CrossEntropyOptions);          \
   template void cross_entropy_bwd<T, Label>(const T*, const Label*, const float*, const float*, \
                                             T*, CrossEntropyShape, CrossEntropyOptions);      \
   template void cross_entropy_fwd_grad<T, Label>(const T*, const Label*, float*, T*,          \
-                                                 CrossEntropyShape, CrossEntropyOptions);
+                                                 CrossEntropyShape, CrossEntropyOptions);     \
+  template void cross_entropy_jvp<T, Label>(const T*, const Label*, const float*, const T*,   \
+                                            float*, CrossEntropyShape, CrossEntropyOptions);
 
 JAXOPS_INSTANTIATE_CROSS_ENTROPY(float, int32_t)
 JAXOPS_INSTANTIATE_CROSS_ENTROPY(float, int64_t)

@@ -1,6 +1,6 @@
 // Cross-entropy of logits [rows, vocab] (row-major) against integer labels
-// [rows], forward and backward. T is float, bfloat16 or float16; Label is
-// int32_t or int64_t; all arithmetic is float32.
+// [rows], forward, backward and forward-mode derivative (JVP). T is float,
+// bfloat16 or float16; Label is int32_t or int64_t; all arithmetic is float32.
 //
 // Per row, with lse = logsumexp(logits) and eps = label_smoothing:
 //   loss = (1 - eps) * (lse - logits[label]) + eps * (lse - mean(logits))
@@ -44,5 +44,15 @@ void cross_entropy_bwd(const T* logits, const Label* labels, const float* lse, c
 template <typename T, typename Label>
 void cross_entropy_fwd_grad(const T* logits, const Label* labels, float* loss, T* dlogits,
                             CrossEntropyShape shape, CrossEntropyOptions options);
+
+// The tangent of the loss for a tangent dlogits of the logits, from the
+// forward's lse: with p = exp(logits - lse),
+//   dloss = (1 + 2 * z_loss * lse) * sum(p * dlogits) - eps * mean(dlogits)
+//           - (1 - eps) * dlogits[label];
+// 0 on the rows that the forward does not compute (ignored or out-of-range
+// label: their loss is a constant), which are not read.
+template <typename T, typename Label>
+void cross_entropy_jvp(const T* logits, const Label* labels, const float* lse, const T* dlogits,
+                       float* dloss, CrossEntropyShape shape, CrossEntropyOptions options);
 
 }  // namespace jaxops::cpu

@@ -310,6 +310,78 @@ void add_rms_norm_fwd(const T* x, const T* residual, const T* weight, T* y, T* h
   }
 }
 
+namespace {
+
+// The JVP of layer_norm (kCentered) and of rms_norm (mean absent): the row sums
+// of dx and xhat * dx in one pass over x and dx, then dy from the rows, which
+// are still in cache. An absent dx reads as a row of zeros. Without parameter
+// tangents (kParamTangents false) the write pass reads no dweight/dbias
+// columns: with three column vectors beside two rows it runs from L2, ~20%
+// slower.
+template <typename T, bool kCentered, bool kParamTangents>
+void norm_jvp_rows(const T* x, const T* weight, const float* mean, const float* rstd,
+                   const T* dx, const T* dweight, const T* dbias, T* dy, NormShape shape) {
+  const int64_t cols = shape.cols;
+  const std::vector<float> w = column_vector_or(weight, cols, 1.f);
+  const std::vector<float> dw = column_vector_or(dweight, kParamTangents ? cols : 0, 0.f);
+  const std::vector<float> db = column_vector_or(dbias, kParamTangents ? cols : 0, 0.f);
+  const std::vector<float> zero_row(dx == nullptr ? cols : 0, 0.f);
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  advise_huge_pages(dy, sizeof(T) * shape.rows * cols);
+#pragma omp parallel
+  {
+    RowReader<T> x_reader(cols), dx_reader(cols);
+    RowWriter<T> writer(cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < shape.rows; ++r) {
+      const float* xr = x_reader.read(x + r * cols, cols);
+      const float* dxr = dx != nullptr ? dx_reader.read(dx + r * cols, cols) : zero_row.data();
+      const float mu = kCentered ? mean[r] : 0.f, rs = rstd[r];
+      float dx_sum = 0.f, xhat_dx_sum = 0.f;
+#pragma omp simd reduction(+ : dx_sum, xhat_dx_sum)
+      for (int64_t c = 0; c < cols; ++c) {
+        dx_sum += dxr[c];
+        xhat_dx_sum += (xr[c] - mu) * rs * dxr[c];
+      }
+      const float dx_mean = kCentered ? dx_sum * inv_cols : 0.f;
+      const float xhat_dx_mean = xhat_dx_sum * inv_cols;
+      float* dyr = writer.target(dy + r * cols);
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) {
+        const float xhat = (xr[c] - mu) * rs;
+        float out = (dxr[c] - dx_mean - xhat * xhat_dx_mean) * rs * w[c];
+        if constexpr (kParamTangents) out += xhat * dw[c] + db[c];
+        dyr[c] = out;
+      }
+      writer.commit(dy + r * cols, cols);
+    }
+  }
+}
+
+template <typename T, bool kCentered>
+void norm_jvp(const T* x, const T* weight, const float* mean, const float* rstd, const T* dx,
+              const T* dweight, const T* dbias, T* dy, NormShape shape) {
+  if (dweight != nullptr || dbias != nullptr) {
+    norm_jvp_rows<T, kCentered, true>(x, weight, mean, rstd, dx, dweight, dbias, dy, shape);
+  } else {
+    norm_jvp_rows<T, kCentered, false>(x, weight, mean, rstd, dx, nullptr, nullptr, dy, shape);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void layer_norm_jvp(const T* x, const T* weight, const float* mean, const float* rstd, const T* dx,
+                    const T* dweight, const T* dbias, T* dy, NormShape shape) {
+  norm_jvp<T, true>(x, weight, mean, rstd, dx, dweight, dbias, dy, shape);
+}
+
+template <typename T>
+void rms_norm_jvp(const T* x, const T* weight, const float* rstd, const T* dx, const T* dweight,
+                  T* dy, NormShape shape) {
+  norm_jvp<T, false>(x, weight, nullptr, rstd, dx, dweight, nullptr, dy, shape);
+}
+
 #define JAXOPS_INSTANTIATE_NORMS(T)                                                            \
   template void layer_norm_fwd<T>(const T*, const T*, const T*, T*, float*, float*, NormShape, \
                                   float);                                                      \
@@ -319,7 +391,11 @@ void add_rms_norm_fwd(const T* x, const T* residual, const T* weight, T* y, T* h
   template void rms_norm_bwd<T>(const T*, const T*, const T*, const float*, const T*, T*, T*,  \
                                 float*, NormShape, WeightGradLayout);                          \
   template void add_rms_norm_fwd<T>(const T*, const T*, const T*, T*, T*, float*, NormShape,   \
-                                    float);
+                                    float);                                                    \
+  template void layer_norm_jvp<T>(const T*, const T*, const float*, const float*, const T*,    \
+                                  const T*, const T*, T*, NormShape);                          \
+  template void rms_norm_jvp<T>(const T*, const T*, const float*, const T*, const T*, T*,      \
+                                NormShape);
 
 JAXOPS_INSTANTIATE_NORMS(float)
 JAXOPS_INSTANTIATE_NORMS(bfloat16)

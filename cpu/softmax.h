@@ -1,4 +1,5 @@
-// Softmax and log-softmax over the last axis, forward and backward.
+// Softmax and log-softmax over the last axis, forward, backward and
+// forward-mode derivative (JVP).
 // Rows = product of the leading axes, cols = the last axis, row-major; T is
 // float, bfloat16 or float16 and all arithmetic is float32.
 //
@@ -65,5 +66,19 @@ void softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape);
 // dx = dy - exp(y) * sum(dy) over columns where y > -inf; dx = 0 elsewhere.
 template <typename T>
 void log_softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape);
+
+// The tangent of softmax's y, from y and the tangent t = dx + dbias of the
+// forward's input (dx nullable, dbias broadcast as the forward's bias; absent
+// terms are 0): dy = y * (t - sum(y * t)) over the columns where y != 0, and 0
+// where y == 0 (masked columns, whose t may be non-finite, take no part).
+template <typename T>
+void softmax_jvp(const T* y, const T* dx, const BroadcastOperand<T>& dbias, T* dy,
+                 SoftmaxShape shape);
+
+// The tangent of log_softmax's y (t as for softmax_jvp): dy = t - sum(exp(y) * t)
+// over the columns where y > -inf, and 0 elsewhere.
+template <typename T>
+void log_softmax_jvp(const T* y, const T* dx, const BroadcastOperand<T>& dbias, T* dy,
+                     SoftmaxShape shape);
 
 }  // namespace jaxops::cpu

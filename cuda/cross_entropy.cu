@@ -100,16 +100,62 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
-template <typename T, typename Label, Pass kPass>
-cudaError_t launch(cudaStream_t stream, const T* logits, const Label* labels, float* loss,
-                   float* lse_out, const float* lse_in, const float* dloss, T* dlogits,
-                   CrossEntropyShape shape, CrossEntropyOptions options) {
+// The loss's tangent for the logits' tangent dz: the row sums of p * dz and,
+// when label smoothing needs it, of dz; the thread whose columns include the
+// label's keeps dz[label] and writes the row's value.
+template <typename T, typename Label>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    cross_entropy_jvp_kernel(const T* __restrict__ logits, const Label* __restrict__ labels,
+                             const float* __restrict__ lse, const T* __restrict__ dlogits,
+                             float* __restrict__ dloss, int64_t rows, int64_t vocab,
+                             CrossEntropyOptions options) {
+  const float eps = options.label_smoothing;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    bool ignored;
+    const int64_t label = computed_label(labels, row, vocab, options.ignore_index, &ignored);
+    if (label < 0) {
+      if (threadIdx.x == 0) dloss[row] = 0.f;
+      continue;
+    }
+    const T* z = logits + row * vocab;
+    const T* dz = dlogits + row * vocab;
+    const float row_lse = lse[row];
+    float picked = 0.f, partial_p_dot = 0.f, partial_total = 0.f;
+    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
+      const float d = to_float(dz[c]);
+      if (c == label) picked = d;
+      partial_p_dot += expf(to_float(z[c]) - row_lse) * d;
+      partial_total += d;
+    }
+    const float p_dot = block_sum(partial_p_dot);
+    const float total = eps != 0.f ? block_sum(partial_total) : 0.f;
+    if (threadIdx.x == label % blockDim.x) {
+      dloss[row] = (1.f + 2.f * options.z_loss * row_lse) * p_dot -
+                   eps * total / static_cast<float>(vocab) - (1.f - eps) * picked;
+    }
+    // As in cross_entropy_kernel: block_sum ends with a barrier before the
+    // next row's reduction reuses its scratch.
+  }
+}
+
+// Launches `kernel` with one block per row (rows beyond the grid are taken by
+// the same blocks in turn).
+template <typename Kernel, typename... Args>
+cudaError_t launch_rows(Kernel kernel, cudaStream_t stream, CrossEntropyShape shape,
+                        Args... args) {
   if (shape.vocab < 1 || shape.rows < 0) return cudaErrorInvalidValue;
   if (shape.rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(std::min(shape.rows, kMaxBlocks)));
   const dim3 block(threads_for_row(shape.vocab, kMaxRowThreads));
-  return launch_kernel(cross_entropy_kernel<T, Label, kPass>, grid, block, stream, logits, labels,
-                       loss, lse_out, lse_in, dloss, dlogits, shape.rows, shape.vocab, options);
+  return launch_kernel(kernel, grid, block, stream, args...);
+}
+
+template <typename T, typename Label, Pass kPass>
+cudaError_t launch(cudaStream_t stream, const T* logits, const Label* labels, float* loss,
+                   float* lse_out, const float* lse_in, const float* dloss, T* dlogits,
+                   CrossEntropyShape shape, CrossEntropyOptions options) {
+  return launch_rows(cross_entropy_kernel<T, Label, kPass>, stream, shape, logits, labels, loss,
+                     lse_out, lse_in, dloss, dlogits, shape.rows, shape.vocab, options);
 }
 
 }  // namespace
@@ -138,6 +184,14 @@ cudaError_t cross_entropy_fwd_grad(cudaStream_t stream, const T* logits, const L
                                               nullptr, dlogits, shape, options);
 }
 
+template <typename T, typename Label>
+cudaError_t cross_entropy_jvp(cudaStream_t stream, const T* logits, const Label* labels,
+                              const float* lse, const T* dlogits, float* dloss,
+                              CrossEntropyShape shape, CrossEntropyOptions options) {
+  return launch_rows(cross_entropy_jvp_kernel<T, Label>, stream, shape, logits, labels, lse,
+                     dlogits, dloss, shape.rows, shape.vocab, options);
+}
+
 #define JAXOPS_CUDA_CROSS_ENTROPY_INSTANTIATE(T, Label)                                       \
   template cudaError_t cross_entropy_fwd<T, Label>(cudaStream_t, const T*, const Label*,      \
                                                    float*, float*, CrossEntropyShape,         \
@@ -147,7 +201,10 @@ cudaError_t cross_entropy_fwd_grad(cudaStream_t stream, const T* logits, const L
                                                    CrossEntropyShape, CrossEntropyOptions);   \
   template cudaError_t cross_entropy_fwd_grad<T, Label>(cudaStream_t, const T*, const Label*, \
                                                         float*, T*, CrossEntropyShape,        \
-                                                        CrossEntropyOptions);
+                                                        CrossEntropyOptions);                 \
+  template cudaError_t cross_entropy_jvp<T, Label>(cudaStream_t, const T*, const Label*,      \
+                                                   const float*, const T*, float*,            \
+                                                   CrossEntropyShape, CrossEntropyOptions);
 
 JAXOPS_CUDA_CROSS_ENTROPY_INSTANTIATE(float, int32_t)
 JAXOPS_CUDA_CROSS_ENTROPY_INSTANTIATE(float, int64_t)

@@ -1,4 +1,5 @@
-// CUDA kernels for cross-entropy. No XLA, no Python.
+// CUDA kernels for cross-entropy: forward, backward and forward-mode derivative
+// (JVP). No XLA, no Python.
 //
 // The same operations, arguments and math as cpu/cross_entropy.h (keep the two
 // in step), plus the stream to launch on: logits [rows, vocab] row-major, T is
@@ -50,6 +51,14 @@ cudaError_t cross_entropy_fwd_grad(cudaStream_t stream, const T* logits, const L
                                    float* loss, T* dlogits, CrossEntropyShape shape,
                                    CrossEntropyOptions options);
 
+// The loss's tangent for the logits' tangent dlogits, from the forward's lse:
+// dloss = (1 + 2 z_loss lse) sum(p * dlogits) - eps mean(dlogits)
+//         - (1 - eps) dlogits[label]; 0 on the rows the forward does not compute.
+template <typename T, typename Label>
+cudaError_t cross_entropy_jvp(cudaStream_t stream, const T* logits, const Label* labels,
+                              const float* lse, const T* dlogits, float* dloss,
+                              CrossEntropyShape shape, CrossEntropyOptions options);
+
 #define JAXOPS_CUDA_CROSS_ENTROPY_DECLARE(T, Label)                                           \
   extern template cudaError_t cross_entropy_fwd<T, Label>(cudaStream_t, const T*, const Label*, \
                                                           float*, float*, CrossEntropyShape,    \
@@ -58,7 +67,10 @@ cudaError_t cross_entropy_fwd_grad(cudaStream_t stream, const T* logits, const L
       cudaStream_t, const T*, const Label*, const float*, const float*, T*, CrossEntropyShape, \
       CrossEntropyOptions);                                                                   \
   extern template cudaError_t cross_entropy_fwd_grad<T, Label>(                               \
-      cudaStream_t, const T*, const Label*, float*, T*, CrossEntropyShape, CrossEntropyOptions);
+      cudaStream_t, const T*, const Label*, float*, T*, CrossEntropyShape, CrossEntropyOptions); \
+  extern template cudaError_t cross_entropy_jvp<T, Label>(                                    \
+      cudaStream_t, const T*, const Label*, const float*, const T*, float*, CrossEntropyShape, \
+      CrossEntropyOptions);
 
 JAXOPS_CUDA_CROSS_ENTROPY_DECLARE(float, int32_t)
 JAXOPS_CUDA_CROSS_ENTROPY_DECLARE(float, int64_t)

@@ -502,6 +502,72 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   }
 }
 
+// The JVP of layer_norm (kCentered) and of rms_norm, in the forward's layout:
+// the row sums of xhat * dx (and dx) chunk by chunk, then dy, the last chunk
+// still in registers and the others re-read. An absent dx (null) is zero.
+template <typename T, int kVec, bool kCentered>
+__global__ void __launch_bounds__(kMaxRowThreads, 1)
+    norm_jvp_kernel(const T* __restrict__ x, const T* __restrict__ weight,
+                    const float* __restrict__ mean, const float* __restrict__ rstd,
+                    const T* __restrict__ dx, const T* __restrict__ dweight,
+                    const T* __restrict__ dbias, T* __restrict__ dy, int64_t rows, int cols,
+                    float inv_cols) {
+  constexpr int kSums = kCentered ? 2 : 1;
+  constexpr int kElems = kElements<kVec>;
+  const int64_t row = forward_row();
+  if (row >= rows) return;
+  const float row_mean = kCentered ? mean[row] : 0.f;
+  const float row_rstd = rstd[row];
+  const int chunk = blockDim.x * kElems;
+  const int chunks = (cols + chunk - 1) / chunk;
+
+  float x_v[kElems], dx_v[kElems];
+  // Columns past the row's end read as x = dx = 0, and add nothing to the sums.
+  const auto load_row_chunk = [&](int base) {
+    load_chunk<T, kVec>(x + row * cols, base, cols, x_v);
+    if (dx != nullptr) {
+      load_chunk<T, kVec>(dx + row * cols, base, cols, dx_v);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) dx_v[e] = 0.f;
+    }
+  };
+
+  // sums[0] = sum of xhat * dx, sums[1] = sum of dx.
+  float sums[kSums] = {};
+  for (int c = 0; c < chunks; ++c) {
+    load_row_chunk(c * chunk);
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) {
+      sums[0] += (x_v[e] - row_mean) * row_rstd * dx_v[e];
+      if (kCentered) sums[kSums - 1] += dx_v[e];
+    }
+  }
+  row_sum(sums);
+  const float mean_xhat_dx = sums[0] * inv_cols;
+  const float mean_dx = kCentered ? sums[kSums - 1] * inv_cols : 0.f;
+
+  for (int c = chunks - 1; c >= 0; --c) {
+    if (c != chunks - 1) load_row_chunk(c * chunk);
+#pragma unroll
+    for (int i = 0; i < kItems<kVec>; ++i) {
+      const int col = item_col<kVec>(c * chunk, i);
+      if (col >= cols) continue;
+      float w[kVec], dw[kVec], db[kVec], out[kVec];
+      load_or_fill<T, kVec>(weight, col, 1.f, w);
+      load_or_fill<T, kVec>(dweight, col, 0.f, dw);
+      load_or_fill<T, kVec>(dbias, col, 0.f, db);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float xhat = (x_v[i * kVec + j] - row_mean) * row_rstd;
+        const float dxhat = (dx_v[i * kVec + j] - mean_dx - xhat * mean_xhat_dx) * row_rstd;
+        out[j] = dxhat * w[j] + xhat * dw[j] + db[j];
+      }
+      store_pack<T, kVec>(dy + row * cols + col, out);
+    }
+  }
+}
+
 // out_k[g][c] = sum over the parts p of group g of workspace[g * parts + p][k][c],
 // in part order; out_k may be null (k = blockIdx.y).
 template <typename T>
@@ -571,6 +637,24 @@ bool valid_shape(NormShape shape) {
   return shape.rows >= 0 && shape.cols > 0 && shape.cols <= kMaxCols;
 }
 
+// Launches a kernel with a row per row group (the forward's layout) over the
+// rows of `shape`, with the widest packs that every buffer allows:
+// launch_with(pack width as a std::integral_constant, the launch shape).
+template <typename T, typename LaunchWith>
+cudaError_t launch_rows(NormShape shape, std::initializer_list<const void*> buffers,
+                        LaunchWith&& launch_with) {
+  if (!valid_shape(shape)) return cudaErrorInvalidValue;
+  if (shape.rows == 0) return cudaSuccess;
+  const int cols = static_cast<int>(shape.cols);
+  return with_pack_width<T>(can_vectorize<T>(cols, buffers), [&](auto pack_width) {
+    RowLaunch launch;
+    const cudaError_t shaped = row_launch<decltype(pack_width)::value>(
+        cols, shape.rows, false, kFwdRowsPerWarpBlock, &launch);
+    if (shaped != cudaSuccess) return shaped;
+    return launch_with(pack_width, launch);
+  });
+}
+
 bool valid_layout(NormShape shape, WeightGradLayout layout) {
   return layout.groups > 0 && shape.rows % layout.groups == 0 && layout.parts > 0 &&
          layout.groups <= INT_MAX / layout.parts;
@@ -611,19 +695,25 @@ template <typename T>
 cudaError_t rms_norm_fwd_launch(cudaStream_t stream, const T* x, const T* residual,
                                 const T* weight, T* y, T* h, float* rstd, NormShape shape,
                                 float epsilon) {
-  if (!valid_shape(shape)) return cudaErrorInvalidValue;
-  if (shape.rows == 0) return cudaSuccess;
-  const int cols = static_cast<int>(shape.cols);
-  const bool vectorize = can_vectorize<T>(cols, {x, residual, weight, y, h});
-  return with_pack_width<T>(vectorize, [&](auto pack_width) {
-    constexpr int kVec = decltype(pack_width)::value;
-    RowLaunch launch;
-    const cudaError_t shaped =
-        row_launch<kVec>(cols, shape.rows, false, kFwdRowsPerWarpBlock, &launch);
-    if (shaped != cudaSuccess) return shaped;
-    return launch_kernel(rms_norm_fwd_kernel<T, kVec>, launch.grid, launch.block, stream, x,
-                         residual, weight, y, h, rstd, shape.rows, cols,
-                         1.f / static_cast<float>(cols), epsilon);
+  return launch_rows<T>(shape, {x, residual, weight, y, h},
+                        [&](auto pack_width, RowLaunch launch) {
+    return launch_kernel(rms_norm_fwd_kernel<T, decltype(pack_width)::value>, launch.grid,
+                         launch.block, stream, x, residual, weight, y, h, rstd, shape.rows,
+                         static_cast<int>(shape.cols), 1.f / static_cast<float>(shape.cols),
+                         epsilon);
+  });
+}
+
+template <typename T, bool kCentered>
+cudaError_t norm_jvp(cudaStream_t stream, const T* x, const T* weight, const float* mean,
+                     const float* rstd, const T* dx, const T* dweight, const T* dbias, T* dy,
+                     NormShape shape) {
+  return launch_rows<T>(shape, {x, weight, dx, dweight, dbias, dy},
+                        [&](auto pack_width, RowLaunch launch) {
+    return launch_kernel(norm_jvp_kernel<T, decltype(pack_width)::value, kCentered>,
+                         launch.grid, launch.block, stream, x, weight, mean, rstd, dx, dweight,
+                         dbias, dy, shape.rows, static_cast<int>(shape.cols),
+                         1.f / static_cast<float>(shape.cols));
   });
 }
 
@@ -632,19 +722,11 @@ cudaError_t rms_norm_fwd_launch(cudaStream_t stream, const T* x, const T* residu
 template <typename T>
 cudaError_t layer_norm_fwd(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
                            float* mean, float* rstd, NormShape shape, float epsilon) {
-  if (!valid_shape(shape)) return cudaErrorInvalidValue;
-  if (shape.rows == 0) return cudaSuccess;
-  const int cols = static_cast<int>(shape.cols);
-  const bool vectorize = can_vectorize<T>(cols, {x, weight, bias, y});
-  return with_pack_width<T>(vectorize, [&](auto pack_width) {
-    constexpr int kVec = decltype(pack_width)::value;
-    RowLaunch launch;
-    const cudaError_t shaped =
-        row_launch<kVec>(cols, shape.rows, false, kFwdRowsPerWarpBlock, &launch);
-    if (shaped != cudaSuccess) return shaped;
-    return launch_kernel(layer_norm_fwd_kernel<T, kVec>, launch.grid, launch.block, stream, x,
-                         weight, bias, y, mean, rstd, shape.rows, cols,
-                         1.f / static_cast<float>(cols), epsilon);
+  return launch_rows<T>(shape, {x, weight, bias, y}, [&](auto pack_width, RowLaunch launch) {
+    return launch_kernel(layer_norm_fwd_kernel<T, decltype(pack_width)::value>, launch.grid,
+                         launch.block, stream, x, weight, bias, y, mean, rstd, shape.rows,
+                         static_cast<int>(shape.cols), 1.f / static_cast<float>(shape.cols),
+                         epsilon);
   });
 }
 
@@ -677,6 +759,19 @@ cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual,
   return rms_norm_fwd_launch<T>(stream, x, residual, weight, y, h, rstd, shape, epsilon);
 }
 
+template <typename T>
+cudaError_t layer_norm_jvp(cudaStream_t stream, const T* x, const T* weight, const float* mean,
+                           const float* rstd, const T* dx, const T* dweight, const T* dbias,
+                           T* dy, NormShape shape) {
+  return norm_jvp<T, true>(stream, x, weight, mean, rstd, dx, dweight, dbias, dy, shape);
+}
+
+template <typename T>
+cudaError_t rms_norm_jvp(cudaStream_t stream, const T* x, const T* weight, const float* rstd,
+                         const T* dx, const T* dweight, T* dy, NormShape shape) {
+  return norm_jvp<T, false>(stream, x, weight, nullptr, rstd, dx, dweight, nullptr, dy, shape);
+}
+
 #define JAXOPS_CUDA_NORMS_INSTANTIATE(T)                                                        \
   template cudaError_t layer_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*, T*,       \
                                          float*, float*, NormShape, float);                     \
@@ -688,7 +783,12 @@ cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual,
   template cudaError_t rms_norm_bwd<T>(cudaStream_t, const T*, const T*, const T*, const float*, \
                                        const T*, T*, T*, float*, NormShape, WeightGradLayout);   \
   template cudaError_t add_rms_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*, T*, T*,  \
-                                           float*, NormShape, float);
+                                           float*, NormShape, float);                           \
+  template cudaError_t layer_norm_jvp<T>(cudaStream_t, const T*, const T*, const float*,        \
+                                         const float*, const T*, const T*, const T*, T*,        \
+                                         NormShape);                                            \
+  template cudaError_t rms_norm_jvp<T>(cudaStream_t, const T*, const T*, const float*,          \
+                                       const T*, const T*, T*, NormShape);
 
 JAXOPS_CUDA_NORMS_INSTANTIATE(float)
 JAXOPS_CUDA_NORMS_INSTANTIATE(__half)

@@ -1,10 +1,12 @@
-// CUDA kernels for layer_norm, rms_norm and add_rms_norm. No XLA, no Python.
+// CUDA kernels for layer_norm, rms_norm and add_rms_norm: forward, backward and
+// forward-mode derivative (JVP). No XLA, no Python.
 //
 // The same operations, arguments and math as cpu/norms.h (keep the two in step),
 // plus the stream to launch on: rows = product of the leading axes, cols = the
 // last axis, row-major; T is float, __half or __nv_bfloat16; statistics and
 // accumulation in float32. `weight` / `bias` may be nullptr (identity scale /
 // zero shift); so may `dweight` / `dbias`, and then those sums are not computed.
+// In the JVP kernels the tangents dx / dweight / dbias may be nullptr: zero.
 //
 // Weight gradients: the rows are split into `groups` equal contiguous groups and
 // each group into `parts` contiguous pieces. Block t = g * parts + p reduces its
@@ -67,6 +69,20 @@ template <typename T>
 cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual, const T* weight,
                              T* y, T* h, float* rstd, NormShape shape, float epsilon);
 
+// The tangent of layer_norm's y from the forward's mean and rstd:
+// dy = dxhat * weight + xhat * dweight + dbias with xhat = (x - mean) * rstd and
+// dxhat = rstd * (dx - mean(dx) - xhat * mean(xhat * dx)).
+template <typename T>
+cudaError_t layer_norm_jvp(cudaStream_t stream, const T* x, const T* weight, const float* mean,
+                           const float* rstd, const T* dx, const T* dweight, const T* dbias,
+                           T* dy, NormShape shape);
+
+// The tangent of rms_norm's y from the forward's rstd: dy = dxhat * weight +
+// xhat * dweight with xhat = x * rstd, dxhat = rstd * (dx - xhat * mean(xhat * dx)).
+template <typename T>
+cudaError_t rms_norm_jvp(cudaStream_t stream, const T* x, const T* weight, const float* rstd,
+                         const T* dx, const T* dweight, T* dy, NormShape shape);
+
 #define JAXOPS_CUDA_NORMS_DECLARE(T)                                                             \
   extern template cudaError_t layer_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*, T*, \
                                                 float*, float*, NormShape, float);               \
@@ -79,7 +95,12 @@ cudaError_t add_rms_norm_fwd(cudaStream_t stream, const T* x, const T* residual,
                                               const float*, const T*, T*, T*, float*, NormShape, \
                                               WeightGradLayout);                                 \
   extern template cudaError_t add_rms_norm_fwd<T>(cudaStream_t, const T*, const T*, const T*,   \
-                                                  T*, T*, float*, NormShape, float);
+                                                  T*, T*, float*, NormShape, float);             \
+  extern template cudaError_t layer_norm_jvp<T>(cudaStream_t, const T*, const T*, const float*, \
+                                                const float*, const T*, const T*, const T*, T*,  \
+                                                NormShape);                                      \
+  extern template cudaError_t rms_norm_jvp<T>(cudaStream_t, const T*, const T*, const float*,   \
+                                              const T*, const T*, T*, NormShape);
 
 JAXOPS_CUDA_NORMS_DECLARE(float)
 JAXOPS_CUDA_NORMS_DECLARE(__half)

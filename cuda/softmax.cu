@@ -31,7 +31,7 @@ __device__ __forceinline__ int64_t visible_prefix(int64_t row, int64_t cols, Cau
   return limit < 0 ? 0 : (limit > cols ? cols : limit);
 }
 
-// x + bias, or -inf where the mask hides the column.
+// x + bias, or -inf where the mask hides the column; an absent x or bias is 0.
 template <typename T>
 struct MaskedRow {
   const T* x;
@@ -41,7 +41,7 @@ struct MaskedRow {
   int64_t bias_stride;
 
   __device__ __forceinline__ float operator()(int64_t c) const {
-    float v = to_float(x[c]);
+    float v = x != nullptr ? to_float(x[c]) : 0.f;
     if (bias != nullptr) v += to_float(bias[c * bias_stride]);
     if (where != nullptr && !where[c * where_stride]) v = -CUDART_INF_F;
     return v;
@@ -81,34 +81,55 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
-template <typename T, bool kLog>
+// The linear maps of a row that the backward (g = the cotangent dy) and the
+// JVP (g = the input's tangent dx + dbias) apply: out_c = out(y_c, g_c, s) with
+// s the row sum of term(y_c, g_c). Softmax's Jacobian is symmetric, so its VJP
+// and JVP differ only in the JVP's guard; log_softmax's are each other's
+// transpose.
+struct SoftmaxVjp {
+  __device__ static float term(float y, float g) { return y * g; }
+  __device__ static float out(float y, float g, float s) { return y * (g - s); }
+};
+
+// Columns with y = 0 are masked ones, whose tangent may be non-finite
+// (0 * inf would be NaN): they take no part.
+struct SoftmaxJvp {
+  __device__ static float term(float y, float g) { return y != 0.f ? y * g : 0.f; }
+  __device__ static float out(float y, float g, float s) { return y != 0.f ? y * (g - s) : 0.f; }
+};
+
+struct LogSoftmaxVjp {
+  __device__ static float term(float y, float g) { return y > -CUDART_INF_F ? g : 0.f; }
+  __device__ static float out(float y, float g, float s) {
+    return y > -CUDART_INF_F ? g - expf(y) * s : 0.f;
+  }
+};
+
+struct LogSoftmaxJvp {
+  __device__ static float term(float y, float g) { return y > -CUDART_INF_F ? expf(y) * g : 0.f; }
+  __device__ static float out(float y, float g, float s) { return y > -CUDART_INF_F ? g - s : 0.f; }
+};
+
+// out = Map(y, g + g_broadcast), either term of g absent (0).
+template <typename T, typename Map>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    softmax_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
-                       int64_t rows, int64_t cols) {
+    softmax_linear_map_kernel(const T* __restrict__ y, const T* __restrict__ g,
+                              BroadcastOperand<T> g_broadcast, T* __restrict__ out, int64_t rows,
+                              int64_t cols) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* g = dy + row * cols;
-    const T* p = y + row * cols;
+    const T* y_row = y + row * cols;
+    const MaskedRow<T> g_row{
+        g != nullptr ? g + row * cols : nullptr, nullptr, 0,
+        g_broadcast.data ? g_broadcast.data + row_offset(g_broadcast, row) : nullptr,
+        g_broadcast.col_stride};
     float partial = 0.f;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float pc = to_float(p[c]);
-      if constexpr (kLog) {
-        if (pc > -CUDART_INF_F) partial += to_float(g[c]);
-      } else {
-        partial += pc * to_float(g[c]);
-      }
+      partial += Map::term(to_float(y_row[c]), g_row(c));
     }
-    const float total = block_sum(partial);
-    T* out = dx + row * cols;
+    const float s = block_sum(partial);
+    T* out_row = out + row * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float pc = to_float(p[c]);
-      const float gc = to_float(g[c]);
-      float v;
-      if constexpr (kLog) {
-        v = pc > -CUDART_INF_F ? gc - expf(pc) * total : 0.f;
-      } else {
-        v = pc * (gc - total);
-      }
-      out[c] = from_float<T>(v);
+      out_row[c] = from_float<T>(Map::out(to_float(y_row[c]), g_row(c), s));
     }
   }
 }
@@ -125,6 +146,18 @@ bool valid_broadcast(const BroadcastOperand<T>& operand) {
     if (operand.row_sizes[i] < 1) return false;
   }
   return true;
+}
+
+template <typename Map, typename T>
+cudaError_t softmax_linear_map(cudaStream_t stream, const T* y, const T* g,
+                               BroadcastOperand<T> g_broadcast, T* out, SoftmaxShape shape) {
+  if (shape.cols < 1 || shape.rows < 0 || !valid_broadcast(g_broadcast)) {
+    return cudaErrorInvalidValue;
+  }
+  if (shape.rows == 0) return cudaSuccess;
+  return launch_kernel(softmax_linear_map_kernel<T, Map>, grid_for(shape.rows),
+                       block_for(shape.cols), stream, y, g, g_broadcast, out, shape.rows,
+                       shape.cols);
 }
 
 }  // namespace
@@ -145,19 +178,25 @@ cudaError_t softmax_fwd(cudaStream_t stream, const T* x, BroadcastOperand<uint8_
 
 template <typename T>
 cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx, SoftmaxShape shape) {
-  if (shape.cols < 1 || shape.rows < 0) return cudaErrorInvalidValue;
-  if (shape.rows == 0) return cudaSuccess;
-  return launch_kernel(softmax_bwd_kernel<T, false>, grid_for(shape.rows), block_for(shape.cols),
-                       stream, dy, y, dx, shape.rows, shape.cols);
+  return softmax_linear_map<SoftmaxVjp>(stream, y, dy, BroadcastOperand<T>{}, dx, shape);
 }
 
 template <typename T>
 cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx,
                             SoftmaxShape shape) {
-  if (shape.cols < 1 || shape.rows < 0) return cudaErrorInvalidValue;
-  if (shape.rows == 0) return cudaSuccess;
-  return launch_kernel(softmax_bwd_kernel<T, true>, grid_for(shape.rows), block_for(shape.cols),
-                       stream, dy, y, dx, shape.rows, shape.cols);
+  return softmax_linear_map<LogSoftmaxVjp>(stream, y, dy, BroadcastOperand<T>{}, dx, shape);
+}
+
+template <typename T>
+cudaError_t softmax_jvp(cudaStream_t stream, const T* y, const T* dx, BroadcastOperand<T> dbias,
+                        T* dy, SoftmaxShape shape) {
+  return softmax_linear_map<SoftmaxJvp>(stream, y, dx, dbias, dy, shape);
+}
+
+template <typename T>
+cudaError_t log_softmax_jvp(cudaStream_t stream, const T* y, const T* dx,
+                            BroadcastOperand<T> dbias, T* dy, SoftmaxShape shape) {
+  return softmax_linear_map<LogSoftmaxJvp>(stream, y, dx, dbias, dy, shape);
 }
 
 #define JAXOPS_CUDA_SOFTMAX_INSTANTIATE(T)                                                 \
@@ -165,7 +204,11 @@ cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx,
                                       BroadcastOperand<T>, T*, SoftmaxShape, SoftmaxOutput, \
                                       CausalLimit);                                         \
   template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, const T*, T*, SoftmaxShape); \
-  template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, const T*, T*, SoftmaxShape);
+  template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, const T*, T*, SoftmaxShape); \
+  template cudaError_t softmax_jvp<T>(cudaStream_t, const T*, const T*, BroadcastOperand<T>, T*, \
+                                      SoftmaxShape);                                           \
+  template cudaError_t log_softmax_jvp<T>(cudaStream_t, const T*, const T*, BroadcastOperand<T>, \
+                                          T*, SoftmaxShape);
 
 JAXOPS_CUDA_SOFTMAX_INSTANTIATE(float)
 JAXOPS_CUDA_SOFTMAX_INSTANTIATE(__half)

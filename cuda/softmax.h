@@ -1,4 +1,5 @@
-// CUDA kernels for softmax, log_softmax and causal_softmax. No XLA, no Python.
+// CUDA kernels for softmax, log_softmax and causal_softmax: forward, backward
+// and forward-mode derivative (JVP). No XLA, no Python.
 //
 // The same operations, arguments and math as cpu/softmax.h (keep the two in
 // step), plus the stream to launch on: rows = product of the leading axes, cols
@@ -64,6 +65,19 @@ template <typename T>
 cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx,
                             SoftmaxShape shape);
 
+// The tangent of softmax's y from y and the input's tangent t = dx + dbias (dx
+// nullable, dbias broadcast as the forward's bias; absent terms are 0):
+// dy = y * (t - sum(y * t)) over the columns where y != 0, 0 where y == 0.
+template <typename T>
+cudaError_t softmax_jvp(cudaStream_t stream, const T* y, const T* dx, BroadcastOperand<T> dbias,
+                        T* dy, SoftmaxShape shape);
+
+// The tangent of log_softmax's y (t as for softmax_jvp): dy = t - sum(exp(y) * t)
+// over the columns where y > -inf, 0 elsewhere.
+template <typename T>
+cudaError_t log_softmax_jvp(cudaStream_t stream, const T* y, const T* dx,
+                            BroadcastOperand<T> dbias, T* dy, SoftmaxShape shape);
+
 #define JAXOPS_CUDA_SOFTMAX_DECLARE(T)                                                      \
   extern template cudaError_t softmax_fwd<T>(cudaStream_t, const T*,                        \
                                              BroadcastOperand<uint8_t>, BroadcastOperand<T>, \
@@ -71,7 +85,11 @@ cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx,
   extern template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, const T*, T*,          \
                                              SoftmaxShape);                                  \
   extern template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, const T*, T*,      \
-                                                 SoftmaxShape);
+                                                 SoftmaxShape);                              \
+  extern template cudaError_t softmax_jvp<T>(cudaStream_t, const T*, const T*,              \
+                                             BroadcastOperand<T>, T*, SoftmaxShape);         \
+  extern template cudaError_t log_softmax_jvp<T>(cudaStream_t, const T*, const T*,          \
+                                                 BroadcastOperand<T>, T*, SoftmaxShape);
 
 JAXOPS_CUDA_SOFTMAX_DECLARE(float)
 JAXOPS_CUDA_SOFTMAX_DECLARE(__half)

@@ -72,6 +72,23 @@ ffi::Error CrossEntropyFwdGrad(ffi::AnyBuffer logits, ffi::AnyBuffer labels,
   });
 }
 
+ffi::Error CrossEntropyJvp(ffi::AnyBuffer logits, ffi::AnyBuffer labels, ffi::Buffer<ffi::F32> lse,
+                           ffi::AnyBuffer dlogits, ffi::Result<ffi::Buffer<ffi::F32>> dloss,
+                           int64_t ignore_index, float label_smoothing, float z_loss) {
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_cross_entropy_jvp(logits, labels, lse, dlogits, *dloss,
+                                                 label_smoothing, z_loss, &s));
+  return dispatch("jaxops_cross_entropy_jvp", logits, labels, [&](auto tag, auto label_tag) {
+    using T = decltype(tag);
+    using Label = decltype(label_tag);
+    cpu::cross_entropy_jvp<T, Label>(data<const T>(logits), data<const Label>(labels),
+                                     lse.typed_data(), data<const T>(dlogits),
+                                     dloss->typed_data(), {s.rows, s.cols},
+                                     {ignore_index, label_smoothing, z_loss});
+    return ffi::Error::Success();
+  });
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCrossEntropyFwd, CrossEntropyFwd,
@@ -80,9 +97,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kCrossEntropyBwd, CrossEntropyBwd,
                               bind_cross_entropy_bwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCrossEntropyFwdGrad, CrossEntropyFwdGrad,
                               bind_cross_entropy_fwd_grad(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCrossEntropyJvp, CrossEntropyJvp,
+                              bind_cross_entropy_jvp(ffi::Ffi::Bind()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_cross_entropy_fwd", kCrossEntropyFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_cross_entropy_bwd", kCrossEntropyBwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_cross_entropy_fwd_grad", kCrossEntropyFwdGrad);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_cross_entropy_jvp", kCrossEntropyJvp);
 
 }  // namespace jaxops

@@ -93,6 +93,20 @@ inline ffi::Error check_cross_entropy_fwd_grad(const ffi::AnyBuffer& logits,
   return check_options(op, label_smoothing, z_loss);
 }
 
+inline ffi::Error check_cross_entropy_jvp(const ffi::AnyBuffer& logits,
+                                          const ffi::AnyBuffer& labels,
+                                          const ffi::Buffer<ffi::F32>& lse,
+                                          const ffi::AnyBuffer& dlogits,
+                                          const ffi::Buffer<ffi::F32>& dloss,
+                                          float label_smoothing, float z_loss, RowsCols* s) {
+  const std::string op = "jaxops_cross_entropy_jvp";
+  JAXOPS_RETURN_IF_ERROR(check_logits_and_labels(op, logits, labels, s));
+  JAXOPS_RETURN_IF_ERROR(check_row_values(op, "lse", lse, labels));
+  JAXOPS_RETURN_IF_ERROR(check_dlogits(op, logits, dlogits));
+  JAXOPS_RETURN_IF_ERROR(check_row_values(op, "dloss", dloss, labels));
+  return check_options(op, label_smoothing, z_loss);
+}
+
 // -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
 
 template <typename Binding>
@@ -125,6 +139,16 @@ auto bind_cross_entropy_fwd_grad(Binding prefix) {
                           .template Arg<ffi::AnyBuffer>()               // labels
                           .template Ret<ffi::Buffer<ffi::F32>>()        // loss
                           .template Ret<ffi::AnyBuffer>());             // dlogits
+}
+
+// The tangent primitive: dlogits is the logits' tangent, dloss the loss's.
+template <typename Binding>
+auto bind_cross_entropy_jvp(Binding prefix) {
+  return bind_options(std::move(prefix).template Arg<ffi::AnyBuffer>()  // logits
+                          .template Arg<ffi::AnyBuffer>()               // labels
+                          .template Arg<ffi::Buffer<ffi::F32>>()        // lse
+                          .template Arg<ffi::AnyBuffer>()               // dlogits
+                          .template Ret<ffi::Buffer<ffi::F32>>());      // dloss
 }
 
 }  // namespace jaxops::cross_entropy_common

@@ -82,6 +82,26 @@ inline ffi::Error same_dtype(const std::string& op, const char* a_name, const A&
   return ffi::Error::Success();
 }
 
+// An optional operand (a tangent) is absent when it is the zero-size placeholder [0].
+template <typename Buffer>
+inline bool is_placeholder(const Buffer& buffer) {
+  auto dims = buffer.dimensions();
+  return dims.size() == 1 && dims[0] == 0;
+}
+
+// An optional operand that, when present, has the shape and dtype of `like`.
+template <typename A, typename B>
+inline ffi::Error check_optional_like(const std::string& op, const char* like_name, const A& like,
+                                      const char* name, const B& operand) {
+  if (is_placeholder(operand)) return ffi::Error::Success();
+  if (same_dims(op, like_name, like, name, operand).failure()) {
+    return invalid(op, std::string(name) + " has shape " + dims_string(operand.dimensions()) +
+                           ", expected " + like_name + "'s shape " +
+                           dims_string(like.dimensions()) + " or [0] (absent)");
+  }
+  return same_dtype(op, like_name, like, name, operand);
+}
+
 // Calls fn(T{}) with T the kernel element type of `dtype` (float, bfloat16,
 // float16); any other dtype is an error.
 template <typename Float32, typename BFloat16, typename Float16, typename Fn>

@@ -98,6 +98,34 @@ ffi::Error AddRmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuff
   });
 }
 
+ffi::Error LayerNormJvp(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Buffer<ffi::F32> mean,
+                        ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dx, ffi::AnyBuffer dweight,
+                        ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> dy) {
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_layer_norm_jvp(x, weight, mean, rstd, dx, dweight, dbias, *dy, &s));
+  return dispatch("jaxops_layer_norm_jvp", x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::layer_norm_jvp<T>(data<const T>(x), data_or_null<const T>(weight), mean.typed_data(),
+                           rstd.typed_data(), data_or_null<const T>(dx),
+                           data_or_null<const T>(dweight), data_or_null<const T>(dbias),
+                           data<T>(*dy), {s.rows, s.cols});
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error RmsNormJvp(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Buffer<ffi::F32> rstd,
+                      ffi::AnyBuffer dx, ffi::AnyBuffer dweight, ffi::Result<ffi::AnyBuffer> dy) {
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_rms_norm_jvp(x, weight, rstd, dx, dweight, *dy, &s));
+  return dispatch("jaxops_rms_norm_jvp", x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::rms_norm_jvp<T>(data<const T>(x), data_or_null<const T>(weight), rstd.typed_data(),
+                         data_or_null<const T>(dx), data_or_null<const T>(dweight), data<T>(*dy),
+                         {s.rows, s.cols});
+    return ffi::Error::Success();
+  });
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormFwd, LayerNormFwd, bind_layer_norm_fwd(ffi::Ffi::Bind()));
@@ -105,11 +133,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwd, LayerNormBwd, bind_layer_norm_bwd(f
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwd, RmsNormFwd, bind_rms_norm_fwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwd, RmsNormBwd, bind_rms_norm_bwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwd, AddRmsNormFwd, bind_add_rms_norm_fwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormJvp, LayerNormJvp, bind_layer_norm_jvp(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormJvp, RmsNormJvp, bind_rms_norm_jvp(ffi::Ffi::Bind()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_fwd", kLayerNormFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_bwd", kLayerNormBwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_fwd", kRmsNormFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_bwd", kRmsNormBwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_add_rms_norm_fwd", kAddRmsNormFwd);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_jvp", kLayerNormJvp);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_jvp", kRmsNormJvp);
 
 }  // namespace jaxops

@@ -143,6 +143,33 @@ inline ffi::Error check_add_rms_norm_fwd(const ffi::AnyBuffer& x, const ffi::Any
   return check_row_stat(op, "rstd", rstd, s->rows);
 }
 
+inline ffi::Error check_layer_norm_jvp(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
+                                       const ffi::Buffer<ffi::F32>& mean,
+                                       const ffi::Buffer<ffi::F32>& rstd, const ffi::AnyBuffer& dx,
+                                       const ffi::AnyBuffer& dweight, const ffi::AnyBuffer& dbias,
+                                       const ffi::AnyBuffer& dy, RowsCols* s) {
+  const std::string op = "jaxops_layer_norm_jvp";
+  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
+  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
+  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "mean", mean, s->rows));
+  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s->rows));
+  JAXOPS_RETURN_IF_ERROR(check_optional_like(op, "x", x, "dx", dx));
+  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "dweight", dweight, x, s->cols));
+  return check_column_param(op, "dbias", dbias, x, s->cols);
+}
+
+inline ffi::Error check_rms_norm_jvp(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
+                                     const ffi::Buffer<ffi::F32>& rstd, const ffi::AnyBuffer& dx,
+                                     const ffi::AnyBuffer& dweight, const ffi::AnyBuffer& dy,
+                                     RowsCols* s) {
+  const std::string op = "jaxops_rms_norm_jvp";
+  JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
+  JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
+  JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s->rows));
+  JAXOPS_RETURN_IF_ERROR(check_optional_like(op, "x", x, "dx", dx));
+  return check_column_param(op, "dweight", dweight, x, s->cols);
+}
+
 // -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
 
 template <typename Binding>
@@ -202,6 +229,29 @@ auto bind_add_rms_norm_fwd(Binding prefix) {
       .template Ret<ffi::AnyBuffer>()                    // h (aliases residual when donated)
       .template Ret<ffi::Buffer<ffi::F32>>()             // rstd
       .template Attr<float>("epsilon");
+}
+
+// The tangent primitives: the absent tangents ([0]) are zero.
+template <typename Binding>
+auto bind_layer_norm_jvp(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()           // x
+      .template Arg<ffi::AnyBuffer>()                    // weight ([0]: absent)
+      .template Arg<ffi::Buffer<ffi::F32>>()             // mean
+      .template Arg<ffi::Buffer<ffi::F32>>()             // rstd
+      .template Arg<ffi::AnyBuffer>()                    // dx ([0]: absent)
+      .template Arg<ffi::AnyBuffer>()                    // dweight ([0]: absent)
+      .template Arg<ffi::AnyBuffer>()                    // dbias ([0]: absent)
+      .template Ret<ffi::AnyBuffer>();                   // dy
+}
+
+template <typename Binding>
+auto bind_rms_norm_jvp(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()           // x
+      .template Arg<ffi::AnyBuffer>()                    // weight ([0]: absent)
+      .template Arg<ffi::Buffer<ffi::F32>>()             // rstd
+      .template Arg<ffi::AnyBuffer>()                    // dx ([0]: absent)
+      .template Arg<ffi::AnyBuffer>()                    // dweight ([0]: absent)
+      .template Ret<ffi::AnyBuffer>();                   // dy
 }
 
 }  // namespace jaxops::norms_common

@@ -82,6 +82,21 @@ ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyB
   });
 }
 
+template <bool kLog>
+ffi::Error SoftmaxJvp(ffi::AnyBuffer y, ffi::AnyBuffer dx, ffi::AnyBuffer dbias,
+                      ffi::Result<ffi::AnyBuffer> dy) {
+  const std::string op = kLog ? "jaxops_log_softmax_jvp" : "jaxops_softmax_jvp";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, y, dx, dbias, *dy, &s));
+  return dispatch(op, y.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const auto jvp = kLog ? cpu::log_softmax_jvp<T> : cpu::softmax_jvp<T>;
+    jvp(data<const T>(y), data_or_null<const T>(dx), broadcast_view<T>(dbias, y), data<T>(*dy),
+        {s.rows, s.cols});
+    return ffi::Error::Success();
+  });
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxFwd, SoftmaxFwd, bind_masked_softmax_fwd(ffi::Ffi::Bind()));
@@ -91,11 +106,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kCausalSoftmaxFwd, CausalSoftmaxFwd,
                               bind_causal_softmax_fwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxBwd, SoftmaxBwd<false>, bind_softmax_bwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxBwd, SoftmaxBwd<true>, bind_softmax_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxJvp, SoftmaxJvp<false>, bind_softmax_jvp(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxJvp, SoftmaxJvp<true>,
+                              bind_softmax_jvp(ffi::Ffi::Bind()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_fwd", kSoftmaxFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_fwd", kLogSoftmaxFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_causal_softmax_fwd", kCausalSoftmaxFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_bwd", kSoftmaxBwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_bwd", kLogSoftmaxBwd);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_jvp", kSoftmaxJvp);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_jvp", kLogSoftmaxJvp);
 
 }  // namespace jaxops

@@ -25,19 +25,20 @@ inline ffi::Error check_rows(const std::string& op, const char* x_name, const ff
   return same_dtype(op, x_name, x, other_name, other);
 }
 
-// An optional operand broadcast against x: absent when it has no elements,
-// else of x's rank with each axis 1 or x's size, and of dtype `dtype`.
+// An optional operand broadcast against x (named x_name): absent when it has no
+// elements, else of x's rank with each axis 1 or x's size, and of dtype `dtype`.
 inline ffi::Error check_broadcast_operand(const std::string& op, const char* name,
-                                          const ffi::AnyBuffer& operand, const ffi::AnyBuffer& x,
-                                          ffi::DataType dtype, const char* dtype_name) {
+                                          const ffi::AnyBuffer& operand, const char* x_name,
+                                          const ffi::AnyBuffer& x, ffi::DataType dtype,
+                                          const char* dtype_name) {
   if (operand.element_count() == 0) return ffi::Error::Success();
   auto dims = operand.dimensions();
   auto x_dims = x.dimensions();
   bool ok = dims.size() == x_dims.size();
   for (size_t i = 0; ok && i < dims.size(); ++i) ok = dims[i] == 1 || dims[i] == x_dims[i];
   if (!ok) {
-    return invalid(op, std::string(name) + " has shape " + dims_string(dims) +
-                           ", expected x's rank with each axis 1 or x's size " +
+    return invalid(op, std::string(name) + " has shape " + dims_string(dims) + ", expected " +
+                           x_name + "'s rank with each axis 1 or " + x_name + "'s size " +
                            dims_string(x_dims));
   }
   if (operand.element_type() != dtype) {
@@ -93,8 +94,8 @@ inline ffi::Error check_masked_softmax_fwd(const std::string& op, const ffi::Any
                                            const ffi::AnyBuffer& y, RowsCols* s) {
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
   JAXOPS_RETURN_IF_ERROR(
-      check_broadcast_operand(op, "where", where, x, ffi::DataType::PRED, "bool"));
-  return check_broadcast_operand(op, "bias", bias, x, x.element_type(), "x's dtype");
+      check_broadcast_operand(op, "where", where, "x", x, ffi::DataType::PRED, "bool"));
+  return check_broadcast_operand(op, "bias", bias, "x", x, x.element_type(), "x's dtype");
 }
 
 inline ffi::Error check_causal_softmax_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
@@ -111,6 +112,16 @@ inline ffi::Error check_softmax_bwd(const std::string& op, const ffi::AnyBuffer&
                                     RowsCols* s) {
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "y", y, dy, "dy", s));
   return check_rows(op, "y", y, dx, "dx", s);
+}
+
+// The tangent primitives: the tangents dx ([0]: absent, else y's shape) and
+// dbias (broadcast against y as the forward's bias) sum to the input's tangent.
+inline ffi::Error check_softmax_jvp(const std::string& op, const ffi::AnyBuffer& y,
+                                    const ffi::AnyBuffer& dx, const ffi::AnyBuffer& dbias,
+                                    const ffi::AnyBuffer& dy, RowsCols* s) {
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "y", y, dy, "dy", s));
+  JAXOPS_RETURN_IF_ERROR(check_optional_like(op, "y", y, "dx", dx));
+  return check_broadcast_operand(op, "dbias", dbias, "y", y, y.element_type(), "y's dtype");
 }
 
 // -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
@@ -135,6 +146,14 @@ auto bind_softmax_bwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // dy
       .template Arg<ffi::AnyBuffer>()                      // y (probabilities or log)
       .template Ret<ffi::AnyBuffer>();                     // dx
+}
+
+template <typename Binding>
+auto bind_softmax_jvp(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // y (probabilities or log)
+      .template Arg<ffi::AnyBuffer>()                      // dx ([0]: absent)
+      .template Arg<ffi::AnyBuffer>()                      // dbias ([0]: absent)
+      .template Ret<ffi::AnyBuffer>();                     // dy
 }
 
 }  // namespace jaxops::softmax_common

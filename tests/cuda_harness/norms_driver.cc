@@ -1,6 +1,7 @@
 // Test-only: runs every CUDA norm kernel (cuda/norms.cu, compiled by the harness)
 // on the shapes given on the command line, in float32, bfloat16 and float16,
-// and checks the results against a double-precision reference. Built under
+// and checks the results against a double-precision reference: forward,
+// backward, and the JVP with absent (null) weight and tangents. Built under
 // AddressSanitizer and ThreadSanitizer by tests/test_cuda_harness_checks.py,
 // where what matters most is that the sanitizers stay silent; each buffer is its
 // own exact-size allocation, so a read past any row end is caught.
@@ -57,6 +58,69 @@ void fill(Buffer<T>& b, std::vector<double>& rounded, std::mt19937& rng, double 
   for (size_t i = 0; i < b.size; ++i) {
     b.data[i] = T(static_cast<float>(offset) + normal(rng));
     rounded[i] = static_cast<float>(b.data[i]);
+  }
+}
+
+// Which of the JVP's optional operands a case passes (the others are null):
+// each pointer is null in some case, and all are present in one.
+struct JvpOperands {
+  bool weight, dx, dweight, dbias;
+};
+constexpr JvpOperands kJvpCases[] = {{true, true, true, true},
+                                     {false, true, false, false},
+                                     {true, false, true, true},
+                                     {false, true, false, true},
+                                     {false, false, false, false}};
+
+// layer_norm_jvp (centered) or rms_norm_jvp from the forward's statistics (mean
+// null for rms_norm), against a double reference that reads the same float32
+// statistics.
+template <typename T>
+void check_jvp(const Buffer<T>& x, const std::vector<double>& xr, const Buffer<T>& weight,
+               const std::vector<double>& wr, const float* mean, const float* rstd,
+               NormShape shape, const std::string& name, std::mt19937& rng) {
+  const int64_t rows = shape.rows, cols = shape.cols;
+  const size_t n = static_cast<size_t>(rows * cols);
+  const bool centered = mean != nullptr;
+  Buffer<T> dx(n), dweight(cols), dbias(cols), dy(n);
+  std::vector<double> dxr, dwr, dbr;
+  fill(dx, dxr, rng, 0.0);
+  fill(dweight, dwr, rng, 0.0);
+  fill(dbias, dbr, rng, 0.0);
+  for (const JvpOperands& has : kJvpCases) {
+    if (!centered && has.dbias) continue;
+    const std::string what = std::string(centered ? "layer_norm_jvp " : "rms_norm_jvp ") + name +
+                             " operands " + std::to_string(has.weight) + std::to_string(has.dx) +
+                             std::to_string(has.dweight) + std::to_string(has.dbias);
+    std::vector<double> dy_ref(n);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double m = centered ? mean[r] : 0.0, s = rstd[r];
+      double sum_dx = 0.0, sum_xhat_dx = 0.0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double d = has.dx ? dxr[r * cols + c] : 0.0;
+        sum_dx += d;
+        sum_xhat_dx += (xr[r * cols + c] - m) * s * d;
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        const double xhat = (xr[r * cols + c] - m) * s;
+        const double d = has.dx ? dxr[r * cols + c] : 0.0;
+        const double mean_dx = centered ? sum_dx / cols : 0.0;
+        const double dxhat = s * (d - mean_dx - xhat * sum_xhat_dx / cols);
+        dy_ref[r * cols + c] = dxhat * (has.weight ? wr[c] : 1.0) +
+                               xhat * (has.dweight ? dwr[c] : 0.0) + (has.dbias ? dbr[c] : 0.0);
+      }
+    }
+    const T* w = has.weight ? weight.data : nullptr;
+    const T* d = has.dx ? dx.data : nullptr;
+    const T* dw = has.dweight ? dweight.data : nullptr;
+    if (centered) {
+      check(jaxops::cuda::layer_norm_jvp<T>(nullptr, x.data, w, mean, rstd, d, dw,
+                                            has.dbias ? dbias.data : nullptr, dy.data, shape),
+            what);
+    } else {
+      check(jaxops::cuda::rms_norm_jvp<T>(nullptr, x.data, w, rstd, d, dw, dy.data, shape), what);
+    }
+    compare(what, dy.data, dy_ref, tolerance<T>(), 4.0);
   }
 }
 
@@ -128,6 +192,7 @@ void run(int64_t rows, int64_t cols, int64_t groups, std::mt19937& rng) {
     }
     compare(op + "_fwd y " + name, y.data, y_ref, tol);
     compare(op + "_fwd rstd " + name, rstd.data, rstd_ref, 1e-5);
+    check_jvp<T>(x, xr, weight, wr, centered ? mean.data : nullptr, rstd.data, shape, name, rng);
     if (centered) {
       check(jaxops::cuda::layer_norm_bwd<T>(nullptr, dy.data, x.data, weight.data, mean.data,
                                             rstd.data, dx.data, dweight.data, dbias.data,

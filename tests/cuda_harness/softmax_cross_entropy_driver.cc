@@ -1,11 +1,13 @@
 // Test-only: runs every CUDA softmax and cross-entropy kernel (cuda/softmax.cu,
 // cuda/cross_entropy.cu, compiled by the harness) on the shapes given on the
 // command line, in float32, bfloat16 and float16, and checks the results
-// against a double-precision reference. Built under AddressSanitizer and
-// ThreadSanitizer by tests/test_cuda_harness_softmax_cross_entropy_sanitizers.py, where what matters
-// most is that the sanitizers stay silent; each buffer is its own exact-size
-// allocation, so a read past any row end (or past a broadcast mask or bias) is
-// caught.
+// against a double-precision reference: forward, backward and JVP (absent
+// tangents, broadcast dbias, ignored and out-of-range labels). Built under
+// AddressSanitizer and ThreadSanitizer by
+// tests/test_cuda_harness_softmax_cross_entropy_sanitizers.py, where what
+// matters most is that the sanitizers stay silent; each buffer is its own
+// exact-size allocation, so a read past any row end (or past a broadcast mask
+// or bias) is caught.
 //
 // usage: softmax_cross_entropy_driver ROWSxCOLS ...     exit status 0 when all agree
 #include <cmath>
@@ -79,6 +81,72 @@ void softmax_row(const double* z, int64_t n, double* p, double* logp) {
   }
 }
 
+// The JVPs from the forward's outputs y and log y (masked columns: y = 0,
+// log y = -inf) for the input tangent t = dx + dbias: dx present or absent,
+// dbias absent, [1, cols] (inf at the masked columns, which must not reach the
+// result) or [rows, 1].
+template <typename T>
+void run_softmax_jvp(const Buffer<T>& y, const Buffer<T>& logy, const Buffer<uint8_t>& where,
+                     cuda::SoftmaxShape shape, const std::string& name, std::mt19937& rng) {
+  const int64_t rows = shape.rows, cols = shape.cols;
+  const size_t n = static_cast<size_t>(rows * cols);
+  Buffer<T> dx(n), col_dbias(cols), row_dbias(rows), dy(n);
+  std::vector<double> dxr, col_r, row_r;
+  fill(dx, dxr, rng, 1.f);
+  fill(col_dbias, col_r, rng, 1.f);
+  fill(row_dbias, row_r, rng, 1.f);
+  for (int64_t c = 0; c < cols; ++c) {
+    if (!where.data[c]) {
+      col_dbias.data[c] = T(INFINITY);
+      col_r[c] = INFINITY;
+    }
+  }
+  cuda::BroadcastOperand<T> by_col;  // [1, cols]
+  by_col.data = col_dbias.data;
+  by_col.axes = 1;
+  by_col.row_sizes[0] = rows;
+  by_col.row_strides[0] = 0;
+  cuda::BroadcastOperand<T> by_row;  // [rows, 1]
+  by_row.data = row_dbias.data;
+  by_row.axes = 1;
+  by_row.row_sizes[0] = rows;
+  by_row.row_strides[0] = 1;
+  by_row.col_stride = 0;
+  const cuda::BroadcastOperand<T> dbias_cases[] = {{}, by_col, by_row};
+  const char* dbias_names[] = {"no dbias", "dbias [1, cols]", "dbias [rows, 1]"};
+
+  for (int log = 0; log < 2; ++log) {
+    const Buffer<T>& out = log ? logy : y;
+    for (int has_dx = 0; has_dx < 2; ++has_dx) {
+      for (int b = 0; b < 3; ++b) {
+        const std::string what = std::string(log ? "log_softmax_jvp " : "softmax_jvp ") + name +
+                                 (has_dx ? " dx, " : " no dx, ") + dbias_names[b];
+        std::vector<double> ref(n);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<double> t(cols), p(cols);
+          double s = 0.0;
+          for (int64_t c = 0; c < cols; ++c) {
+            const size_t i = r * cols + c;
+            t[c] = (has_dx ? dxr[i] : 0.0) + (b == 1 ? col_r[c] : 0.0) + (b == 2 ? row_r[r] : 0.0);
+            const double v = static_cast<float>(out.data[i]);
+            p[c] = log ? (v > -INFINITY ? std::exp(v) : 0.0) : v;
+            if (p[c] != 0.0) s += p[c] * t[c];
+          }
+          for (int64_t c = 0; c < cols; ++c) {
+            const bool part = log ? static_cast<float>(out.data[r * cols + c]) > -INFINITY
+                                  : p[c] != 0.0;
+            ref[r * cols + c] = !part ? 0.0 : (log ? t[c] - s : p[c] * (t[c] - s));
+          }
+        }
+        const auto jvp = log ? cuda::log_softmax_jvp<T> : cuda::softmax_jvp<T>;
+        check(jvp(nullptr, out.data, has_dx ? dx.data : nullptr, dbias_cases[b], dy.data, shape),
+              what);
+        compare(what, dy.data, ref, tolerance<T>() * 4);
+      }
+    }
+  }
+}
+
 template <typename T>
 void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
   const std::string name = std::string(type_name<T>()) + " " + std::to_string(rows) + "x" +
@@ -149,6 +217,46 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
   check(cuda::log_softmax_bwd<T>(nullptr, dy.data, logy.data, dlogx.data, shape),
         "log_softmax_bwd " + name);
   compare("log_softmax_bwd " + name, dlogx.data, dlogx_ref, tol * 4);
+  run_softmax_jvp<T>(y, logy, where, shape, name, rng);
+}
+
+// The loss's tangent from the forward's lse, with int32 and int64 labels
+// (ignored and out-of-range ones among them: 0).
+template <typename T>
+void run_cross_entropy_jvp(const Buffer<T>& logits, const std::vector<double>& xr,
+                           const Buffer<int32_t>& labels, const Buffer<float>& lse,
+                           cuda::CrossEntropyShape shape, cuda::CrossEntropyOptions options,
+                           const std::string& name, std::mt19937& rng) {
+  const int64_t rows = shape.rows, vocab = shape.vocab;
+  const double eps = options.label_smoothing, z_loss = options.z_loss;
+  Buffer<T> dlogits(static_cast<size_t>(rows * vocab));
+  Buffer<int64_t> wide_labels(rows);
+  Buffer<float> dloss(rows), wide_dloss(rows);
+  std::vector<double> dr;
+  fill(dlogits, dr, rng, 1.f);
+  std::vector<double> ref(rows, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t l = labels.data[r];
+    wide_labels.data[r] = l;
+    if (l == options.ignore_index || l < 0 || l >= vocab) continue;
+    double p_dot = 0.0, total = 0.0;
+    for (int64_t c = 0; c < vocab; ++c) {
+      const size_t i = r * vocab + c;
+      p_dot += std::exp(xr[i] - lse.data[r]) * dr[i];
+      total += dr[i];
+    }
+    ref[r] = (1 + 2 * z_loss * lse.data[r]) * p_dot - eps * total / vocab -
+             (1 - eps) * dr[r * vocab + l];
+  }
+  const double tol = 1e-5 * std::sqrt(vocab);
+  check(cuda::cross_entropy_jvp<T, int32_t>(nullptr, logits.data, labels.data, lse.data,
+                                            dlogits.data, dloss.data, shape, options),
+        "cross_entropy_jvp " + name);
+  compare("cross_entropy_jvp " + name, dloss.data, ref, tol);
+  check(cuda::cross_entropy_jvp<T, int64_t>(nullptr, logits.data, wide_labels.data, lse.data,
+                                            dlogits.data, wide_dloss.data, shape, options),
+        "cross_entropy_jvp int64 labels " + name);
+  compare("cross_entropy_jvp int64 labels " + name, wide_dloss.data, ref, tol);
 }
 
 template <typename T>
@@ -211,6 +319,7 @@ void run_cross_entropy(int64_t rows, int64_t vocab, std::mt19937& rng) {
   compare("cross_entropy_fwd_grad loss " + name, grad_loss.data, loss_ref, 1e-5 * std::sqrt(vocab));
   compare("cross_entropy_fwd_grad dlogits " + name, in_place.data, rounded_to<T>(unit_ref),
           tol * 4);
+  run_cross_entropy_jvp<T>(logits, xr, labels, lse, shape, options, name, rng);
 }
 
 template <typename T>

@@ -82,6 +82,24 @@ ffi::Error CrossEntropyFwdGrad(cudaStream_t stream, ffi::AnyBuffer logits, ffi::
   });
 }
 
+ffi::Error CrossEntropyJvp(cudaStream_t stream, ffi::AnyBuffer logits, ffi::AnyBuffer labels,
+                           ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dlogits,
+                           ffi::Result<ffi::Buffer<ffi::F32>> dloss, int64_t ignore_index,
+                           float label_smoothing, float z_loss) {
+  const std::string op = "jaxops_cross_entropy_jvp";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_cross_entropy_jvp(logits, labels, lse, dlogits, *dloss,
+                                                 label_smoothing, z_loss, &s));
+  return dispatch(op, logits, labels, [&](auto tag, auto label_tag) {
+    using T = decltype(tag);
+    using Label = decltype(label_tag);
+    return launch_status(op, cuda::cross_entropy_jvp<T, Label>(
+                                 stream, data<const T>(logits), data<const Label>(labels),
+                                 lse.typed_data(), data<const T>(dlogits), dloss->typed_data(),
+                                 {s.rows, s.cols}, {ignore_index, label_smoothing, z_loss}));
+  });
+}
+
 // Every CUDA handler takes the stream XLA launches on before its buffers. The
 // CPU harness of the tests (tests/cuda_harness) compiles this file unchanged as
 // CPU handlers, with a context of its own that provides the stream.
@@ -100,9 +118,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kCrossEntropyBwdCuda, CrossEntropyBwd,
                               bind_cross_entropy_bwd(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCrossEntropyFwdGradCuda, CrossEntropyFwdGrad,
                               bind_cross_entropy_fwd_grad(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kCrossEntropyJvpCuda, CrossEntropyJvp,
+                              bind_cross_entropy_jvp(cuda_binding()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_cross_entropy_fwd", kCrossEntropyFwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_cross_entropy_bwd", kCrossEntropyBwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_cross_entropy_fwd_grad", kCrossEntropyFwdGradCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_cross_entropy_jvp", kCrossEntropyJvpCuda);
 
 }  // namespace jaxops

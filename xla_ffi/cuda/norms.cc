@@ -112,6 +112,39 @@ ffi::Error AddRmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer r
   });
 }
 
+ffi::Error LayerNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                        ffi::Buffer<ffi::F32> mean, ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dx,
+                        ffi::AnyBuffer dweight, ffi::AnyBuffer dbias,
+                        ffi::Result<ffi::AnyBuffer> dy) {
+  const std::string op = "jaxops_layer_norm_jvp";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_layer_norm_jvp(x, weight, mean, rstd, dx, dweight, dbias, *dy, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::layer_norm_jvp<T>(stream, data<const T>(x), data_or_null<const T>(weight),
+                                    mean.typed_data(), rstd.typed_data(),
+                                    data_or_null<const T>(dx), data_or_null<const T>(dweight),
+                                    data_or_null<const T>(dbias), data<T>(*dy),
+                                    {s.rows, s.cols}));
+  });
+}
+
+ffi::Error RmsNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                      ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dx, ffi::AnyBuffer dweight,
+                      ffi::Result<ffi::AnyBuffer> dy) {
+  const std::string op = "jaxops_rms_norm_jvp";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_rms_norm_jvp(x, weight, rstd, dx, dweight, *dy, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(
+        op, cuda::rms_norm_jvp<T>(stream, data<const T>(x), data_or_null<const T>(weight),
+                                  rstd.typed_data(), data_or_null<const T>(dx),
+                                  data_or_null<const T>(dweight), data<T>(*dy), {s.rows, s.cols}));
+  });
+}
+
 }  // namespace
 
 // Distinct symbol names from the CPU module's handlers: both modules can be
@@ -121,11 +154,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwdCuda, LayerNormBwd, bind_layer_norm_b
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwdCuda, RmsNormFwd, bind_rms_norm_fwd(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwdCuda, RmsNormBwd, bind_rms_norm_bwd(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwdCuda, AddRmsNormFwd, bind_add_rms_norm_fwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormJvpCuda, LayerNormJvp, bind_layer_norm_jvp(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormJvpCuda, RmsNormJvp, bind_rms_norm_jvp(cuda_binding()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_fwd", kLayerNormFwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_bwd", kLayerNormBwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_fwd", kRmsNormFwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_bwd", kRmsNormBwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_add_rms_norm_fwd", kAddRmsNormFwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_jvp", kLayerNormJvpCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_jvp", kRmsNormJvpCuda);
 
 }  // namespace jaxops

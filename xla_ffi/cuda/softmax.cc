@@ -107,6 +107,22 @@ ffi::Error SoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
   });
 }
 
+template <bool kLog>
+ffi::Error SoftmaxJvp(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer dx,
+                      ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> dy) {
+  const std::string op = kLog ? "jaxops_log_softmax_jvp" : "jaxops_softmax_jvp";
+  RowsCols s;
+  JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, y, dx, dbias, *dy, &s));
+  return dispatch(op, y.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    cuda::BroadcastOperand<T> dbias_view;
+    JAXOPS_RETURN_IF_ERROR(broadcast_view(op, "dbias", dbias, y, &dbias_view));
+    const auto jvp = kLog ? cuda::log_softmax_jvp<T> : cuda::softmax_jvp<T>;
+    return launch_status(op, jvp(stream, data<const T>(y), data_or_null<const T>(dx), dbias_view,
+                                 data<T>(*dy), {s.rows, s.cols}));
+  });
+}
+
 // Every CUDA handler takes the stream XLA launches on before its buffers. The
 // CPU harness of the tests (tests/cuda_harness) compiles this file unchanged as
 // CPU handlers, with a context of its own that provides the stream.
@@ -127,11 +143,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kCausalSoftmaxFwdCuda, CausalSoftmaxFwd,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxBwdCuda, SoftmaxBwd<false>, bind_softmax_bwd(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxBwdCuda, SoftmaxBwd<true>,
                               bind_softmax_bwd(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxJvpCuda, SoftmaxJvp<false>, bind_softmax_jvp(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxJvpCuda, SoftmaxJvp<true>,
+                              bind_softmax_jvp(cuda_binding()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_fwd", kSoftmaxFwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_fwd", kLogSoftmaxFwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_causal_softmax_fwd", kCausalSoftmaxFwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_bwd", kSoftmaxBwdCuda);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_bwd", kLogSoftmaxBwdCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_jvp", kSoftmaxJvpCuda);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_jvp", kLogSoftmaxJvpCuda);
 
 }  // namespace jaxops
