@@ -114,15 +114,14 @@ def _row_batch_rule(prim, args, dims, **params):
   return outs, (0,) * len(outs)
 
 
-def _make(name, abstract_eval, reference_fn, roles, target=None, input_output_aliases=None,
-          kernel=True):
+def _make(name, abstract_eval, reference_fn, roles, target=None, input_output_aliases=None):
   # Tokens shard (logits, labels, losses alike); the vocabulary axis stays whole.
   # The mean over tokens is taken outside the primitive, where XLA reduces it.
-  return FfiPrimitive(name=name, target=(target or name) if kernel else None,
+  return FfiPrimitive(name=name, target=target or name,
                       abstract_eval=abstract_eval, reference=reference_fn,
                       attributes=_ATTRIBUTES, batch_rule=_row_batch_rule,
                       input_output_aliases=input_output_aliases or {},
-                      sharding=leading_axes(roles) if kernel else None)
+                      sharding=leading_axes(roles))
 
 
 cross_entropy_fwd_p = _make(
@@ -133,7 +132,7 @@ cross_entropy_fwd_p = _make(
 cross_entropy_jvp_p = _make(
     "jaxops_cross_entropy_jvp",
     lambda logits, labels, lse, dlogits, **_: (_rows_aval(labels),),
-    _jvp_reference, "xssx -> s", kernel=False)
+    _jvp_reference, "xssx -> s")
 
 _bwd_aval = lambda logits, labels, lse, dloss, **_: (
     jax.core.ShapedArray(logits.shape, logits.dtype),)

@@ -119,9 +119,9 @@ def _local_groups(params, avals_in, local_avals_in):
 
 
 def _make(name, *, abstract_eval, reference_fn, attributes, batch_rule, roles,
-          workspace=None, input_output_aliases=None, composite=None, kernel=True):
+          workspace=None, input_output_aliases=None, composite=None):
   return FfiPrimitive(
-      name=name, target=name if kernel and not composite else None, abstract_eval=abstract_eval,
+      name=name, target=None if composite else name, abstract_eval=abstract_eval,
       reference=reference_fn, composite=composite, attributes=attributes,
       batch_rule=batch_rule, workspace=workspace,
       input_output_aliases=input_output_aliases or {},
@@ -190,7 +190,7 @@ layer_norm_fwd_p = _make(
 layer_norm_jvp_p = _make(
     "jaxops_layer_norm_jvp",
     abstract_eval=lambda x, w, mean, rstd, dx, dw, db, *, epsilon: (_like(x),),
-    reference_fn=_layer_norm_jvp_reference, kernel=False,
+    reference_fn=_layer_norm_jvp_reference,
     attributes={"epsilon": None},
     batch_rule=_row_batch_rule(row_operands=(0, 2, 3, 4), column_operands=(1, 5, 6)),
     roles="xpssxpp -> x")
@@ -294,7 +294,7 @@ rms_norm_fwd_p = _make(
 rms_norm_jvp_p = _make(
     "jaxops_rms_norm_jvp",
     abstract_eval=lambda x, w, rstd, dx, dw, *, epsilon: (_like(x),),
-    reference_fn=_rms_norm_jvp_reference, kernel=False,
+    reference_fn=_rms_norm_jvp_reference,
     attributes={"epsilon": None},
     batch_rule=_row_batch_rule(row_operands=(0, 2, 3), column_operands=(1, 4)),
     roles="xpsxp -> x")

@@ -127,9 +127,9 @@ def _log_softmax_jvp_reference(y, dx, dbias):
 
 
 def _make(name, reference_fn, batch_rule, roles, attributes=None, whole_trailing=1,
-          composite=None, kernel=True):
+          composite=None):
   # Rows shard; the softmax axis (both of causal_softmax's axes) stays whole.
-  return FfiPrimitive(name=name, target=name if kernel and not composite else None,
+  return FfiPrimitive(name=name, target=None if composite else name,
                       abstract_eval=_same_as_x, reference=reference_fn, composite=composite,
                       attributes=attributes or {}, batch_rule=batch_rule,
                       sharding=None if composite else leading_axes(roles,
@@ -144,9 +144,9 @@ causal_softmax_fwd_p = _make("jaxops_causal_softmax_fwd", _causal_softmax_fwd_re
                              _row_batch_rule, "x -> x", attributes={"query_offset": np.int64},
                              whole_trailing=2)
 softmax_jvp_p = _make("jaxops_softmax_jvp", _softmax_jvp_reference, _masked_batch_rule(2),
-                      "xxx -> x", kernel=False)
+                      "xxx -> x")
 log_softmax_jvp_p = _make("jaxops_log_softmax_jvp", _log_softmax_jvp_reference,
-                          _masked_batch_rule(2), "xxx -> x", kernel=False)
+                          _masked_batch_rule(2), "xxx -> x")
 # causal_softmax's tangent is softmax's: its y is zero where the mask hides a key.
 causal_softmax_jvp_p = _make(
     "jaxops_causal_softmax_jvp",
