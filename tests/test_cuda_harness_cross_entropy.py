@@ -48,6 +48,12 @@ def test_vjp(dtype, shape, reduction):
   ce_tests.test_vjp_matches_reference(dtype, shape, reduction)
 
 
+@pytest.mark.parametrize("options", ce_tests.OPTIONS, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_jvp(options, dtype):
+  ce_tests.test_jvp_matches_reference(options, dtype)
+
+
 def test_vmap_and_labels():
   ce_tests.test_vmap_in_axes()
   ce_tests.test_out_of_range_labels_give_nan_loss_and_no_gradient()

@@ -38,6 +38,15 @@ def test_vjp(name, fn, ref, make_args, dtype, shape):
 
 
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(1, 1), (11, 257), (2, 9001)], ids=str)
+def test_jvp(name, fn, ref, make_args, dtype, shape):
+  """Forward mode: the CUDA JVP kernel (one-warp rows, block rows, rows longer
+  than a block's registers)."""
+  norms_tests.test_jvp_matches_reference(name, fn, ref, make_args, dtype, shape)
+
+
+@pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
 def test_optional_parameters(name, fn, ref, make_args):
   norms_tests.test_optional_parameters(name, fn, ref, make_args)
 

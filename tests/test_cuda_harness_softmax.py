@@ -48,6 +48,19 @@ def test_vjp(name, fn, ref, dtype, shape):
   softmax_tests.test_vjp_matches_reference(name, fn, ref, dtype, shape)
 
 
+@pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(1, 1), (11, 257), (2, 1030)], ids=str)
+def test_jvp(name, fn, ref, dtype, shape):
+  """Forward mode (masked, with a bias tangent): the CUDA linear-map kernel."""
+  softmax_tests.test_jvp_matches_reference(name, fn, ref, dtype, shape)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_causal_jvp(dtype):
+  softmax_tests.test_causal_jvp_matches_reference(dtype)
+
+
 def test_causal_vjp():
   softmax_tests.test_causal_vjp_matches_reference(jnp.float32)
 

@@ -26,6 +26,8 @@ BINDINGS = {
     "jaxops_rms_norm_fwd": ((T, T), (T, "f32"), {"epsilon": "f32"}),
     "jaxops_rms_norm_bwd": ((T, T, T, "f32", T), (T, T, "f32"), {"groups": "i64"}),
     "jaxops_add_rms_norm_fwd": ((T, T, T), (T, T, "f32"), {"epsilon": "f32"}),
+    "jaxops_layer_norm_jvp": ((T, T, "f32", "f32", T, T, T), (T,), {}),
+    "jaxops_rms_norm_jvp": ((T, T, "f32", T, T), (T,), {}),
 }
 # Column sums per workspace part of each backward target.
 WORKSPACE_SUMS = {"jaxops_layer_norm_bwd": 2, "jaxops_rms_norm_bwd": 1}
@@ -123,6 +125,29 @@ def test_gradient_lowers_to_the_fused_cuda_backward(op, dtype):
   assert 1 <= parts <= rows
   if op == "add_rms_norm":
     assert operands[-1][0] == x.shape, "dresidual (the cotangent of h) must be passed"
+
+
+JVP_TARGET = {"layer_norm": "jaxops_layer_norm_jvp", "rms_norm": "jaxops_rms_norm_jvp",
+              "add_rms_norm": "jaxops_rms_norm_jvp"}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", list(FORWARD_TARGET))
+def test_forward_mode_lowers_to_the_cuda_jvp_kernel(op, dtype):
+  x, residual, weight = _inputs(dtype)
+  calls = _custom_calls(lambda *a: jax.jvp(_loss(op), a, a), x, residual, weight)
+  assert [c[0] for c in calls] == [FORWARD_TARGET[op], JVP_TARGET[op]]
+  for call in calls:
+    _check_binding(call, dtype)
+
+
+def test_forward_mode_passes_zero_tangents_as_absent():
+  """A tangent of x alone: the weight and bias tangents reach the kernel as [0]."""
+  x, _, weight = _inputs("float32")
+  f = lambda x: jaxops.layer_norm(x, weight, weight, implementation="ffi")
+  (_, jvp) = _custom_calls(lambda x: jax.jvp(f, (x,), (x,)), x)
+  assert [shape for shape, _ in jvp[1]] == [x.shape, weight.shape, x.shape[:1], x.shape[:1],
+                                            x.shape, (0,), (0,)]
 
 
 def test_per_example_weight_gradients_lower_to_groups():

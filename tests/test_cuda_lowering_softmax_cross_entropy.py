@@ -23,6 +23,9 @@ BINDINGS = {
     "jaxops_cross_entropy_fwd": ((T, "i32"), ("f32", "f32"), OPTIONS),
     "jaxops_cross_entropy_bwd": ((T, "i32", "f32", "f32"), (T,), OPTIONS),
     "jaxops_cross_entropy_fwd_grad": ((T, "i32"), ("f32", T), OPTIONS),
+    "jaxops_softmax_jvp": ((T, T, T), (T,), {}),
+    "jaxops_log_softmax_jvp": ((T, T, T), (T,), {}),
+    "jaxops_cross_entropy_jvp": ((T, "i32", "f32", T), ("f32",), OPTIONS),
 }
 
 
@@ -94,3 +97,27 @@ def test_linear_cross_entropy_runs_the_in_place_kernels(dtype, reduction):
   else:
     _check(calls, ["jaxops_cross_entropy_fwd", "jaxops_cross_entropy_bwd"], "float32")
     assert "output_tuple_indices = [], operand_index = 0" in calls[1][4]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_forward_mode_lowers_to_the_cuda_jvp_targets(name, dtype):
+  fn = getattr(jaxops, name)
+  bias = jnp.ones((6, 1), dtype)
+  f = lambda x, b: fn(x, bias=b, implementation="ffi")
+  calls = _custom_calls(lambda x, b: jax.jvp(f, (x, b), (x, b)), _x(dtype), bias)
+  _check(calls, [f"jaxops_{name}_fwd", f"jaxops_{name}_jvp"], dtype)
+  # The bias tangent reaches the kernel unbroadcast, like the bias.
+  assert [shape for shape, _ in calls[1][1]] == [(2, 6, 40), (2, 6, 40), (1, 6, 1)]
+  causal = lambda x: jaxops.causal_softmax(x, implementation="ffi")
+  calls = _custom_calls(lambda x: jax.jvp(causal, (x,), (x,)), _x(dtype))
+  _check(calls, ["jaxops_causal_softmax_fwd", "jaxops_softmax_jvp"], dtype)
+  assert [shape for shape, _ in calls[1][1]] == [(2, 6, 40), (2, 6, 40), (0,)]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_cross_entropy_forward_mode_lowers_to_the_cuda_jvp_target(dtype):
+  labels = jnp.arange(12).reshape(2, 6) % 40
+  f = lambda x: jaxops.cross_entropy(x, labels, z_loss=1e-4, implementation="ffi")
+  calls = _custom_calls(lambda x: jax.jvp(f, (x,), (x,)), _x(dtype))
+  _check(calls, ["jaxops_cross_entropy_fwd", "jaxops_cross_entropy_jvp"], dtype)
