@@ -206,6 +206,14 @@ def jvp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, 
   return out, tangent_out
 
 
+def derivative_against_reference(mode: str, fn: Callable, reference: Callable, args: Sequence,
+                                 **kwargs):
+  """:func:`vjp_against_reference` (``mode="vjp"``) or :func:`jvp_against_reference`
+  (``"jvp"``): reverse or forward mode against the reference."""
+  check = {"vjp": vjp_against_reference, "jvp": jvp_against_reference}[mode]
+  return check(fn, reference, args, **kwargs)
+
+
 def scalarize(f: Callable) -> Callable:
   """A scalar function of f's outputs with non-zero second derivatives."""
 

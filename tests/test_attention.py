@@ -16,6 +16,7 @@ from jaxops.testing import (
     assert_tree_close,
     check_transformations,
     custom_call_targets,
+    derivative_against_reference,
     jvp_against_reference,
     random_inputs,
     scalarize,
@@ -102,7 +103,8 @@ def test_grad_matches_reference(case):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("case", ["causal", "all"])
-def test_dtypes_forward_and_vjp(dtype, case):
+@pytest.mark.parametrize("mode", ["vjp", "jvp"])
+def test_dtypes_forward_and_derivatives(dtype, case, mode):
   q, k, v = qkv(2, B, T, S, N, K, 32, dtype)
   bias, mask, kwargs = _split_arrays(MASK_CASES[case])
   args = [q, k, v] + ([bias.astype(dtype)] if bias is not None else [])
@@ -110,9 +112,10 @@ def test_dtypes_forward_and_vjp(dtype, case):
   def call(fn):
     return lambda q, k, v, *b: fn(q, k, v, *(b or (None,)), mask, **kwargs)
 
-  out, _ = vjp_against_reference(call(jaxops.attention), call(reference.attention), args,
-                                 dtype=dtype, reduce_size=2 * S)
-  assert out.dtype == dtype
+  out, derivatives = derivative_against_reference(
+      mode, call(jaxops.attention), call(reference.attention), args, dtype=dtype,
+      reduce_size=2 * S)
+  assert out.dtype == dtype and all(d.dtype == dtype for d in jax.tree.leaves(derivatives))
 
 
 # (B, T, S, N, K, H, is_causal): GQA, MQA, decode (T = 1), T != S, S = 1, lengths
@@ -257,21 +260,6 @@ def test_jvp_of_some_inputs(argnums):
   f = lambda q, k, v, b: jaxops.attention(q, k, v, b, is_causal=True, return_residual=True)
   r = lambda q, k, v, b: reference.attention(q, k, v, b, is_causal=True, return_residual=True)
   jvp_against_reference(jax.jit(f), r, [q, k, v, bias], argnums=argnums, reduce_size=S)
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("case", ["causal", "all"])
-def test_jvp_dtypes(dtype, case):
-  q, k, v = qkv(43, B, T, S, N, K, 32, dtype)
-  bias, mask, kwargs = _split_arrays(MASK_CASES[case])
-  args = [q, k, v] + ([bias.astype(dtype)] if bias is not None else [])
-
-  def call(fn):
-    return lambda q, k, v, *b: fn(q, k, v, *(b or (None,)), mask, **kwargs)
-
-  out, tangent = jvp_against_reference(call(jaxops.attention), call(reference.attention), args,
-                                       dtype=dtype, reduce_size=2 * S)
-  assert out.dtype == dtype and tangent.dtype == dtype
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

@@ -34,7 +34,7 @@ def test_forward(name, fn, ref, make_args, dtype, shape):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", VJP_SHAPES, ids=str)
 def test_vjp(name, fn, ref, make_args, dtype, shape):
-  norms_tests.test_vjp_matches_reference(name, fn, ref, make_args, dtype, shape)
+  norms_tests.test_derivatives_match_reference(name, fn, ref, make_args, dtype, shape, "vjp")
 
 
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
@@ -43,7 +43,7 @@ def test_vjp(name, fn, ref, make_args, dtype, shape):
 def test_jvp(name, fn, ref, make_args, dtype, shape):
   """Forward mode: the CUDA JVP kernel (one-warp rows, block rows, rows longer
   than a block's registers)."""
-  norms_tests.test_jvp_matches_reference(name, fn, ref, make_args, dtype, shape)
+  norms_tests.test_derivatives_match_reference(name, fn, ref, make_args, dtype, shape, "jvp")
 
 
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
@@ -72,8 +72,11 @@ def test_random_thread_order(harness, seed, name, fn, ref, make_args):
   """Threads and blocks in a random order: a result that depends on it is a race."""
   harness.configure("fibers", seed=seed)
   try:
-    norms_tests.test_vjp_matches_reference(name, fn, ref, make_args, jnp.float32, (6, 70))
-    norms_tests.test_vjp_matches_reference(name, fn, ref, make_args, jnp.bfloat16, (9, 1030))
+    for mode in ("vjp", "jvp"):
+      norms_tests.test_derivatives_match_reference(name, fn, ref, make_args, jnp.float32, (6, 70),
+                                                   mode)
+      norms_tests.test_derivatives_match_reference(name, fn, ref, make_args, jnp.bfloat16,
+                                                   (9, 1030), mode)
   finally:
     harness.configure()
 
@@ -82,6 +85,7 @@ def test_os_thread_mode(harness):
   harness.configure("threads")
   try:
     for name, fn, ref, make_args in OPS:
-      norms_tests.test_vjp_matches_reference(name, fn, ref, make_args, jnp.float16, (3, 96))
+      norms_tests.test_derivatives_match_reference(name, fn, ref, make_args, jnp.float16, (3, 96),
+                                                   "vjp")
   finally:
     harness.configure()

@@ -45,7 +45,7 @@ def test_where_and_bias_broadcast(name, fn, ref, x_shape, where_shape, bias_shap
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", [(1, 1), (11, 257), (2, 1030)], ids=str)
 def test_vjp(name, fn, ref, dtype, shape):
-  softmax_tests.test_vjp_matches_reference(name, fn, ref, dtype, shape)
+  softmax_tests.test_derivatives_match_reference(name, fn, ref, dtype, shape, "vjp")
 
 
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
@@ -53,16 +53,16 @@ def test_vjp(name, fn, ref, dtype, shape):
 @pytest.mark.parametrize("shape", [(1, 1), (11, 257), (2, 1030)], ids=str)
 def test_jvp(name, fn, ref, dtype, shape):
   """Forward mode (masked, with a bias tangent): the CUDA linear-map kernel."""
-  softmax_tests.test_jvp_matches_reference(name, fn, ref, dtype, shape)
+  softmax_tests.test_derivatives_match_reference(name, fn, ref, dtype, shape, "jvp")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_causal_jvp(dtype):
-  softmax_tests.test_causal_jvp_matches_reference(dtype)
+  softmax_tests.test_causal_derivatives_match_reference(dtype, "jvp")
 
 
 def test_causal_vjp():
-  softmax_tests.test_causal_vjp_matches_reference(jnp.float32)
+  softmax_tests.test_causal_derivatives_match_reference(jnp.float32, "vjp")
 
 
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
@@ -83,7 +83,7 @@ def test_random_thread_order(harness, seed, name, fn, ref):
   """Threads and blocks in a random order: a result that depends on it is a race."""
   harness.configure("fibers", seed=seed)
   try:
-    softmax_tests.test_vjp_matches_reference(name, fn, ref, jnp.float32, (6, 700))
+    softmax_tests.test_derivatives_match_reference(name, fn, ref, jnp.float32, (6, 700), "vjp")
   finally:
     harness.configure()
 
@@ -92,6 +92,6 @@ def test_os_thread_mode(harness):
   harness.configure("threads")
   try:
     for name, fn, ref in MASKED:
-      softmax_tests.test_vjp_matches_reference(name, fn, ref, jnp.float16, (3, 96))
+      softmax_tests.test_derivatives_match_reference(name, fn, ref, jnp.float16, (3, 96), "vjp")
   finally:
     harness.configure()

@@ -16,7 +16,7 @@ from jaxops.testing import (
     assert_tree_close,
     check_transformations,
     custom_call_targets,
-    jvp_against_reference,
+    derivative_against_reference,
     random_inputs,
     scalarize,
     upcast,
@@ -99,23 +99,15 @@ def test_optional_parameters(name, fn, ref, make_args):
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (11, 257), (3, 2, 4099)], ids=str)
-def test_vjp_matches_reference(name, fn, ref, make_args, dtype, shape):
+@pytest.mark.parametrize("mode", ["vjp", "jvp"])
+def test_derivatives_match_reference(name, fn, ref, make_args, dtype, shape, mode):
   args = make_args(2, shape, dtype)
   f, present = _bind(jax.jit(fn), args)
   r, _ = _bind(ref, args)
   # Weight gradients sum over every row, so their tolerance grows with the rows.
   rows = int(np.prod(shape[:-1]))
-  vjp_against_reference(f, r, present, dtype=dtype, reduce_size=max(shape[-1], rows))
-
-
-@pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (11, 257), (3, 2, 4099)], ids=str)
-def test_jvp_matches_reference(name, fn, ref, make_args, dtype, shape):
-  args = make_args(12, shape, dtype)
-  f, present = _bind(jax.jit(fn), args)
-  r, _ = _bind(ref, args)
-  jvp_against_reference(f, r, present, dtype=dtype, reduce_size=shape[-1])
+  derivative_against_reference(mode, f, r, present, dtype=dtype,
+                               reduce_size=max(shape[-1], rows))
 
 
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)

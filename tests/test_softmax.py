@@ -16,7 +16,7 @@ from jaxops.testing import (
     assert_tree_close,
     check_transformations,
     custom_call_targets,
-    jvp_against_reference,
+    derivative_against_reference,
     random_inputs,
     scalarize,
     upcast,
@@ -93,42 +93,26 @@ def test_where_and_bias_broadcast(name, fn, ref, x_shape, where_shape, bias_shap
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", [(1, 1), (11, 257), (3, 2, 4099)], ids=str)
-def test_vjp_matches_reference(name, fn, ref, dtype, shape):
+@pytest.mark.parametrize("mode", ["vjp", "jvp"])
+def test_derivatives_match_reference(name, fn, ref, dtype, shape, mode):
   x, bias = random_inputs(4, [shape, shape[-1:]], dtype, scale=2.0)
   where = _mask(5, shape)
   f = jax.jit(lambda x, b: fn(x, where=where, bias=b))
   r = lambda x, b: ref(x, where=where, bias=b)
   rows = int(np.prod(shape[:-1]))
-  vjp_against_reference(f, r, [x, bias], dtype=dtype, reduce_size=max(shape[-1], rows))
+  derivative_against_reference(mode, f, r, [x, bias], dtype=dtype,
+                               reduce_size=max(shape[-1], rows))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_causal_vjp_matches_reference(dtype):
+@pytest.mark.parametrize("mode", ["vjp", "jvp"])
+def test_causal_derivatives_match_reference(dtype, mode):
   x, = random_inputs(6, [(2, 9, 13)], dtype)
   for offset in (0, 4, -3):
-    vjp_against_reference(jax.jit(functools.partial(jaxops.causal_softmax, query_offset=offset)),
-                          functools.partial(reference.causal_softmax, query_offset=offset), [x],
-                          dtype=dtype, reduce_size=13)
-
-
-@pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("shape", [(1, 1), (11, 257), (3, 2, 4099)], ids=str)
-def test_jvp_matches_reference(name, fn, ref, dtype, shape):
-  x, bias = random_inputs(14, [shape, shape[-1:]], dtype, scale=2.0)
-  where = _mask(15, shape)
-  f = jax.jit(lambda x, b: fn(x, where=where, bias=b))
-  r = lambda x, b: ref(x, where=where, bias=b)
-  jvp_against_reference(f, r, [x, bias], dtype=dtype, reduce_size=shape[-1])
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_causal_jvp_matches_reference(dtype):
-  x, = random_inputs(16, [(2, 9, 13)], dtype)
-  for offset in (0, 4, -3):
-    jvp_against_reference(jax.jit(functools.partial(jaxops.causal_softmax, query_offset=offset)),
-                          functools.partial(reference.causal_softmax, query_offset=offset), [x],
-                          dtype=dtype, reduce_size=13)
+    derivative_against_reference(
+        mode, jax.jit(functools.partial(jaxops.causal_softmax, query_offset=offset)),
+        functools.partial(reference.causal_softmax, query_offset=offset), [x], dtype=dtype,
+        reduce_size=13)
 
 
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)

@@ -260,8 +260,10 @@ inline ffi::Error check_fwd_jvp(const std::string& op, const ffi::AnyBuffer& q,
 
 // -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
 
+// The operands every attention target starts with. (Bindings are taken by
+// reference: they cannot be moved, only built on in one expression.)
 template <typename Binding>
-auto bind_attention_fwd(Binding prefix) {
+auto bind_attention_operands(Binding&& prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // query [B, T, N, H]
       .template Arg<ffi::AnyBuffer>()                      // key [B, S, K, H]
       .template Arg<ffi::AnyBuffer>()                      // value [B, S, K, H]
@@ -269,63 +271,53 @@ auto bind_attention_fwd(Binding prefix) {
       .template Arg<ffi::AnyBuffer>()                      // mask bool, broadcastable, or [0]
       .template Arg<ffi::AnyBuffer>()                      // query_seq_lengths s32 [B] or [0]
       .template Arg<ffi::AnyBuffer>()                      // key_value_seq_lengths s32 [B] or [0]
-      .template Arg<ffi::AnyBuffer>()                      // query_offset s32 []
-      .template Ret<ffi::AnyBuffer>()                      // out [B, T, N, H]
-      .template Ret<ffi::AnyBuffer>()                      // logsumexp f32 [B, N, T]
-      .template Attr<float>("scale")
+      .template Arg<ffi::AnyBuffer>();                     // query_offset s32 []
+}
+
+// The attributes every attention target ends with.
+template <typename Binding>
+auto bind_attention_attributes(Binding&& binding) {
+  return std::move(binding).template Attr<float>("scale")
       .template Attr<bool>("is_causal")
       .template Attr<int64_t>("window_left")
       .template Attr<int64_t>("window_right");
 }
 
 template <typename Binding>
+auto bind_attention_fwd(Binding prefix) {
+  return bind_attention_attributes(bind_attention_operands(std::move(prefix))
+                                       .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
+                                       .template Ret<ffi::AnyBuffer>());  // logsumexp f32 [B, N, T]
+}
+
+template <typename Binding>
 auto bind_attention_bwd(Binding prefix) {
-  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // query
-      .template Arg<ffi::AnyBuffer>()                      // key
-      .template Arg<ffi::AnyBuffer>()                      // value
-      .template Arg<ffi::AnyBuffer>()                      // bias
-      .template Arg<ffi::AnyBuffer>()                      // mask
-      .template Arg<ffi::AnyBuffer>()                      // query_seq_lengths
-      .template Arg<ffi::AnyBuffer>()                      // key_value_seq_lengths
-      .template Arg<ffi::AnyBuffer>()                      // query_offset
-      .template Arg<ffi::AnyBuffer>()                      // out
-      .template Arg<ffi::AnyBuffer>()                      // logsumexp
-      .template Arg<ffi::AnyBuffer>()                      // dout
-      .template Arg<ffi::AnyBuffer>()                      // dlogsumexp f32 [B, N, T] or [0]
-      .template Ret<ffi::AnyBuffer>()                      // dquery
-      .template Ret<ffi::AnyBuffer>()                      // dkey
-      .template Ret<ffi::AnyBuffer>()                      // dvalue
-      .template Ret<ffi::AnyBuffer>()                      // dbias f32, bias-shaped, or [0]
-      .template Ret<ffi::AnyBuffer>()                      // workspace (u8; [0] on the CPU)
-      .template Attr<float>("scale")
-      .template Attr<bool>("is_causal")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right")
+  return bind_attention_attributes(
+             bind_attention_operands(std::move(prefix))
+                 .template Arg<ffi::AnyBuffer>()   // out
+                 .template Arg<ffi::AnyBuffer>()   // logsumexp
+                 .template Arg<ffi::AnyBuffer>()   // dout
+                 .template Arg<ffi::AnyBuffer>()   // dlogsumexp f32 [B, N, T] or [0]
+                 .template Ret<ffi::AnyBuffer>()   // dquery
+                 .template Ret<ffi::AnyBuffer>()   // dkey
+                 .template Ret<ffi::AnyBuffer>()   // dvalue
+                 .template Ret<ffi::AnyBuffer>()   // dbias f32, bias-shaped, or [0]
+                 .template Ret<ffi::AnyBuffer>())  // workspace (u8; [0] on the CPU)
       .template Attr<bool>("with_dbias");
 }
 
 template <typename Binding>
 auto bind_attention_fwd_jvp(Binding prefix) {
-  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // query [B, T, N, H]
-      .template Arg<ffi::AnyBuffer>()                      // key [B, S, K, H]
-      .template Arg<ffi::AnyBuffer>()                      // value [B, S, K, H]
-      .template Arg<ffi::AnyBuffer>()                      // bias f32, broadcastable, or [0]
-      .template Arg<ffi::AnyBuffer>()                      // mask bool, broadcastable, or [0]
-      .template Arg<ffi::AnyBuffer>()                      // query_seq_lengths s32 [B] or [0]
-      .template Arg<ffi::AnyBuffer>()                      // key_value_seq_lengths s32 [B] or [0]
-      .template Arg<ffi::AnyBuffer>()                      // query_offset s32 []
-      .template Arg<ffi::AnyBuffer>()                      // dquery, query-shaped, or [0] (zero)
-      .template Arg<ffi::AnyBuffer>()                      // dkey, key-shaped, or [0]
-      .template Arg<ffi::AnyBuffer>()                      // dvalue, value-shaped, or [0]
-      .template Arg<ffi::AnyBuffer>()                      // dbias f32, bias-shaped, or [0]
-      .template Ret<ffi::AnyBuffer>()                      // out [B, T, N, H]
-      .template Ret<ffi::AnyBuffer>()                      // logsumexp f32 [B, N, T]
-      .template Ret<ffi::AnyBuffer>()                      // dout [B, T, N, H]
-      .template Ret<ffi::AnyBuffer>()                      // dlogsumexp f32 [B, N, T]
-      .template Attr<float>("scale")
-      .template Attr<bool>("is_causal")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right");
+  return bind_attention_attributes(
+      bind_attention_operands(std::move(prefix))
+          .template Arg<ffi::AnyBuffer>()   // dquery, query-shaped, or [0] (zero)
+          .template Arg<ffi::AnyBuffer>()   // dkey, key-shaped, or [0]
+          .template Arg<ffi::AnyBuffer>()   // dvalue, value-shaped, or [0]
+          .template Arg<ffi::AnyBuffer>()   // dbias f32, bias-shaped, or [0]
+          .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
+          .template Ret<ffi::AnyBuffer>()   // logsumexp f32 [B, N, T]
+          .template Ret<ffi::AnyBuffer>()   // dout [B, T, N, H]
+          .template Ret<ffi::AnyBuffer>());  // dlogsumexp f32 [B, N, T]
 }
 
 }  // namespace jaxops::attention_common
