@@ -771,9 +771,8 @@ const char* attention_params_error(const AttentionParams& p) {
 template <typename T>
 size_t attention_fwd_workspace_bytes(const AttentionParams& p) {
   const Geometry g(p);
-  Arena arena(nullptr);
-  for (int i = 0; i < thread_count(p); ++i) carve_forward(g, forward_row_tile(g), arena);
-  return arena.used() + 64;
+  return row_tile_workspace_bytes(
+      p, [&](Arena& arena) { return carve_forward(g, forward_row_tile(g), arena); });
 }
 
 template <typename T>

@@ -217,13 +217,30 @@ inline void narrow_row(const float* src, T* dst, int64_t n) {
 //                  instead of in another pass over the tile)
 //   kAdd           C += A B                      (col unused)
 //   kScaleAdd      C = C * col + A B             (col: the online-softmax rescale)
+//
+// A paired product (the forward-mode kernel) also takes the tangents dA and
+// dB of its operands, laid out as A and B, and computes the tangent of C by
+// the product rule, dC = A dB + dA B (or one of the two terms: TangentTerms),
+// with the same update as C (col's maximum is C's alone). Each element of A
+// and B loaded into a register then serves two or three FMAs instead of one.
 
 enum class Update { kOverwrite, kOverwriteMax, kAdd, kScaleAdd };
 
-template <int MR, int NV, Update U>
-inline void gemm_block(int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-                       const float* b, int64_t ldb, float* c, int64_t ldc, float* col) {
+enum TangentTerms : int {
+  kNoTangent = 0,
+  kTangentOfB = 1,  // dC = A dB
+  kTangentOfA = 2,  // dC = dA B
+  kTangentsOfBoth = kTangentOfA | kTangentOfB,
+};
+
+template <int MR, int NV, Update U, int D>
+inline void gemm_block(int64_t kdim, const float* a, const float* da, int64_t a_rs,
+                       int64_t a_cs, const float* b, const float* db, int64_t ldb, float* c,
+                       float* dc, int64_t ldc, float* col) {
+  constexpr bool kOfA = (D & kTangentOfA) != 0, kOfB = (D & kTangentOfB) != 0;
+  constexpr int kTangentRows = D == kNoTangent ? 1 : MR;
   VecF acc[MR][NV];
+  VecF dacc[kTangentRows][NV];
   VecF scale[NV];
   if constexpr (U == Update::kScaleAdd) {
 #pragma GCC unroll 4
@@ -235,29 +252,47 @@ inline void gemm_block(int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
     for (int v = 0; v < NV; ++v) {
       if constexpr (U == Update::kOverwrite || U == Update::kOverwriteMax) {
         acc[r][v] = VecF{};
+        if constexpr (D != kNoTangent) dacc[r][v] = VecF{};
       } else if constexpr (U == Update::kAdd) {
         acc[r][v] = vload(c + r * ldc + v * kLanes);
+        if constexpr (D != kNoTangent) dacc[r][v] = vload(dc + r * ldc + v * kLanes);
       } else {
         acc[r][v] = vload(c + r * ldc + v * kLanes) * scale[v];
+        if constexpr (D != kNoTangent) dacc[r][v] = vload(dc + r * ldc + v * kLanes) * scale[v];
       }
     }
   }
   for (int64_t p = 0; p < kdim; ++p) {
-    VecF bv[NV];
+    VecF bv[NV], dbv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = vload(b + p * ldb + v * kLanes);
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = vload(b + p * ldb + v * kLanes);
+      if constexpr (kOfB) dbv[v] = vload(db + p * ldb + v * kLanes);
+    }
     const float* ap = a + p * a_cs;
+    const float* dap = kOfA ? da + p * a_cs : nullptr;
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      VecF av = vsplat(ap[r * a_rs]);
+      const VecF av = vsplat(ap[r * a_rs]);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = vfma(av, bv[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) {
+        acc[r][v] = vfma(av, bv[v], acc[r][v]);
+        if constexpr (kOfB) dacc[r][v] = vfma(av, dbv[v], dacc[r][v]);
+      }
+      if constexpr (kOfA) {
+        const VecF dav = vsplat(dap[r * a_rs]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) dacc[r][v] = vfma(dav, bv[v], dacc[r][v]);
+      }
     }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) vstore(c + r * ldc + v * kLanes, acc[r][v]);
+    for (int v = 0; v < NV; ++v) {
+      vstore(c + r * ldc + v * kLanes, acc[r][v]);
+      if constexpr (D != kNoTangent) vstore(dc + r * ldc + v * kLanes, dacc[r][v]);
+    }
   }
   if constexpr (U == Update::kOverwriteMax) {
 #pragma GCC unroll 4
@@ -270,16 +305,25 @@ inline void gemm_block(int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
   }
 }
 
-template <int NV>
+// Rows per register block: the accumulators (MR * NV, twice that for a paired
+// product), the NV loaded B vectors (and dB's) and the broadcasts fit the
+// register file (32 vector registers with AVX-512, 16 otherwise).
+template <int NV, int D = kNoTangent>
 constexpr int rows_per_block() {
-  // Accumulators MR * NV plus NV loaded B vectors and one broadcast fit the
-  // register file (32 vector registers with AVX-512, 16 otherwise).
-  if constexpr (kLanes == 16) {
+  if constexpr (D != kNoTangent) {
+    if constexpr (kLanes == 16) return NV == 1 ? 12 : NV == 2 ? 6 : NV == 3 ? 4 : 2;
+    return NV == 1 ? 5 : 2;
+  } else if constexpr (kLanes == 16) {
     return NV == 4 ? 6 : NV == 3 ? 8 : NV == 2 ? 12 : 16;
   } else {
     return NV == 2 ? 6 : 12;
   }
 }
+
+// Column strips of a paired product: at most 2 vectors wide with AVX-512
+// (6 x 2 blocks: 24 accumulators, 36 FMAs per 4 loads and 12 broadcasts),
+// 1 otherwise.
+inline constexpr int kMaxVecsPerPairedStrip = kLanes == 16 ? 2 : 1;
 
 // Rows 0 .. m in register blocks: of MR rows while they last, then of 4, 2
 // and 1. Calls block(rows, i) for the block of rows i .. i + rows, with rows
@@ -296,36 +340,81 @@ inline void for_each_row_block(int64_t m, Block&& block) {
   if (i < m) block(std::integral_constant<int, 1>{}, i);
 }
 
-template <int NV, Update U>
-inline void gemm_strip(int64_t m, int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-                       const float* b, int64_t ldb, float* c, int64_t ldc, float* col) {
-  for_each_row_block<rows_per_block<NV>()>(m, [&](auto rows, int64_t i) {
-    gemm_block<decltype(rows)::value, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb,
-                                             c + i * ldc, ldc, col);
+template <int NV, Update U, int D>
+inline void gemm_strip(int64_t m, int64_t kdim, const float* a, const float* da, int64_t a_rs,
+                       int64_t a_cs, const float* b, const float* db, int64_t ldb, float* c,
+                       float* dc, int64_t ldc, float* col) {
+  for_each_row_block<rows_per_block<NV, D>()>(m, [&](auto rows, int64_t i) {
+    gemm_block<decltype(rows)::value, NV, U, D>(
+        kdim, a + i * a_rs, D & kTangentOfA ? da + i * a_rs : nullptr, a_rs, a_cs, b, db, ldb,
+        c + i * ldc, D == kNoTangent ? nullptr : dc + i * ldc, ldc, col);
   });
+}
+
+// The paired product with the tangent terms D, in column strips.
+template <Update U, int D>
+inline void gemm_with_tangent(int64_t m, int64_t n, int64_t kdim, const float* a,
+                              const float* da, int64_t a_rs, int64_t a_cs, const float* b,
+                              const float* db, int64_t ldb, float* c, float* dc, int64_t ldc,
+                              float* col) {
+  constexpr int kMaxVecs = D == kNoTangent ? kMaxVecsPerStrip : kMaxVecsPerPairedStrip;
+  for (int64_t j = 0; j < n;) {
+    const int64_t vecs = std::min<int64_t>(kMaxVecs, (n - j) / kLanes);
+    float* cs = col ? col + j : nullptr;
+    const float* dbs = D & kTangentOfB ? db + j : nullptr;
+    float* dcs = D == kNoTangent ? nullptr : dc + j;
+    switch (vecs) {
+      case 4:
+        if constexpr (kMaxVecs >= 4) {
+          gemm_strip<4, U, D>(m, kdim, a, da, a_rs, a_cs, b + j, dbs, ldb, c + j, dcs, ldc, cs);
+        }
+        break;
+      case 3:
+        if constexpr (kMaxVecs >= 3) {
+          gemm_strip<3, U, D>(m, kdim, a, da, a_rs, a_cs, b + j, dbs, ldb, c + j, dcs, ldc, cs);
+        }
+        break;
+      case 2:
+        if constexpr (kMaxVecs >= 2) {
+          gemm_strip<2, U, D>(m, kdim, a, da, a_rs, a_cs, b + j, dbs, ldb, c + j, dcs, ldc, cs);
+        }
+        break;
+      default:
+        gemm_strip<1, U, D>(m, kdim, a, da, a_rs, a_cs, b + j, dbs, ldb, c + j, dcs, ldc, cs);
+        break;
+    }
+    j += vecs * kLanes;
+  }
 }
 
 template <Update U>
 inline void gemm(int64_t m, int64_t n, int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-          const float* b, int64_t ldb, float* c, int64_t ldc, float* col = nullptr) {
-  for (int64_t j = 0; j < n;) {
-    const int64_t vecs = std::min<int64_t>(kMaxVecsPerStrip, (n - j) / kLanes);
-    float* cs = col ? col + j : nullptr;
-    switch (vecs) {
-      case 4:
-        if constexpr (kMaxVecsPerStrip >= 4) gemm_strip<4, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
-        break;
-      case 3:
-        if constexpr (kMaxVecsPerStrip >= 3) gemm_strip<3, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
-        break;
-      case 2:
-        gemm_strip<2, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
-        break;
-      default:
-        gemm_strip<1, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
-        break;
-    }
-    j += vecs * kLanes;
+                 const float* b, int64_t ldb, float* c, int64_t ldc, float* col = nullptr) {
+  gemm_with_tangent<U, kNoTangent>(m, n, kdim, a, nullptr, a_rs, a_cs, b, nullptr, ldb, c,
+                                   nullptr, ldc, col);
+}
+
+// A paired product whose tangent terms (TangentTerms) are known at run time:
+// absent tangents cost nothing.
+template <Update U>
+inline void paired_gemm(int terms, int64_t m, int64_t n, int64_t kdim, const float* a,
+                        const float* da, int64_t a_rs, int64_t a_cs, const float* b,
+                        const float* db, int64_t ldb, float* c, float* dc, int64_t ldc,
+                        float* col = nullptr) {
+  switch (terms) {
+    case kTangentOfA:
+      gemm_with_tangent<U, kTangentOfA>(m, n, kdim, a, da, a_rs, a_cs, b, db, ldb, c, dc, ldc, col);
+      break;
+    case kTangentOfB:
+      gemm_with_tangent<U, kTangentOfB>(m, n, kdim, a, da, a_rs, a_cs, b, db, ldb, c, dc, ldc, col);
+      break;
+    case kTangentsOfBoth:
+      gemm_with_tangent<U, kTangentsOfBoth>(m, n, kdim, a, da, a_rs, a_cs, b, db, ldb, c, dc, ldc,
+                                            col);
+      break;
+    default:
+      gemm_with_tangent<U, kNoTangent>(m, n, kdim, a, da, a_rs, a_cs, b, db, ldb, c, dc, ldc, col);
+      break;
   }
 }
 
@@ -417,17 +506,22 @@ inline void prefetch_rows(const void* first, int64_t rows, int64_t stride_bytes,
   }
 }
 
-// prefetch_rows for keys j0 .. j0 + jn of one kv head, in K and V.
+// prefetch_rows for keys j0 .. j0 + jn of one kv head of a [B, S, K, H] tensor.
 template <typename T>
-inline void prefetch_kv_tile(const Geometry& g, const T* k, const T* v, int64_t b, int64_t kh,
-                      int64_t j0, int64_t jn) {
-  const int64_t first = ((b * g.S + j0) * g.K + kh) * g.H;
-  const int64_t stride = g.K * g.H * static_cast<int64_t>(sizeof(T));
-  const int64_t row_bytes = g.H * static_cast<int64_t>(sizeof(T));
-  prefetch_rows(k + first, jn, stride, row_bytes);
-  prefetch_rows(v + first, jn, stride, row_bytes);
+inline void prefetch_kv_rows(const Geometry& g, const T* x, int64_t b, int64_t kh, int64_t j0,
+                             int64_t jn) {
+  prefetch_rows(x + ((b * g.S + j0) * g.K + kh) * g.H, jn,
+                g.K * g.H * static_cast<int64_t>(sizeof(T)),
+                g.H * static_cast<int64_t>(sizeof(T)));
 }
 
+// The same in K and V.
+template <typename T>
+inline void prefetch_kv_tile(const Geometry& g, const T* k, const T* v, int64_t b, int64_t kh,
+                             int64_t j0, int64_t jn) {
+  prefetch_kv_rows(g, k, b, kh, j0, jn);
+  prefetch_kv_rows(g, v, b, kh, j0, jn);
+}
 
 // Adds bias[b, n[i], t[i], j0 + j] * log2(e) (read through the four element
 // strides s) to a transposed tile x[j][i] of rows i < rows.
@@ -600,8 +694,15 @@ inline SoftmaxRows carve_softmax_rows(int64_t Br, Arena& arena) {
 // the running max m, the shift, the rescale alpha of earlier accumulators and
 // the running sum l, and turns st into probabilities. With `max_known` the
 // tile's maximum is in s.tile_max already.
+//
+// kWithTangent (the forward-mode kernel): dst[j][i] holds the logits'
+// tangents (log2 units) and becomes e * ds, the probabilities times the
+// tangents in natural units, and mu[i] accumulates their sum, rescaled by
+// alpha like l. A key the row does not attend has e = 0 and adds nothing,
+// whatever its tangent holds (a non-finite bias tangent at a masked key).
+template <bool kWithTangent = false>
 inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
-                           const SoftmaxRows& s) {
+                           const SoftmaxRows& s, float* dst = nullptr, float* mu = nullptr) {
   for (int64_t c = 0; c < Br; c += kLanes) {
     VecF tile_max = vsplat(-kInf);
     if (max_known) {
@@ -615,18 +716,36 @@ inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
     vstore(s.m + c, m_new);
     vstore(s.shift + c, shift);
     vstore(s.alpha + c, vexp2(m_old - shift));
-    VecF sum{};
+    VecF sum{}, tangent_sum{};
     for (int64_t j = 0; j < jn; ++j) {
       const VecF prob = vexp2(vload(st + j * Br + c) - shift);
       vstore(st + j * Br + c, prob);
       sum += prob;
+      if constexpr (kWithTangent) {
+        const VecF weighted = prob * (vload(dst + j * Br + c) * vsplat(kLn2));
+        const VecF attended = prob > VecF{} ? weighted : VecF{};
+        vstore(dst + j * Br + c, attended);
+        tangent_sum += attended;
+      }
     }
     vstore(s.l + c, vfma(vload(s.l + c), vload(s.alpha + c), sum));
+    if constexpr (kWithTangent) {
+      vstore(mu + c, vfma(vload(mu + c), vload(s.alpha + c), tangent_sum));
+    }
   }
 }
 
 // Natural-log logsumexp of a row from its softmax statistics (log2 units).
 inline float row_logsumexp(float shift, float l) { return (shift + std::log2(l)) * kLn2; }
+
+// Workspace bytes for run_row_tile_items: the scratch of every thread
+// (carve(arena) carves one thread's), and the slack of aligning the base.
+template <typename Carve>
+inline size_t row_tile_workspace_bytes(const AttentionParams& p, Carve carve) {
+  Arena arena(nullptr);
+  for (int i = 0; i < thread_count(p); ++i) carve(arena);
+  return arena.used() + 64;
+}
 
 // Runs item(scratch, b, kh, r0) for every work item (batch b, kv head kh, row
 // tile at r0) on `threads` threads, each with the scratch carve(arena) gives
