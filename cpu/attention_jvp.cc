@@ -21,7 +21,6 @@
 #include "cpu/attention.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "cpu/attention_tiles.h"
 
@@ -112,7 +111,7 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
         }
       } else {
         // The rows the results go to, written after this last tile: at
-        // (1, 1024, 8, 64) f32 on one thread the writes took 8% of the kernel
+        // (1, 1024, 8, 64) f32 on one thread the writes took 6% of the kernel
         // without, 3% with.
         prefetch_rows_for_write(g, out, b, s.t, s.n, rows);
         prefetch_rows_for_write(g, dout, b, s.t, s.n, rows);
