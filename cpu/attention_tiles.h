@@ -640,17 +640,17 @@ inline RowTile plan_row_tile(const Geometry& g, int64_t b, int64_t kh, int64_t r
 }
 
 // Asks for the tile's rows (i < rows) of a [B, T, N, H] tensor to be brought
-// into the L1 cache for writing. Rows not in the cache make the loop that
-// writes them wait for each line's read-for-ownership in turn; asked for
-// while the last key tile is computed, they arrive meanwhile.
-template <typename T>
-inline void prefetch_rows_for_write(const Geometry& g, T* x, int64_t b, const int64_t* t,
-                                    const int64_t* n, int64_t rows) {
+// into the L1 cache, for reading or (kForWrite) writing. The row loops that
+// read (transpose_query_tile) or write a tile's rows otherwise wait for one
+// row's cache misses after another; asked for together, the misses overlap.
+template <bool kForWrite, typename T>
+inline void prefetch_tile_rows(const Geometry& g, const T* x, int64_t b, const int64_t* t,
+                               const int64_t* n, int64_t rows) {
   constexpr int64_t kLineBytes = 64;
   for (int64_t i = 0; i < rows; ++i) {
     const char* row = reinterpret_cast<const char*>(x + ((b * g.T + t[i]) * g.N + n[i]) * g.H);
     for (int64_t at = 0; at < g.H * static_cast<int64_t>(sizeof(T)); at += kLineBytes) {
-      __builtin_prefetch(row + at, 1, 3);
+      __builtin_prefetch(row + at, kForWrite ? 1 : 0, 3);
     }
   }
 }
