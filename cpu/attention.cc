@@ -9,47 +9,22 @@
 // - Backward: keys along the lanes. A key tile is transposed once and serves
 //   every query tile that attends to it; query-side rows are read in place.
 //   The products into dk/dv/dq vectorise over the head dimension.
-// Register-blocked products (gemm below) do the arithmetic; bf16 inputs use
-// AVX512_BF16 dot products in the forward where the CPU has them.
-//
-// Scores are kept in log2 units (x = logit * log2(e)) so the exponential is
-// exp2. A masked score is -inf; a row whose running max is -inf uses 0 as its
-// shift, so exp2 never sees -inf - -inf.
+// Register-blocked products (gemm, cpu/attention_tiles.h) do the arithmetic;
+// bf16 inputs use AVX512_BF16 dot products in the forward where the CPU has
+// them. Scores are in log2 units (cpu/attention_tiles.h).
 #include "cpu/attention.h"
-
-#include <omp.h>
-
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
-
-// GCC 12 reports the deliberately undefined pass-through operand inside
-// avx512fintrin.h's max/roundscale/scalef/cvtph as maybe-uninitialized, or,
-// once vmax is inlined into the products' epilogue, as uninitialized.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 
+#include "cpu/attention_tiles.h"
+
 namespace jaxops::cpu {
+using namespace attention_internal;
 namespace {
 
-using bfloat16 = Eigen::bfloat16;
-using float16 = Eigen::half;
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// Query rows per tile (a multiple of every lane count) and keys per tile.
-constexpr int64_t kRowTile = 64;
-constexpr int64_t kKeyTile = 64;
 // The backward keeps a key tile while it sweeps the query rows of its head, so
 // a larger one halves the reads of q, dout and dq: 7% faster at H = 128 (10%
 // in bf16), the same at H = 64; 32 was 15% slower.
@@ -59,433 +34,7 @@ constexpr int64_t kBackwardKeyTile = 128;
 // keeps results bitwise identical for any number of threads.
 constexpr int64_t kMinBackwardItems = 8;
 
-// ---------------------------------------------------------------------------
-// SIMD: GCC/Clang vector types, with x86 intrinsics where they beat the generic
-// lowering (fused multiply-add, max, exp2's rounding and scaling).
-
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-constexpr int kMaxVecsPerStrip = 4;
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int kLanes = 8;
-constexpr int kMaxVecsPerStrip = 2;
-#else
-constexpr int kLanes = 4;
-constexpr int kMaxVecsPerStrip = 2;
-#endif
-
-typedef float VecF __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t VecI __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-inline VecF vload(const float* p) {
-  VecF v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void vstore(float* p, VecF v) { std::memcpy(p, &v, sizeof(v)); }
-inline VecI vloadi(const int32_t* p) {
-  VecI v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-// Broadcasts (not VecF{} + x: adding 0.0f is not an identity for -0.0f, so the
-// compiler keeps an extra add in the inner loops).
-inline VecF vsplat(float x) {
-#if defined(__AVX512F__)
-  return _mm512_set1_ps(x);
-#elif defined(__AVX__)
-  return _mm256_set1_ps(x);
-#else
-  VecF v;
-  for (int i = 0; i < kLanes; ++i) v[i] = x;
-  return v;
-#endif
-}
-inline VecI vsplati(int32_t x) {
-  VecI v;
-  for (int i = 0; i < kLanes; ++i) v[i] = x;
-  return v;
-}
-
-inline VecF vfma(VecF a, VecF b, VecF c) {
-#if defined(__AVX512F__)
-  return _mm512_fmadd_ps(a, b, c);
-#elif defined(__AVX2__) && defined(__FMA__)
-  return _mm256_fmadd_ps(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
-inline VecF vmax(VecF a, VecF b) {
-#if defined(__AVX512F__)
-  return _mm512_max_ps(a, b);
-#elif defined(__AVX2__)
-  return _mm256_max_ps(a, b);
-#else
-  return a > b ? a : b;
-#endif
-}
-
-inline float vsum(VecF v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps(v);
-#else
-  float sum = 0.0f;
-  for (int i = 0; i < kLanes; ++i) sum += v[i];
-  return sum;
-#endif
-}
-
-// 2^x for x <= ~0, exactly 0 below -126 (so masked -inf scores give 0).
-// Relative error 2e-8 (near-minimax degree-6 polynomial on [-1/2, 1/2]).
-inline VecF vexp2(VecF x) {
-  const VecF c6 = vsplat(1.533758477307856e-4f), c5 = vsplat(1.3399870367720723e-3f),
-             c4 = vsplat(9.618519805371761e-3f), c3 = vsplat(5.550329014658928e-2f),
-             c2 = vsplat(0.24022646248340607f), c1 = vsplat(0.6931471824645996f),
-             c0 = vsplat(1.0f);
-#if defined(__AVX512F__)
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
-  VecF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  VecF f = x - n;
-  VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
-  return _mm512_scalef_ps(poly, n);
-#else
-  VecI tiny = x < vsplat(-126.0f);
-  x = vmax(x, vsplat(-126.0f));
-  const VecF round_magic = vsplat(12582912.0f);  // 1.5 * 2^23: adds round to integer
-  VecF n = (x + round_magic) - round_magic;
-  VecF f = x - n;
-  VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
-  VecI bits = reinterpret_cast<VecI&>(poly) + (__builtin_convertvector(n, VecI) << 23);
-  bits &= ~tiny;
-  return reinterpret_cast<VecF&>(bits);
-#endif
-}
-
-// ---------------------------------------------------------------------------
-// Conversions between storage types and float32 rows.
-
-// Rows are short (a head's H values) and converted in the inner loops:
-// explicit vectors, not a memcpy call or a loop left to the auto-vectoriser
-// (which gives up on it once inlined into an OpenMP region).
-inline void widen_row(const float* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) vstore(dst + i, vload(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
-inline void widen_row(const bfloat16* src, float* dst, int64_t n) {
-  typedef uint16_t VecU16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-  typedef uint32_t VecU32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    VecU16 half;
-    std::memcpy(&half, bits + i, sizeof(half));
-    const VecU32 widened = __builtin_convertvector(half, VecU32) << 16;
-    std::memcpy(dst + i, &widened, sizeof(widened));
-  }
-  for (; i < n; ++i) {
-    const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
-    std::memcpy(dst + i, &widened, sizeof(float));
-  }
-}
-
-inline void widen_row(const float16* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
-  }
-#elif defined(__F16C__)
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
-
-template <typename T>
-inline void narrow_row(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, src, sizeof(float) * n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Register-blocked products C[m, n] = A[m, k] B[k, n] with n a multiple of
-// kLanes. A is read element by element through two strides (broadcast), B is
-// row-major with contiguous rows, C row-major. The update, and what the
-// per-column vector `col[n]` holds for it:
-//   kOverwrite     C = A B                       (col unused)
-//   kOverwriteMax  C = A B, col = max(col, max over the rows of C)
-//                  (the forward's tile maximum, taken while C is in registers
-//                  instead of in another pass over the tile)
-//   kAdd           C += A B                      (col unused)
-//   kScaleAdd      C = C * col + A B             (col: the online-softmax rescale)
-
-enum class Update { kOverwrite, kOverwriteMax, kAdd, kScaleAdd };
-
-template <int MR, int NV, Update U>
-inline void gemm_block(int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-                       const float* b, int64_t ldb, float* c, int64_t ldc, float* col) {
-  VecF acc[MR][NV];
-  VecF scale[NV];
-  if constexpr (U == Update::kScaleAdd) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) scale[v] = vload(col + v * kLanes);
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if constexpr (U == Update::kOverwrite || U == Update::kOverwriteMax) {
-        acc[r][v] = VecF{};
-      } else if constexpr (U == Update::kAdd) {
-        acc[r][v] = vload(c + r * ldc + v * kLanes);
-      } else {
-        acc[r][v] = vload(c + r * ldc + v * kLanes) * scale[v];
-      }
-    }
-  }
-  for (int64_t p = 0; p < kdim; ++p) {
-    VecF bv[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = vload(b + p * ldb + v * kLanes);
-    const float* ap = a + p * a_cs;
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      VecF av = vsplat(ap[r * a_rs]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = vfma(av, bv[v], acc[r][v]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) vstore(c + r * ldc + v * kLanes, acc[r][v]);
-  }
-  if constexpr (U == Update::kOverwriteMax) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      VecF block_max = vload(col + v * kLanes);
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) block_max = vmax(block_max, acc[r][v]);
-      vstore(col + v * kLanes, block_max);
-    }
-  }
-}
-
-template <int NV>
-constexpr int rows_per_block() {
-  // Accumulators MR * NV plus NV loaded B vectors and one broadcast fit the
-  // register file (32 vector registers with AVX-512, 16 otherwise).
-  if constexpr (kLanes == 16) {
-    return NV == 4 ? 6 : NV == 3 ? 8 : NV == 2 ? 12 : 16;
-  } else {
-    return NV == 2 ? 6 : 12;
-  }
-}
-
-template <int NV, Update U>
-inline void gemm_strip(int64_t m, int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-                       const float* b, int64_t ldb, float* c, int64_t ldc, float* col) {
-  constexpr int MR = rows_per_block<NV>();
-  int64_t i = 0;
-  for (; i + MR <= m; i += MR) {
-    gemm_block<MR, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, col);
-  }
-  for (; i + 4 <= m; i += 4) {
-    gemm_block<4, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, col);
-  }
-  if (i + 2 <= m) {
-    gemm_block<2, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, col);
-    i += 2;
-  }
-  if (i < m) {
-    gemm_block<1, NV, U>(kdim, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, col);
-  }
-}
-
-template <Update U>
-void gemm(int64_t m, int64_t n, int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-          const float* b, int64_t ldb, float* c, int64_t ldc, float* col = nullptr) {
-  for (int64_t j = 0; j < n;) {
-    const int64_t vecs = std::min<int64_t>(kMaxVecsPerStrip, (n - j) / kLanes);
-    float* cs = col ? col + j : nullptr;
-    switch (vecs) {
-      case 4:
-        if constexpr (kMaxVecsPerStrip >= 4) gemm_strip<4, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
-        break;
-      case 3:
-        if constexpr (kMaxVecsPerStrip >= 3) gemm_strip<3, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
-        break;
-      case 2:
-        gemm_strip<2, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
-        break;
-      default:
-        gemm_strip<1, U>(m, kdim, a, a_rs, a_cs, b + j, ldb, c + j, ldc, cs);
-        break;
-    }
-    j += vecs * kLanes;
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Problem geometry and the attended key interval of each query row.
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
-
-struct Geometry {
-  int64_t B, T, S, N, K, H, G, Hp;
-  int64_t offset;
-  bool causal;
-  int64_t window_left, window_right;
-  const int32_t* q_lengths;
-  const int32_t* kv_lengths;
-
-  explicit Geometry(const AttentionParams& p)
-      : B(p.batch), T(p.q_len), S(p.kv_len), N(p.num_heads), K(p.num_kv_heads),
-        H(p.head_dim), G(p.num_kv_heads > 0 ? p.num_heads / p.num_kv_heads : 0),
-        Hp(round_up(p.head_dim, kLanes)), offset(p.query_offset), causal(p.is_causal),
-        window_left(p.window_left), window_right(p.window_right),
-        q_lengths(p.q_seq_lengths), kv_lengths(p.kv_seq_lengths) {}
-
-  int64_t q_valid(int64_t b) const {
-    return q_lengths ? std::clamp<int64_t>(q_lengths[b], 0, T) : T;
-  }
-  int64_t kv_valid(int64_t b) const {
-    return kv_lengths ? std::clamp<int64_t>(kv_lengths[b], 0, S) : S;
-  }
-  // Row t attends keys [lo(t), hi(t)) before the elementwise mask; both bounds
-  // are non-decreasing in t, so a tile of rows spans [lo(first), hi(last)).
-  int64_t lo(int64_t t) const {
-    return window_left < 0 ? 0 : std::clamp<int64_t>(t + offset - window_left, 0, S);
-  }
-  int64_t hi(int64_t t, int64_t kv_valid_len) const {
-    int64_t h = kv_valid_len;
-    if (causal) h = std::min(h, t + offset + 1);
-    if (window_right >= 0) h = std::min(h, t + offset + window_right + 1);
-    return std::clamp<int64_t>(h, 0, S);
-  }
-};
-
-// Carves 64-byte aligned arrays out of a workspace; with a null base it only
-// measures, so size functions and kernels share one layout description.
-class Arena {
- public:
-  explicit Arena(void* base) : base_(reinterpret_cast<uintptr_t>(base)) {
-    if (base_) used_ = round_up(base_, 64) - base_;
-  }
-  template <typename U>
-  U* take(int64_t count) {
-    U* result = reinterpret_cast<U*>(base_ + used_);
-    used_ += round_up(std::max<int64_t>(count, 1) * sizeof(U), 64);
-    return result;
-  }
-  size_t used() const { return used_; }
-
- private:
-  uintptr_t base_;
-  size_t used_ = 0;
-};
-
-// Keys j0 .. j0 + jn of one kv head converted to float rows of stride ld
-// (zero-padded from H to ld).
-template <typename T>
-void load_kv_tile(const Geometry& g, const T* src, int64_t b, int64_t kh, int64_t j0,
-                  int64_t jn, float* dst, int64_t ld) {
-  for (int64_t j = 0; j < jn; ++j) {
-    widen_row(src + ((b * g.S + j0 + j) * g.K + kh) * g.H, dst + j * ld, g.H);
-    std::fill(dst + j * ld + g.H, dst + (j + 1) * ld, 0.0f);
-  }
-}
-
-// Asks for `rows` rows of row_bytes, stride_bytes apart, to be brought into
-// the L2 cache while the current tile is computed. Hardware prefetchers do not
-// cross a 4 KiB page, so rows a page or more apart (a head's keys when K * H
-// elements reach 4 KiB, as at (1, 4096, 8, 128) in f32) each start a page
-// nobody prefetches. Measured at (1, 4096, 8, 128) f32 on 2 threads: no
-// change in the machine's fast periods, and the forward 16-32% faster in its
-// slow-memory ones (125-150 GFLOP/s without, 165-180 with); with closer rows
-// (H = 64) it was 1-3% slower, hence the condition.
-void prefetch_rows(const void* first, int64_t rows, int64_t stride_bytes, int64_t row_bytes) {
-  constexpr int64_t kPageBytes = 4096, kLineBytes = 64;
-  if (stride_bytes < kPageBytes) return;
-  const char* row = static_cast<const char*>(first);
-  for (int64_t r = 0; r < rows; ++r, row += stride_bytes) {
-    for (int64_t at = 0; at < row_bytes; at += kLineBytes) __builtin_prefetch(row + at, 0, 2);
-  }
-}
-
-// prefetch_rows for keys j0 .. j0 + jn of one kv head, in K and V.
-template <typename T>
-void prefetch_kv_tile(const Geometry& g, const T* k, const T* v, int64_t b, int64_t kh,
-                      int64_t j0, int64_t jn) {
-  const int64_t first = ((b * g.S + j0) * g.K + kh) * g.H;
-  const int64_t stride = g.K * g.H * static_cast<int64_t>(sizeof(T));
-  const int64_t row_bytes = g.H * static_cast<int64_t>(sizeof(T));
-  prefetch_rows(k + first, jn, stride, row_bytes);
-  prefetch_rows(v + first, jn, stride, row_bytes);
-}
-
-// Adds bias and applies the boolean mask to a transposed tile of scaled scores
-// st[j][i] (log2 units) for rows i < rows whose (head, query index) are n[i], t[i].
-void apply_bias_and_mask(const AttentionParams& p, int64_t b, const int64_t* n,
-                         const int64_t* t, int64_t rows, int64_t j0, int64_t jn,
-                         float* st, int64_t ld) {
-  if (p.bias) {
-    const int64_t* s = p.bias_strides;
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* row = p.bias + b * s[0] + n[i] * s[1] + t[i] * s[2] + j0 * s[3];
-      for (int64_t j = 0; j < jn; ++j) st[j * ld + i] += row[j * s[3]] * kLog2e;
-    }
-  }
-  if (p.mask) {
-    const int64_t* s = p.mask_strides;
-    for (int64_t i = 0; i < rows; ++i) {
-      const uint8_t* row = p.mask + b * s[0] + n[i] * s[1] + t[i] * s[2] + j0 * s[3];
-      for (int64_t j = 0; j < jn; ++j) {
-        if (!row[j * s[3]]) st[j * ld + i] = -kInf;
-      }
-    }
-  }
-}
-
-// Turns scores st[j][i] = q_i . k_j of keys j0.. into log2-unit logits: the
-// scale (unless `scaled`: the queries were multiplied by it already), bias,
-// boolean mask, and (unless the tile lies inside every row's interval) the
-// [lo, hi) interval of each row.
-void scores_to_logits(const AttentionParams& p, int64_t b, const int64_t* n, const int64_t* t,
-                      int64_t rows, const int32_t* lo, const int32_t* hi, bool inside,
-                      bool scaled, int64_t j0, int64_t jn, int64_t width, float* st) {
-  if (!scaled) {
-    const VecF c = vsplat(p.scale * kLog2e);
-    for (int64_t j = 0; j < jn; ++j) {
-      for (int64_t v = 0; v < width; v += kLanes) vstore(st + j * width + v, vload(st + j * width + v) * c);
-    }
-  }
-  if (p.bias || p.mask) apply_bias_and_mask(p, b, n, t, rows, j0, jn, st, width);
-  if (!inside) {
-    const VecF masked = vsplat(-kInf);
-    for (int64_t v = 0; v < width; v += kLanes) {
-      const VecI lo_v = vloadi(lo + v), hi_v = vloadi(hi + v);
-      for (int64_t j = 0; j < jn; ++j) {
-        const VecI key = vsplati(static_cast<int32_t>(j0 + j));
-        const VecI keep = (key >= lo_v) & (key < hi_v);
-        vstore(st + j * width + v, keep ? vload(st + j * width + v) : masked);
-      }
-    }
-  }
-}
-
-// The row-major counterpart for one query row t of head n: row[j] = q . k_j of
+// The row-major counterpart of scores_to_logits for one query row t of head n: row[j] = q . k_j of
 // keys j0 + j (j < width, a multiple of kLanes) becomes the log2-unit logit,
 // -inf where masked. Columns past jn must lie past the row's interval unless
 // the tile is inside every row's interval.
@@ -580,21 +129,10 @@ template <int NV, Update U>
 JAXOPS_BF16_TARGET void dot_strip(int64_t m, int64_t pairs, const uint32_t* a, int64_t a_rs,
                                   int64_t a_cs, const uint32_t* b, int64_t ldb, float* c,
                                   int64_t ldc, const float* colscale) {
-  constexpr int MR = rows_per_block<NV>();
-  int64_t i = 0;
-  for (; i + MR <= m; i += MR) {
-    dot_block<MR, NV, U>(pairs, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, colscale);
-  }
-  for (; i + 4 <= m; i += 4) {
-    dot_block<4, NV, U>(pairs, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, colscale);
-  }
-  if (i + 2 <= m) {
-    dot_block<2, NV, U>(pairs, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, colscale);
-    i += 2;
-  }
-  if (i < m) {
-    dot_block<1, NV, U>(pairs, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, colscale);
-  }
+  for_each_row_block<rows_per_block<NV>()>(m, [&](auto rows, int64_t i) {
+    dot_block<decltype(rows)::value, NV, U>(pairs, a + i * a_rs, a_rs, a_cs, b, ldb,
+                                            c + i * ldc, ldc, colscale);
+  });
 }
 
 // n (a multiple of 16) columns in strips of up to 4 vectors.
@@ -660,10 +198,7 @@ JAXOPS_BF16_TARGET void pack_probability_pairs(const float* st, int64_t jn, int6
 #endif
 
 // ---------------------------------------------------------------------------
-// Forward. A work item is one (batch, kv head, tile of query rows), where the
-// rows of a kv head enumerate (t, g) pairs t-major over its G query heads:
-// heads sharing K/V share every key tile, and small T (decoding) still fills
-// the vector lanes with the group's heads.
+// Forward: the row tiles of cpu/attention_tiles.h.
 
 struct ForwardScratch {
   float* qt;      // [H][Br] query tile, transposed
@@ -675,11 +210,7 @@ struct ForwardScratch {
   uint32_t* vp;   // [Bc/2][H] value tile as bf16 pairs along the keys
   uint32_t* pp;   // [Bc/2][Br] probabilities as bf16 pairs along the keys
   float* row;     // [H]
-  float* m;       // [Br] running max (log2 units)
-  float* shift;   // [Br] max used as the exponent shift (0 while the max is -inf)
-  float* l;       // [Br] running sum
-  float* alpha;   // [Br] rescale of the previous accumulators
-  float* tile_max;  // [Br] max of the current tile's logits, when the product gives it
+  SoftmaxRows stats;
   int32_t* lo;    // [Br] attended key interval
   int32_t* hi;
   int64_t* t;     // [Br] query index of each row
@@ -703,11 +234,7 @@ ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
   s.vp = arena.take<uint32_t>(kKeyTile / 2 * g.H);
   s.pp = arena.take<uint32_t>(kKeyTile / 2 * Br);
   s.row = arena.take<float>(g.H);
-  s.m = arena.take<float>(Br);
-  s.shift = arena.take<float>(Br);
-  s.l = arena.take<float>(Br);
-  s.alpha = arena.take<float>(Br);
-  s.tile_max = arena.take<float>(Br);
+  s.stats = carve_softmax_rows(Br, arena);
   s.lo = arena.take<int32_t>(Br);
   s.hi = arena.take<int32_t>(Br);
   s.t = arena.take<int64_t>(Br);
@@ -718,38 +245,6 @@ ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
   s.vn = arena.take<float>(kKeyTile * g.Hp);
   s.sn = arena.take<float>(kLanes * kKeyTile);
   return s;
-}
-
-int64_t forward_row_tile(const Geometry& g) {
-  return std::min<int64_t>(kRowTile, round_up(std::max<int64_t>(g.T * g.G, 1), kLanes));
-}
-
-// Online softmax over one tile of logits st[j][i] (log2 units, jn keys): updates
-// the running max m, the shift, the rescale alpha of earlier accumulators and
-// the running sum l, and turns st into probabilities. With `max_known` the
-// tile's maximum is in s.tile_max already.
-void online_softmax(int64_t jn, int64_t Br, bool max_known, const ForwardScratch& s) {
-  for (int64_t c = 0; c < Br; c += kLanes) {
-    VecF tile_max = vsplat(-kInf);
-    if (max_known) {
-      tile_max = vload(s.tile_max + c);
-    } else {
-      for (int64_t j = 0; j < jn; ++j) tile_max = vmax(tile_max, vload(s.st + j * Br + c));
-    }
-    const VecF m_old = vload(s.m + c);
-    const VecF m_new = vmax(m_old, tile_max);
-    const VecF shift = m_new == vsplat(-kInf) ? VecF{} : m_new;
-    vstore(s.m + c, m_new);
-    vstore(s.shift + c, shift);
-    vstore(s.alpha + c, vexp2(m_old - shift));
-    VecF sum{};
-    for (int64_t j = 0; j < jn; ++j) {
-      const VecF prob = vexp2(vload(s.st + j * Br + c) - shift);
-      vstore(s.st + j * Br + c, prob);
-      sum += prob;
-    }
-    vstore(s.l + c, vfma(vload(s.l + c), vload(s.alpha + c), sum));
-  }
 }
 
 // Whether the bfloat16 forward uses the bf16 dot-product path.
@@ -768,34 +263,11 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
                   const T* v, T* out, float* lse, int64_t b, int64_t kh, int64_t r0,
                   int64_t Br, const ForwardScratch& s) {
   const int64_t H = g.H;
-  const int64_t rows = std::min(Br, g.T * g.G - r0);
-  const int64_t q_valid = g.q_valid(b), kv_valid = g.kv_valid(b);
   const bool bf16_dot = forward_uses_bf16_dot<T>(g);
+  const RowTile tile = plan_row_tile(g, b, kh, r0, Br, s.t, s.n, s.lo, s.hi);
+  const int64_t rows = tile.rows;
 
-  int64_t t_first = -1, t_last = -1;
-  for (int64_t i = 0; i < Br; ++i) {
-    const int64_t r = r0 + std::min(i, rows - 1);  // padding rows repeat the last row
-    s.t[i] = r / g.G;
-    s.n[i] = kh * g.G + r % g.G;
-    if (i < rows && s.t[i] < q_valid) {
-      s.lo[i] = static_cast<int32_t>(g.lo(s.t[i]));
-      s.hi[i] = static_cast<int32_t>(g.hi(s.t[i], kv_valid));
-      if (t_first < 0) t_first = s.t[i];
-      t_last = s.t[i];
-    } else {
-      // Rows whose result is discarded are never masked: they cannot make a
-      // tile partial.
-      s.lo[i] = std::numeric_limits<int32_t>::min();
-      s.hi[i] = std::numeric_limits<int32_t>::max();
-    }
-  }
-
-  const int64_t key_begin = t_first < 0 ? 0 : g.lo(t_first);
-  const int64_t key_end = t_first < 0 ? 0 : g.hi(t_last, kv_valid);
-  const int64_t max_lo = t_first < 0 ? 0 : g.lo(t_last);
-  const int64_t min_hi = t_first < 0 ? 0 : g.hi(t_first, kv_valid);
-
-  if (key_begin < key_end) {
+  if (tile.attends()) {
     if (bf16_dot) {
       for (int64_t i = 0; i < Br; ++i) {
         const uint32_t* src = reinterpret_cast<const uint32_t*>(
@@ -805,78 +277,59 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
     } else {
       // Queries scaled to log2-unit logits here, once per row, rather than
       // every score tile.
-      const float logit_scale = p.scale * kLog2e;
-      for (int64_t i = 0; i < Br; ++i) {
-        if (i < rows) {
-          widen_row(q + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H, s.row, H);
-          for (int64_t h = 0; h < H; ++h) s.qt[h * Br + i] = s.row[h] * logit_scale;
-        } else {
-          for (int64_t h = 0; h < H; ++h) s.qt[h * Br + i] = 0.0f;
-        }
-      }
+      transpose_query_tile(g, q, b, s.t, s.n, rows, Br, p.scale * kLog2e, s.row, s.qt);
     }
     std::fill(s.ot, s.ot + H * Br, 0.0f);
-    std::fill(s.m, s.m + Br, -kInf);
-    std::fill(s.l, s.l + Br, 0.0f);
+    std::fill(s.stats.m, s.stats.m + Br, -kInf);
+    std::fill(s.stats.l, s.stats.l + Br, 0.0f);
 
-    for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeyTile) {
-      const int64_t jn = std::min(kKeyTile, key_end - j0);
-      const int64_t at = ((b * g.S + j0) * g.K + kh) * H;
-      if (j0 + jn < key_end) {
-        prefetch_kv_tile(g, k, v, b, kh, j0 + jn, std::min(kKeyTile, key_end - j0 - jn));
+    for (int64_t j0 = tile.key_begin; j0 < tile.key_end; j0 += kKeyTile) {
+      const int64_t jn = std::min(kKeyTile, tile.key_end - j0);
+      if (j0 + jn < tile.key_end) {
+        prefetch_kv_tile(g, k, v, b, kh, j0 + jn, std::min(kKeyTile, tile.key_end - j0 - jn));
       }
-      const bool inside = max_lo <= j0 && min_hi >= j0 + jn;
+      const bool inside = tile.inside(j0, jn);
 #if defined(JAXOPS_BF16_DOT)
       if (bf16_dot) {
+        const int64_t at = ((b * g.S + j0) * g.K + kh) * H;
         const uint32_t* kp = reinterpret_cast<const uint32_t*>(k + at);
         dot_gemm<Update::kOverwrite>(jn, Br, H / 2, kp, g.K * H / 2, 1, s.qp, Br, s.st, Br);
         scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, false, j0, jn, Br, s.st);
-        online_softmax(jn, Br, false, s);
+        online_softmax(jn, Br, false, s.st, s.stats);
         pack_value_pairs(reinterpret_cast<const uint16_t*>(v + at), g.K * H, jn, H, s.vp);
         pack_probability_pairs(s.st, jn, Br, s.pp);
         dot_gemm<Update::kScaleAdd>(H, Br, (jn + 1) / 2, s.vp, 1, H, s.pp, Br, s.ot, Br,
-                                    s.alpha);
+                                    s.stats.alpha);
         continue;
       }
 #endif
-      const float* kt;
-      const float* vt;
       int64_t ldk;
-      if constexpr (std::is_same_v<T, float>) {
-        kt = k + at;
-        vt = v + at;
-        ldk = g.K * H;
-      } else {
-        load_kv_tile(g, k, b, kh, j0, jn, s.kf, H);
-        load_kv_tile(g, v, b, kh, j0, jn, s.vf, H);
-        kt = s.kf;
-        vt = s.vf;
-        ldk = H;
-      }
+      const float* kt = kv_tile_as_float(g, k, b, kh, j0, jn, s.kf, &ldk);
+      const float* vt = kv_tile_as_float(g, v, b, kh, j0, jn, s.vf, &ldk);
       // The queries carry the scale, so a tile inside every row's interval,
       // with no bias or mask, is logits as it leaves the product, which also
       // gives its maximum.
       const bool logits_as_computed = inside && !p.bias && !p.mask;
       if (logits_as_computed) {
-        std::fill(s.tile_max, s.tile_max + Br, -kInf);
-        gemm<Update::kOverwriteMax>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br, s.tile_max);
+        std::fill(s.stats.tile_max, s.stats.tile_max + Br, -kInf);
+        gemm<Update::kOverwriteMax>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br, s.stats.tile_max);
       } else {
         gemm<Update::kOverwrite>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br);
         scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, true, j0, jn, Br, s.st);
       }
-      online_softmax(jn, Br, logits_as_computed, s);
-      gemm<Update::kScaleAdd>(H, Br, jn, vt, 1, ldk, s.st, Br, s.ot, Br, s.alpha);
+      online_softmax(jn, Br, logits_as_computed, s.st, s.stats);
+      gemm<Update::kScaleAdd>(H, Br, jn, vt, 1, ldk, s.st, Br, s.ot, Br, s.stats.alpha);
     }
   }
 
   for (int64_t i = 0; i < rows; ++i) {
     T* dst = out + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H;
     float* lse_dst = lse + (b * g.N + s.n[i]) * g.T + s.t[i];
-    const bool attended = key_begin < key_end && s.t[i] < q_valid && s.l[i] > 0.0f;
+    const bool attended = tile.attends() && s.t[i] < tile.q_valid && s.stats.l[i] > 0.0f;
     if (attended) {
-      const float inv = 1.0f / s.l[i];
+      const float inv = 1.0f / s.stats.l[i];
       for (int64_t h = 0; h < H; ++h) s.row[h] = s.ot[h * Br + i] * inv;
-      *lse_dst = (s.shift[i] + std::log2(s.l[i])) * kLn2;
+      *lse_dst = row_logsumexp(s.stats.shift[i], s.stats.l[i]);
     } else {
       std::fill(s.row, s.row + H, 0.0f);
       *lse_dst = -kInf;
@@ -884,7 +337,6 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
     narrow_row(s.row, dst, H);
   }
 }
-
 
 // Forward for a kv head with fewer query rows than vector lanes (decoding:
 // T * G < kLanes). Rows along the lanes would leave most of them idle; here a
@@ -915,9 +367,9 @@ void forward_few_rows(const AttentionParams& p, const Geometry& g, const T* q, c
   const int64_t max_lo = t_first < 0 ? 0 : g.lo(t_last);
   const int64_t min_hi = t_first < 0 ? 0 : g.hi(t_first, kv_valid);
   std::fill(s.on, s.on + rows * Hp, 0.0f);
-  std::fill(s.m, s.m + rows, -kInf);
-  std::fill(s.shift, s.shift + rows, 0.0f);
-  std::fill(s.l, s.l + rows, 0.0f);
+  std::fill(s.stats.m, s.stats.m + rows, -kInf);
+  std::fill(s.stats.shift, s.stats.shift + rows, 0.0f);
+  std::fill(s.stats.l, s.stats.l + rows, 0.0f);
 
   for (int64_t j0 = key_begin; j0 < key_end; j0 += Bc) {
     const int64_t jn = std::min(Bc, key_end - j0);
@@ -972,19 +424,19 @@ void forward_few_rows(const AttentionParams& p, const Geometry& g, const T* q, c
       }
       VecF tile_max = vsplat(-kInf);
       for (int64_t j = 0; j < Bc; j += kLanes) tile_max = vmax(tile_max, vload(srow + j));
-      float m_new = s.m[i];
+      float m_new = s.stats.m[i];
       for (int l = 0; l < kLanes; ++l) m_new = std::max(m_new, tile_max[l]);
       const float shift = m_new == -kInf ? 0.0f : m_new;
-      const float alpha = vexp2(vsplat(s.m[i] - shift))[0];
-      s.m[i] = m_new;
-      s.shift[i] = shift;
+      const float alpha = vexp2(vsplat(s.stats.m[i] - shift))[0];
+      s.stats.m[i] = m_new;
+      s.stats.shift[i] = shift;
       VecF sum{};
       for (int64_t j = 0; j < Bc; j += kLanes) {
         const VecF prob = vexp2(vload(srow + j) - vsplat(shift));
         vstore(srow + j, prob);
         sum += prob;
       }
-      s.l[i] = s.l[i] * alpha + vsum(sum);
+      s.stats.l[i] = s.stats.l[i] * alpha + vsum(sum);
       float* oi = s.on + i * Hp;
       for (int64_t h = 0; h < Hp; h += kLanes) vstore(oi + h, vload(oi + h) * vsplat(alpha));
     }
@@ -994,10 +446,10 @@ void forward_few_rows(const AttentionParams& p, const Geometry& g, const T* q, c
   for (int64_t i = 0; i < rows; ++i) {
     T* dst = out + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H;
     float* lse_dst = lse + (b * g.N + s.n[i]) * g.T + s.t[i];
-    if (s.t[i] < q_valid && s.l[i] > 0.0f) {
-      const float inv = 1.0f / s.l[i];
+    if (s.t[i] < q_valid && s.stats.l[i] > 0.0f) {
+      const float inv = 1.0f / s.stats.l[i];
       for (int64_t h = 0; h < H; ++h) s.row[h] = s.on[i * Hp + h] * inv;
-      *lse_dst = (s.shift[i] + std::log2(s.l[i])) * kLn2;
+      *lse_dst = row_logsumexp(s.stats.shift[i], s.stats.l[i]);
     } else {
       std::fill(s.row, s.row + H, 0.0f);
       *lse_dst = -kInf;
@@ -1286,10 +738,6 @@ void dbias_item(const AttentionParams& p, const Geometry& g, const BackwardPlan&
   }
 }
 
-int thread_count(const AttentionParams& p) {
-  return p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
-}
-
 }  // namespace
 
 const char* attention_params_error(const AttentionParams& p) {
@@ -1323,9 +771,8 @@ const char* attention_params_error(const AttentionParams& p) {
 template <typename T>
 size_t attention_fwd_workspace_bytes(const AttentionParams& p) {
   const Geometry g(p);
-  Arena arena(nullptr);
-  for (int i = 0; i < thread_count(p); ++i) carve_forward(g, forward_row_tile(g), arena);
-  return arena.used() + 64;
+  return row_tile_workspace_bytes(
+      p, [&](Arena& arena) { return carve_forward(g, forward_row_tile(g), arena); });
 }
 
 template <typename T>
@@ -1335,33 +782,15 @@ void attention_fwd(const AttentionParams& p, const T* q, const T* k, const T* v,
   if (g.B == 0 || g.T == 0 || g.N == 0) return;
   const int64_t Br = forward_row_tile(g);
   const bool few_rows = g.T * g.G < kLanes;
-  const int64_t row_tiles = ceil_div(g.T * g.G, Br);
-  const int64_t groups = g.B * g.K;
-  const int64_t items = groups * row_tiles;
-  const int threads = thread_count(p);
-#pragma omp parallel num_threads(threads)
-  {
-    Arena arena(workspace);
-    ForwardScratch s{};
-    for (int i = 0; i <= omp_get_thread_num(); ++i) s = carve_forward(g, Br, arena);
-    // Items run kv head by kv head, so the threads sweep one head's K/V (a few
-    // MiB at long S) while it is in the cache: interleaving heads streamed
-    // every head's K/V from DRAM (at (1, 4096, 8, 128) the K/V of all heads,
-    // 32 MiB, fill the L3) and cost 25-40% of the forward. Within a head the
-    // later row tiles, which see more keys under a causal mask, come first,
-    // so the last items of the loop are the shortest.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t group = item / row_tiles;
-      const int64_t tile = row_tiles - 1 - item % row_tiles;
-      const int64_t b = group / g.K, kh = group % g.K;
-      if (few_rows) {
-        forward_few_rows(p, g, q, k, v, out, lse, b, kh, s);
-      } else {
-        forward_tile(p, g, q, k, v, out, lse, b, kh, tile * Br, Br, s);
-      }
-    }
-  }
+  run_row_tile_items(
+      g, Br, thread_count(p), workspace, [&](Arena& arena) { return carve_forward(g, Br, arena); },
+      [&](const ForwardScratch& s, int64_t b, int64_t kh, int64_t r0) {
+        if (few_rows) {
+          forward_few_rows(p, g, q, k, v, out, lse, b, kh, s);
+        } else {
+          forward_tile(p, g, q, k, v, out, lse, b, kh, r0, Br, s);
+        }
+      });
 }
 
 template <typename T>

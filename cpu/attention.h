@@ -1,4 +1,5 @@
-// Flash attention on the CPU: tiled, online softmax, forward and backward.
+// Flash attention on the CPU: tiled, online softmax, forward, backward and
+// forward mode (the tangents of the forward's results, in the same pass).
 //
 // Layouts (row-major, contiguous):
 //   query, out, dout, dq   [B, T, N, H]
@@ -81,6 +82,22 @@ void attention_bwd(const AttentionParams& p, const T* query, const T* key,
                    const T* dout, const float* dlogsumexp, T* dquery, T* dkey,
                    T* dvalue, float* dbias, void* workspace);
 
+template <typename T>
+size_t attention_fwd_jvp_workspace_bytes(const AttentionParams& p);
+
+// Forward mode: out and logsumexp as attention_fwd computes them (within
+// float32 rounding), and their tangents dout [B,T,N,H] and dlogsumexp [B,N,T]
+// (float32) given the tangents of the inputs: dquery, dkey, dvalue laid out as
+// query, key, value, and dbias (float32, read through the bias strides: only
+// with a bias). A null tangent is zero. A row with no attended key gets dout 0
+// and dlogsumexp 0; a masked key contributes nothing, whatever its tangents
+// hold. One pass over K/V; the scratch is a few tiles per thread, never a
+// [T, S] matrix.
+template <typename T>
+void attention_fwd_jvp(const AttentionParams& p, const T* query, const T* key, const T* value,
+                       const T* dquery, const T* dkey, const T* dvalue, const float* dbias,
+                       T* out, float* logsumexp, T* dout, float* dlogsumexp, void* workspace);
+
 #define JAXOPS_ATTENTION_DECLARE(T)                                            \
   extern template size_t attention_fwd_workspace_bytes<T>(                     \
       const AttentionParams&);                                                 \
@@ -91,7 +108,12 @@ void attention_bwd(const AttentionParams& p, const T* query, const T* key,
       const AttentionParams&, bool);                                           \
   extern template void attention_bwd<T>(                                       \
       const AttentionParams&, const T*, const T*, const T*, const T*,          \
-      const float*, const T*, const float*, T*, T*, T*, float*, void*);
+      const float*, const T*, const float*, T*, T*, T*, float*, void*);         \
+  extern template size_t attention_fwd_jvp_workspace_bytes<T>(                 \
+      const AttentionParams&);                                                 \
+  extern template void attention_fwd_jvp<T>(                                   \
+      const AttentionParams&, const T*, const T*, const T*, const T*,          \
+      const T*, const T*, const float*, T*, float*, T*, float*, void*);
 JAXOPS_ATTENTION_DECLARE(float)
 JAXOPS_ATTENTION_DECLARE(Eigen::bfloat16)
 JAXOPS_ATTENTION_DECLARE(Eigen::half)

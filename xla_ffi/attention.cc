@@ -1,6 +1,7 @@
 // CPU FFI handlers of attention: decode and validate every buffer, then call
 // cpu/attention. Optional operands (bias, mask, sequence lengths, the
-// logsumexp cotangent) are zero-size buffers when absent.
+// logsumexp cotangent, the forward mode's input tangents) are zero-size
+// buffers when absent.
 #include <cmath>
 #include <memory>
 #include <new>
@@ -53,27 +54,51 @@ struct Workspace {
   }
 };
 
-ffi::Error AttentionFwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
-                        ffi::AnyBuffer mask, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
-                        ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
-                        ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
-                        int64_t window_left, int64_t window_right) {
-  const std::string op = "jaxops_attention_fwd";
+// What every handler does: decode the shared operands into the kernel's
+// parameters, validate the rest (check(op, shape) returns the error), and call
+// run(tag, params, workspace) for the element type (tag: a value of it) with
+// scratch of workspace_bytes(tag, params) bytes.
+template <typename Check, typename WorkspaceBytes, typename Run>
+ffi::Error run_attention(const std::string& op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                         const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
+                         const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
+                         const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
+                         float scale, bool is_causal, int64_t window_left, int64_t window_right,
+                         Check&& check, WorkspaceBytes&& workspace_bytes, Run&& run) {
   AttentionShape s;
   cpu::AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
                                        &s, &p));
-  JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, s));
+  JAXOPS_RETURN_IF_ERROR(check(op, s));
   return dispatch(op, q.element_type(), [&](auto tag) {
-    using T = decltype(tag);
     Workspace ws;
-    JAXOPS_RETURN_IF_ERROR(ws.allocate(op, cpu::attention_fwd_workspace_bytes<T>(p)));
-    cpu::advise_huge_pages(out->untyped_data(), out->size_bytes());
-    cpu::attention_fwd<T>(p, data<const T>(q), data<const T>(k), data<const T>(v), data<T>(*out),
-                          data<float>(*lse), ws.bytes.get());
+    JAXOPS_RETURN_IF_ERROR(ws.allocate(op, workspace_bytes(tag, p)));
+    run(tag, p, ws.bytes.get());
     return ffi::Error::Success();
   });
+}
+
+ffi::Error AttentionFwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+                        ffi::AnyBuffer mask, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                        ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
+                        int64_t window_left, int64_t window_right) {
+  return run_attention(
+      "jaxops_attention_fwd", q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
+      is_causal, window_left, window_right,
+      [&](const std::string& op, const AttentionShape& s) {
+        return check_fwd(op, q, *out, *lse, s);
+      },
+      [](auto tag, const cpu::AttentionParams& p) {
+        return cpu::attention_fwd_workspace_bytes<decltype(tag)>(p);
+      },
+      [&](auto tag, const cpu::AttentionParams& p, void* workspace) {
+        using T = decltype(tag);
+        cpu::advise_huge_pages(out->untyped_data(), out->size_bytes());
+        cpu::attention_fwd<T>(p, data<const T>(q), data<const T>(k), data<const T>(v),
+                              data<T>(*out), data<float>(*lse), workspace);
+      });
 }
 
 ffi::Error AttentionBwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
@@ -84,38 +109,71 @@ ffi::Error AttentionBwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> workspace,
                         float scale, bool is_causal,
                         int64_t window_left, int64_t window_right, bool with_dbias) {
-  const std::string op = "jaxops_attention_bwd";
-  AttentionShape s;
-  cpu::AttentionParams p;
-  JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
-                                       query_offset, scale, is_causal, window_left, window_right,
-                                       &s, &p));
-  // The CPU kernel sizes its scratch by its thread count and allocates it here:
-  // the hidden workspace result is empty on this platform.
-  JAXOPS_RETURN_IF_ERROR(check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv,
-                                   *dbias, *workspace, with_dbias, 0, s));
-  return dispatch(op, q.element_type(), [&](auto tag) {
-    using T = decltype(tag);
-    Workspace ws;
-    JAXOPS_RETURN_IF_ERROR(ws.allocate(op, cpu::attention_bwd_workspace_bytes<T>(p, with_dbias)));
-    cpu::advise_huge_pages(dq->untyped_data(), dq->size_bytes());
-    cpu::advise_huge_pages(dk->untyped_data(), dk->size_bytes());
-    cpu::advise_huge_pages(dv->untyped_data(), dv->size_bytes());
-    cpu::attention_bwd<T>(p, data<const T>(q), data<const T>(k), data<const T>(v),
-                          data<const T>(out), data<const float>(lse), data<const T>(dout),
-                          data_or_null<const float>(dlse), data<T>(*dq), data<T>(*dk),
-                          data<T>(*dv), with_dbias ? data<float>(*dbias) : nullptr,
-                          ws.bytes.get());
-    return ffi::Error::Success();
-  });
+  return run_attention(
+      "jaxops_attention_bwd", q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
+      is_causal, window_left, window_right,
+      // The CPU kernel sizes its scratch by its thread count and allocates it
+      // here: the hidden workspace result is empty on this platform.
+      [&](const std::string& op, const AttentionShape& s) {
+        return check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv, *dbias,
+                         *workspace, with_dbias, 0, s);
+      },
+      [&](auto tag, const cpu::AttentionParams& p) {
+        return cpu::attention_bwd_workspace_bytes<decltype(tag)>(p, with_dbias);
+      },
+      [&](auto tag, const cpu::AttentionParams& p, void* scratch) {
+        using T = decltype(tag);
+        cpu::advise_huge_pages(dq->untyped_data(), dq->size_bytes());
+        cpu::advise_huge_pages(dk->untyped_data(), dk->size_bytes());
+        cpu::advise_huge_pages(dv->untyped_data(), dv->size_bytes());
+        cpu::attention_bwd<T>(p, data<const T>(q), data<const T>(k), data<const T>(v),
+                              data<const T>(out), data<const float>(lse), data<const T>(dout),
+                              data_or_null<const float>(dlse), data<T>(*dq), data<T>(*dk),
+                              data<T>(*dv), with_dbias ? data<float>(*dbias) : nullptr, scratch);
+      });
+}
+
+// Forward mode: the forward's results and their tangents in one pass. An
+// absent (zero) input tangent is a null pointer for the kernel, which then
+// skips its products.
+ffi::Error AttentionFwdJvp(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_lengths,
+                           ffi::AnyBuffer kv_lengths, ffi::AnyBuffer query_offset,
+                           ffi::AnyBuffer dq, ffi::AnyBuffer dk, ffi::AnyBuffer dv,
+                           ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> dout,
+                           ffi::Result<ffi::AnyBuffer> dlse, float scale, bool is_causal,
+                           int64_t window_left, int64_t window_right) {
+  return run_attention(
+      "jaxops_attention_fwd_jvp", q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
+      is_causal, window_left, window_right,
+      [&](const std::string& op, const AttentionShape& s) {
+        return check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, s);
+      },
+      [](auto tag, const cpu::AttentionParams& p) {
+        return cpu::attention_fwd_jvp_workspace_bytes<decltype(tag)>(p);
+      },
+      [&](auto tag, const cpu::AttentionParams& p, void* workspace) {
+        using T = decltype(tag);
+        cpu::advise_huge_pages(out->untyped_data(), out->size_bytes());
+        cpu::advise_huge_pages(dout->untyped_data(), dout->size_bytes());
+        cpu::attention_fwd_jvp<T>(p, data<const T>(q), data<const T>(k), data<const T>(v),
+                                  data_or_null<const T>(dq), data_or_null<const T>(dk),
+                                  data_or_null<const T>(dv), data_or_null<const float>(dbias),
+                                  data<T>(*out), data<float>(*lse), data<T>(*dout),
+                                  data<float>(*dlse), workspace);
+      });
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwd, AttentionFwd, bind_attention_fwd(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionBwd, AttentionBwd, bind_attention_bwd(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwdJvp, AttentionFwdJvp,
+                              bind_attention_fwd_jvp(ffi::Ffi::Bind()));
 
 JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd", kAttentionFwd);
 JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_bwd", kAttentionBwd);
+JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd_jvp", kAttentionFwdJvp);
 
 }  // namespace jaxops

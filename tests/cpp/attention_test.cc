@@ -2,10 +2,11 @@
 // quick timing. Built by CMake with -DJAXOPS_BUILD_CPP_TESTS=ON (run by ctest),
 // or directly from the repository root:
 //   g++ -std=c++17 -O2 -fopenmp -march=native -I. -I<eigen3 include dir>
-//       cpu/attention.cc tests/cpp/attention_test.cc -o attention_test
+//       cpu/attention.cc cpu/attention_jvp.cc tests/cpp/attention_test.cc -o attention_test
 // Run: ./attention_test                  (correctness; exit status 1 on failure)
 //      ./attention_test bench [reps]     (timing of a standard set of shapes)
-//      ./attention_test bench reps B T S N K H causal {f32,bf16,f16} [fwd|bwd]
+//      ./attention_test bench reps B T S N K H causal {f32,bf16,f16} [fwd|bwd|jvp]
+//      (jvp: the forward-mode kernel timed alternately with the forward)
 #include "cpu/attention.h"
 
 #include <omp.h>
@@ -41,6 +42,8 @@ struct Case {
   std::vector<int> mask_bcast = {}, bias_bcast = {};
   float scale = 0;  // 0: 1/sqrt(H)
   bool with_dlse = false;  // backward also gets a logsumexp cotangent
+  // Forward mode: a full-shaped bias tangent is NaN at every masked (b, n, t, key).
+  bool nan_dbias_where_masked = false;
 };
 
 struct Problem {
@@ -135,6 +138,40 @@ struct Reference {
   std::vector<double> out, lse, dq, dk, dv, dbias;
 };
 
+// The probabilities of row t of head n over all S keys (0 at the keys it does
+// not attend) and the row's logsumexp: -inf when it attends no key, and then
+// every probability is 0.
+double row_softmax(const AttentionParams& p, const std::vector<double>& q,
+                   const std::vector<double>& k, int64_t b, int64_t n, int64_t t,
+                   std::vector<double>* prob) {
+  const int64_t T = p.q_len, S = p.kv_len, N = p.num_heads, K = p.num_kv_heads, H = p.head_dim;
+  const int64_t kh = n / (N / K);
+  const double* qr = &q[((b * T + t) * N + n) * H];
+  double mx = kNegInf;
+  for (int64_t j = 0; j < S; ++j) {
+    if (!attended(p, b, n, t, j)) {
+      (*prob)[j] = kNegInf;
+      continue;
+    }
+    const double* kr = &k[((b * S + j) * K + kh) * H];
+    double dot = 0;
+    for (int64_t h = 0; h < H; ++h) dot += qr[h] * kr[h];
+    (*prob)[j] = dot * p.scale + bias_at(p, b, n, t, j);
+    mx = std::max(mx, (*prob)[j]);
+  }
+  if (mx == kNegInf) {
+    std::fill(prob->begin(), prob->end(), 0.0);
+    return kNegInf;
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < S; ++j) {
+    (*prob)[j] = (*prob)[j] == kNegInf ? 0.0 : std::exp((*prob)[j] - mx);
+    sum += (*prob)[j];
+  }
+  for (int64_t j = 0; j < S; ++j) (*prob)[j] /= sum;
+  return mx + std::log(sum);
+}
+
 // Naive attention in double: per (b, n, t) row, logits over all keys.
 // dlse (may be empty) is the cotangent of the logsumexp.
 Reference reference(const Problem& pr, const std::vector<double>& q, const std::vector<double>& k,
@@ -157,28 +194,11 @@ Reference reference(const Problem& pr, const std::vector<double>& q, const std::
       for (int64_t t = 0; t < T; ++t) {
         const double* qr = &q[((b * T + t) * N + n) * H];
         const double* dor = &dout[((b * T + t) * N + n) * H];
-        double mx = kNegInf;
-        for (int64_t j = 0; j < S; ++j) {
-          if (!attended(p, b, n, t, j)) {
-            prob[j] = kNegInf;
-            continue;
-          }
-          const double* kr = &k[((b * S + j) * K + kh) * H];
-          double dot = 0;
-          for (int64_t h = 0; h < H; ++h) dot += qr[h] * kr[h];
-          prob[j] = dot * p.scale + bias_at(p, b, n, t, j);
-          mx = std::max(mx, prob[j]);
-        }
-        if (mx == kNegInf) continue;
-        double sum = 0;
-        for (int64_t j = 0; j < S; ++j) {
-          prob[j] = prob[j] == kNegInf ? 0.0 : std::exp(prob[j] - mx);
-          sum += prob[j];
-        }
-        r.lse[(b * N + n) * T + t] = mx + std::log(sum);
+        const double lse = row_softmax(p, q, k, b, n, t, &prob);
+        if (lse == kNegInf) continue;
+        r.lse[(b * N + n) * T + t] = lse;
         double* o = &r.out[((b * T + t) * N + n) * H];
         for (int64_t j = 0; j < S; ++j) {
-          prob[j] /= sum;
           const double* vr = &v[((b * S + j) * K + kh) * H];
           for (int64_t h = 0; h < H; ++h) o[h] += prob[j] * vr[h];
         }
@@ -271,25 +291,42 @@ double compare(const char* what, const std::vector<U>& got, const std::vector<do
   return err;
 }
 
+// A case's problem and random query, key and value, as T and as the doubles
+// they round to.
+template <typename T>
+struct Inputs {
+  Problem pr;
+  std::vector<T> q, k, v;
+  std::vector<double> qd, kd, vd;
+};
+
+template <typename T>
+Inputs<T> make_inputs(const Case& c, std::mt19937& rng, int threads) {
+  Inputs<T> in;
+  in.pr = make_problem(c, rng, threads);
+  in.q = random_tensor<T>(c.B * c.T * c.N * c.H, rng, &in.qd);
+  in.k = random_tensor<T>(c.B * c.S * c.K * c.H, rng, &in.kd);
+  in.v = random_tensor<T>(c.B * c.S * c.K * c.H, rng, &in.vd);
+  return in;
+}
+
 template <typename T>
 bool run_case(const Case& c, int threads, const char* type_name) {
   std::mt19937 rng(1234 + c.T * 7 + c.S * 13 + c.H);
-  Problem pr = make_problem(c, rng, threads);
+  const Inputs<T> in = make_inputs<T>(c, rng, threads);
+  const Problem& pr = in.pr;
   const AttentionParams& p = pr.p;
   if (const char* err = jaxops::cpu::attention_params_error(p)) {
     std::printf("  %s: invalid params: %s\n", c.name.c_str(), err);
     return false;
   }
   const int64_t qn = c.B * c.T * c.N * c.H, kn = c.B * c.S * c.K * c.H;
-  std::vector<double> qd, kd, vd, dod;
-  auto q = random_tensor<T>(qn, rng, &qd);
-  auto k = random_tensor<T>(kn, rng, &kd);
-  auto v = random_tensor<T>(kn, rng, &vd);
+  std::vector<double> dod;
   auto dout = random_tensor<T>(qn, rng, &dod);
   std::vector<double> dlse_d;
   std::vector<float> dlse;
   if (c.with_dlse) dlse = random_tensor<float>(c.B * c.N * c.T, rng, &dlse_d);
-  Reference ref = reference(pr, qd, kd, vd, dod, dlse_d);
+  Reference ref = reference(pr, in.qd, in.kd, in.vd, dod, dlse_d);
 
   std::vector<T> out(qn), dq(qn), dk(kn), dv(kn);
   std::vector<float> lse(c.B * c.N * c.T);
@@ -305,8 +342,9 @@ bool run_case(const Case& c, int threads, const char* type_name) {
   std::fill(lse.begin(), lse.end(), NAN);
   std::fill(dbias.begin(), dbias.end(), NAN);
 
-  jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
-  jaxops::cpu::attention_bwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(),
+  jaxops::cpu::attention_fwd<T>(p, in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(),
+                                ws.data());
+  jaxops::cpu::attention_bwd<T>(p, in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(),
                                 dout.data(), c.with_dlse ? dlse.data() : nullptr, dq.data(),
                                 dk.data(), dv.data(), p.bias ? dbias.data() : nullptr, ws.data());
 
@@ -324,7 +362,157 @@ bool run_case(const Case& c, int threads, const char* type_name) {
   return ok;
 }
 
-// Fully masked rows must give exactly 0 and -inf, and gradients exactly 0.
+struct JvpReference {
+  std::vector<double> out, lse, dout, dlse;
+};
+
+// Forward mode, naively in double from the definition: per (b, n, t) row, the
+// logits' tangents ds_j = scale (dq . k_j + q . dk_j) + dbias_j over the
+// attended keys, dlse = sum_j p_j ds_j and dout = sum_j p_j (ds_j - dlse) v_j
+// + sum_j p_j dv_j. An empty tangent is zero.
+JvpReference reference_jvp(const Problem& pr, const std::vector<double>& q,
+                           const std::vector<double>& k, const std::vector<double>& v,
+                           const std::vector<double>& dq, const std::vector<double>& dk,
+                           const std::vector<double>& dv, const std::vector<double>& dbias) {
+  const AttentionParams& p = pr.p;
+  const int64_t B = p.batch, T = p.q_len, S = p.kv_len, N = p.num_heads, K = p.num_kv_heads,
+                H = p.head_dim, G = N / K;
+  JvpReference r;
+  r.out.assign(B * T * N * H, 0.0);
+  r.dout.assign(B * T * N * H, 0.0);
+  r.lse.assign(B * N * T, kNegInf);
+  r.dlse.assign(B * N * T, 0.0);
+  std::vector<double> prob(S), ds(S);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t kh = n / G;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = ((b * T + t) * N + n) * H, stat = (b * N + n) * T + t;
+        const double lse = row_softmax(p, q, k, b, n, t, &prob);
+        if (lse == kNegInf) continue;
+        r.lse[stat] = lse;
+        double mu = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          ds[j] = 0;
+          if (!attended(p, b, n, t, j)) continue;
+          const int64_t key = ((b * S + j) * K + kh) * H;
+          double dot = 0;
+          for (int64_t h = 0; h < H; ++h) {
+            if (!dq.empty()) dot += dq[row + h] * k[key + h];
+            if (!dk.empty()) dot += q[row + h] * dk[key + h];
+          }
+          ds[j] = p.scale * dot;
+          if (!dbias.empty()) {
+            const int64_t* s = p.bias_strides;
+            ds[j] += dbias[b * s[0] + n * s[1] + t * s[2] + j * s[3]];
+          }
+          mu += prob[j] * ds[j];
+        }
+        r.dlse[stat] = mu;
+        for (int64_t j = 0; j < S; ++j) {
+          if (prob[j] == 0.0) continue;
+          const int64_t key = ((b * S + j) * K + kh) * H;
+          for (int64_t h = 0; h < H; ++h) {
+            r.out[row + h] += prob[j] * v[key + h];
+            r.dout[row + h] += prob[j] * (ds[j] - mu) * v[key + h];
+            if (!dv.empty()) r.dout[row + h] += prob[j] * dv[key + h];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// Which tangents a forward-mode run passes (the others are null: zero).
+enum TangentSet { kDq = 1, kDk = 2, kDv = 4, kDbias = 8 };
+
+std::string tangent_set_name(int set) {
+  if (set == 0) return "none";
+  std::string name;
+  for (auto [bit, what] : {std::pair{kDq, "dq"}, {kDk, "dk"}, {kDv, "dv"}, {kDbias, "dbias"}}) {
+    if (set & bit) name += name.empty() ? what : std::string("+") + what;
+  }
+  return name;
+}
+
+// attention_fwd_jvp against reference_jvp for each tangent absent and
+// present (none, each alone, all), and its primal results against
+// attention_fwd's.
+template <typename T>
+bool run_jvp_case(const Case& c, int threads, const char* type_name) {
+  std::mt19937 rng(4321 + c.T * 7 + c.S * 13 + c.H);
+  const Inputs<T> in = make_inputs<T>(c, rng, threads);
+  const AttentionParams& p = in.pr.p;
+  const int64_t qn = c.B * c.T * c.N * c.H, kn = c.B * c.S * c.K * c.H, stats = c.B * c.N * c.T;
+  std::vector<double> dqd, dkd, dvd, dbd;
+  auto dq = random_tensor<T>(qn, rng, &dqd);
+  auto dk = random_tensor<T>(kn, rng, &dkd);
+  auto dv = random_tensor<T>(kn, rng, &dvd);
+  std::vector<float> dbias;
+  if (p.bias) dbias = random_tensor<float>(in.pr.bias.size(), rng, &dbd);
+  if (c.nan_dbias_where_masked) {
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t n = 0; n < c.N; ++n) {
+        for (int64_t t = 0; t < c.T; ++t) {
+          for (int64_t j = 0; j < c.S; ++j) {
+            if (!attended(p, b, n, t, j)) dbias[((b * c.N + n) * c.T + t) * c.S + j] = NAN;
+          }
+        }
+      }
+    }
+  }
+
+  std::vector<T> fwd_out(qn), out(qn), dout(qn);
+  std::vector<float> fwd_lse(stats), lse(stats), dlse(stats);
+  std::vector<char> ws(std::max(jaxops::cpu::attention_fwd_workspace_bytes<T>(p),
+                                jaxops::cpu::attention_fwd_jvp_workspace_bytes<T>(p)));
+  jaxops::cpu::attention_fwd<T>(p, in.q.data(), in.k.data(), in.v.data(), fwd_out.data(),
+                                fwd_lse.data(), ws.data());
+  std::vector<int> sets = {0, kDq, kDk, kDv, kDq | kDk | kDv};
+  if (p.bias) {
+    sets.push_back(kDbias);
+    sets.push_back(kDq | kDk | kDv | kDbias);
+  }
+  bool ok = true;
+  const double tol = tolerance<T>();
+  double e_out = 0, e_lse = 0, e_dout = 0, e_dlse = 0, e_primal = 0;
+  for (int set : sets) {
+    const std::vector<double> none;
+    JvpReference ref = reference_jvp(in.pr, in.qd, in.kd, in.vd, set & kDq ? dqd : none,
+                                     set & kDk ? dkd : none, set & kDv ? dvd : none,
+                                     set & kDbias ? dbd : none);
+    // Poison outputs and workspace: every element must be written.
+    std::fill(ws.begin(), ws.end(), static_cast<char>(0xff));
+    for (auto* x : {&out, &dout}) std::fill(x->begin(), x->end(), static_cast<T>(NAN));
+    for (auto* x : {&lse, &dlse}) std::fill(x->begin(), x->end(), NAN);
+    jaxops::cpu::attention_fwd_jvp<T>(
+        p, in.q.data(), in.k.data(), in.v.data(), set & kDq ? dq.data() : nullptr,
+        set & kDk ? dk.data() : nullptr, set & kDv ? dv.data() : nullptr,
+        set & kDbias ? dbias.data() : nullptr, out.data(), lse.data(), dout.data(), dlse.data(),
+        ws.data());
+    bool set_ok = true;
+    e_out = std::max(e_out, compare("out", out, ref.out, tol, &set_ok));
+    e_lse = std::max(e_lse, compare("lse", lse, ref.lse, std::max(tol, 1e-5), &set_ok));
+    e_dout = std::max(e_dout, compare("dout", dout, ref.dout, 2 * tol, &set_ok));
+    e_dlse = std::max(e_dlse, compare("dlse", dlse, ref.dlse, 2 * tol, &set_ok));
+    // The primal results are the forward's up to float32 rounding (the
+    // outputs' own rounding for bf16 and f16: one unit in the last place).
+    std::vector<double> fwd_out_d(fwd_out.begin(), fwd_out.end());
+    std::vector<double> fwd_lse_d(fwd_lse.begin(), fwd_lse.end());
+    e_primal = std::max(e_primal, compare("out vs forward", out, fwd_out_d, tol, &set_ok));
+    e_primal = std::max(e_primal, compare("lse vs forward", lse, fwd_lse_d, 1e-5, &set_ok));
+    if (!set_ok) std::printf("    (tangents: %s)\n", tangent_set_name(set).c_str());
+    ok &= set_ok;
+  }
+  std::printf("  %-5s %-34s %s  jvp out %.1e lse %.1e dout %.1e dlse %.1e vs fwd %.1e\n",
+              type_name, c.name.c_str(), ok ? "ok  " : "FAIL", e_out, e_lse, e_dout, e_dlse,
+              e_primal);
+  return ok;
+}
+
+// Fully masked rows must give exactly 0 and -inf, and gradients and tangents
+// exactly 0.
 bool run_fully_masked_rows() {
   Case c{"fully masked rows", 2, 5, 7, 2, 1, 16};
   c.kv_lengths = true;  // batch 1 has kv length 0
@@ -341,12 +529,18 @@ bool run_fully_masked_rows() {
   auto v = random_tensor<float>(kn, rng, &vd);
   auto dout = random_tensor<float>(qn, rng, &dod);
   std::vector<float> out(qn), lse(c.B * c.N * c.T), dq(qn), dk(kn), dv(kn);
-  std::vector<char> ws(std::max(jaxops::cpu::attention_fwd_workspace_bytes<float>(p),
-                                jaxops::cpu::attention_bwd_workspace_bytes<float>(p, false)));
+  std::vector<float> jvp_out(qn), jvp_lse(c.B * c.N * c.T), jvp_dout(qn), jvp_dlse(c.B * c.N * c.T);
+  std::vector<char> ws(std::max({jaxops::cpu::attention_fwd_workspace_bytes<float>(p),
+                                 jaxops::cpu::attention_bwd_workspace_bytes<float>(p, false),
+                                 jaxops::cpu::attention_fwd_jvp_workspace_bytes<float>(p)}));
   jaxops::cpu::attention_fwd<float>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
   jaxops::cpu::attention_bwd<float>(p, q.data(), k.data(), v.data(), out.data(), lse.data(),
                                     dout.data(), nullptr, dq.data(), dk.data(), dv.data(), nullptr,
                                     ws.data());
+  // Tangents: any nonzero data (dout, v and k).
+  jaxops::cpu::attention_fwd_jvp<float>(p, q.data(), k.data(), v.data(), dout.data(), v.data(),
+                                        k.data(), nullptr, jvp_out.data(), jvp_lse.data(),
+                                        jvp_dout.data(), jvp_dlse.data(), ws.data());
   bool ok = true;
   for (int64_t n = 0; n < c.N; ++n) {
     for (int64_t t = 0; t < c.T; ++t) {
@@ -354,12 +548,18 @@ bool run_fully_masked_rows() {
         const bool masked = b == 1 || t < 3;
         const float* o = &out[((b * c.T + t) * c.N + n) * c.H];
         const float* g = &dq[((b * c.T + t) * c.N + n) * c.H];
+        const float* jo = &jvp_out[((b * c.T + t) * c.N + n) * c.H];
+        const float* jd = &jvp_dout[((b * c.T + t) * c.N + n) * c.H];
         const float l = lse[(b * c.N + n) * c.T + t];
+        const float jl = jvp_lse[(b * c.N + n) * c.T + t];
+        const float jdl = jvp_dlse[(b * c.N + n) * c.T + t];
         if (masked) {
-          for (int64_t h = 0; h < c.H; ++h) ok &= o[h] == 0.0f && g[h] == 0.0f;
-          ok &= l == -std::numeric_limits<float>::infinity();
+          for (int64_t h = 0; h < c.H; ++h) {
+            ok &= o[h] == 0.0f && g[h] == 0.0f && jo[h] == 0.0f && jd[h] == 0.0f;
+          }
+          ok &= l == -std::numeric_limits<float>::infinity() && jl == l && jdl == 0.0f;
         } else {
-          ok &= std::isfinite(l);
+          ok &= std::isfinite(l) && std::isfinite(jl) && std::isfinite(jdl);
         }
       }
     }
@@ -501,6 +701,15 @@ std::vector<Case> cases() {
   }
   cs.push_back({"odd H=7", 1, 20, 30, 2, 2, 7});
   {
+    // Causal with offset 10 and a left window of 30 keys.
+    Case c{"NaN dbias at masked keys", 2, 40, 75, 2, 1, 16, true, 10, 30};
+    c.bias_bcast = {0, 0, 0, 0};
+    c.mask_bcast = {0, 0, 0, 0};
+    c.kv_lengths = true;
+    c.nan_dbias_where_masked = true;
+    cs.push_back(c);
+  }
+  {
     Case c{"scale 0.5, dlse", 1, 20, 30, 2, 2, 16};
     c.scale = 0.5f;
     c.with_dlse = true;
@@ -521,9 +730,25 @@ double cpu_seconds() {
   return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+enum class Pass { kForward, kBackward, kJvp };
+
+// Flops per attended (query, key) pair and head dimension: 2 products of 2H
+// flops forward, 5 backward, 6 in forward mode (scores, their tangent's two
+// terms, and the three value-side products).
+double flops_per_pair_and_dim(Pass pass) {
+  return pass == Pass::kForward ? 4.0 : pass == Pass::kBackward ? 10.0 : 12.0;
+}
+
+const char* pass_name(Pass pass) {
+  return pass == Pass::kForward ? "fwd" : pass == Pass::kBackward ? "bwd" : "jvp";
+}
+
+// Median of reps calls after a warm-up. Pass::kJvp times the forward and the
+// forward-mode kernel (tangents of q, k and v) alternately, so both see the
+// machine's load alike, and prints both and the ratio of their times.
 template <typename T>
 void bench_case(int64_t B, int64_t T_len, int64_t S, int64_t N, int64_t K, int64_t H, bool causal,
-                bool backward, const char* type_name, int reps) {
+                Pass pass, const char* type_name, int reps) {
   AttentionParams p;
   p.batch = B;
   p.q_len = T_len;
@@ -543,45 +768,75 @@ void bench_case(int64_t B, int64_t T_len, int64_t S, int64_t N, int64_t K, int64
   auto v = random_tensor<T>(nk, rng, &tmp);
   auto dout = random_tensor<T>(nq, rng, &tmp);
   std::vector<T> out(nq), dq(nq), dk(nk), dv(nk);
-  std::vector<float> lse(B * N * T_len);
-  std::vector<char> ws(std::max(jaxops::cpu::attention_fwd_workspace_bytes<T>(p),
-                                jaxops::cpu::attention_bwd_workspace_bytes<T>(p, false)));
-  jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
-  std::vector<double> times, cpu_times;
-  for (int r = 0; r < reps + 1; ++r) {
-    const double t0 = now_seconds(), c0 = cpu_seconds();
-    if (backward) {
+  std::vector<float> lse(B * N * T_len), dlse(B * N * T_len);
+  std::vector<T> q_tangent, k_tangent, v_tangent;
+  if (pass == Pass::kJvp) {
+    q_tangent = random_tensor<T>(nq, rng, &tmp);
+    k_tangent = random_tensor<T>(nk, rng, &tmp);
+    v_tangent = random_tensor<T>(nk, rng, &tmp);
+  }
+  std::vector<char> ws(std::max({jaxops::cpu::attention_fwd_workspace_bytes<T>(p),
+                                 jaxops::cpu::attention_bwd_workspace_bytes<T>(p, false),
+                                 jaxops::cpu::attention_fwd_jvp_workspace_bytes<T>(p)}));
+  auto run = [&](Pass which) {
+    if (which == Pass::kForward) {
+      jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
+    } else if (which == Pass::kBackward) {
       jaxops::cpu::attention_bwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(),
                                     dout.data(), nullptr, dq.data(), dk.data(), dv.data(), nullptr,
                                     ws.data());
     } else {
-      jaxops::cpu::attention_fwd<T>(p, q.data(), k.data(), v.data(), out.data(), lse.data(), ws.data());
+      jaxops::cpu::attention_fwd_jvp<T>(p, q.data(), k.data(), v.data(), q_tangent.data(),
+                                        k_tangent.data(), v_tangent.data(), nullptr, out.data(),
+                                        lse.data(), dout.data(), dlse.data(), ws.data());
     }
-    if (r > 0) {
-      times.push_back(now_seconds() - t0);
-      cpu_times.push_back((cpu_seconds() - c0) / p.num_threads);
+  };
+  run(Pass::kForward);
+  const std::vector<Pass> timed =
+      pass == Pass::kJvp ? std::vector<Pass>{Pass::kForward, Pass::kJvp} : std::vector<Pass>{pass};
+  std::vector<std::vector<double>> times(timed.size()), cpu_times(timed.size());
+  for (int r = 0; r < reps + 1; ++r) {
+    for (size_t i = 0; i < timed.size(); ++i) {
+      const double t0 = now_seconds(), c0 = cpu_seconds();
+      run(timed[i]);
+      if (r > 0) {
+        times[i].push_back(now_seconds() - t0);
+        cpu_times[i].push_back((cpu_seconds() - c0) / p.num_threads);
+      }
     }
   }
-  std::sort(times.begin(), times.end());
-  std::sort(cpu_times.begin(), cpu_times.end());
-  const double median = times[times.size() / 2], cpu = cpu_times[cpu_times.size() / 2];
-  // Attended (query, key) pairs times 4H flops forward, 10H backward.
+  // Attended (query, key) pairs: under a causal mask, those of the lower
+  // triangle (query t of S - T + t + 1 keys).
   double pairs = 0;
   for (int64_t t = 0; t < T_len; ++t) pairs += causal ? std::min<int64_t>(S, t + p.query_offset + 1) : S;
-  const double flops = pairs * B * N * H * (backward ? 10.0 : 4.0);
-  std::printf("  %-5s B=%lld T=%lld S=%lld N=%lld K=%lld H=%lld %-6s %-3s median %8.2f ms %6.1f GFLOP/s"
-              "  cpu-time per thread %8.2f ms %6.1f GFLOP/s\n",
-              type_name, static_cast<long long>(B), static_cast<long long>(T_len),
-              static_cast<long long>(S), static_cast<long long>(N), static_cast<long long>(K),
-              static_cast<long long>(H), causal ? "causal" : "full", backward ? "bwd" : "fwd",
-              median * 1e3, flops / median * 1e-9, cpu * 1e3, flops / cpu * 1e-9);
+  std::vector<double> medians, cpu_medians;
+  for (size_t i = 0; i < timed.size(); ++i) {
+    std::sort(times[i].begin(), times[i].end());
+    std::sort(cpu_times[i].begin(), cpu_times[i].end());
+    const double median = times[i][times[i].size() / 2];
+    const double cpu = cpu_times[i][cpu_times[i].size() / 2];
+    medians.push_back(median);
+    cpu_medians.push_back(cpu);
+    const double flops = pairs * B * N * H * flops_per_pair_and_dim(timed[i]);
+    std::printf("  %-5s B=%lld T=%lld S=%lld N=%lld K=%lld H=%lld %-6s %-3s median %8.2f ms %6.1f GFLOP/s"
+                "  cpu-time per thread %8.2f ms %6.1f GFLOP/s\n",
+                type_name, static_cast<long long>(B), static_cast<long long>(T_len),
+                static_cast<long long>(S), static_cast<long long>(N), static_cast<long long>(K),
+                static_cast<long long>(H), causal ? "causal" : "full", pass_name(timed[i]),
+                median * 1e3, flops / median * 1e-9, cpu * 1e3, flops / cpu * 1e-9);
+  }
+  if (pass == Pass::kJvp) {
+    std::printf("  jvp / fwd time: %.2fx (cpu-time %.2fx)\n", medians[1] / medians[0],
+                cpu_medians[1] / cpu_medians[0]);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "bench") {
-    // bench [reps] [B T S N K H causal dtype [fwd|bwd]]: one case, else the standard set.
+    // bench [reps] [B T S N K H causal dtype [fwd|bwd|jvp]]: one case (fwd and
+    // bwd when no pass is named), else the standard set.
     const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
     std::printf("threads: %d\n", omp_get_max_threads());
     if (argc > 10) {
@@ -589,25 +844,28 @@ int main(int argc, char** argv) {
                     N = std::atoll(argv[6]), K = std::atoll(argv[7]), H = std::atoll(argv[8]);
       const bool causal = std::atoi(argv[9]) != 0;
       const std::string dtype = argv[10];
-      const std::string pass = argc > 11 ? argv[11] : "both";
-      for (bool backward : {false, true}) {
-        if ((pass == "fwd" && backward) || (pass == "bwd" && !backward)) continue;
-        if (dtype == "bf16") bench_case<bfloat16>(B, T, S, N, K, H, causal, backward, "bf16", reps);
-        else if (dtype == "f16") bench_case<float16>(B, T, S, N, K, H, causal, backward, "f16", reps);
-        else bench_case<float>(B, T, S, N, K, H, causal, backward, "f32", reps);
+      const std::string name = argc > 11 ? argv[11] : "";
+      std::vector<Pass> passes = {Pass::kForward, Pass::kBackward};
+      if (name == "fwd") passes = {Pass::kForward};
+      if (name == "bwd") passes = {Pass::kBackward};
+      if (name == "jvp") passes = {Pass::kJvp};
+      for (Pass pass : passes) {
+        if (dtype == "bf16") bench_case<bfloat16>(B, T, S, N, K, H, causal, pass, "bf16", reps);
+        else if (dtype == "f16") bench_case<float16>(B, T, S, N, K, H, causal, pass, "f16", reps);
+        else bench_case<float>(B, T, S, N, K, H, causal, pass, "f32", reps);
       }
       return 0;
     }
     for (bool causal : {false, true}) {
-      for (bool backward : {false, true}) {
-        bench_case<float>(1, 2048, 2048, 8, 8, 64, causal, backward, "f32", reps);
-        bench_case<float>(4, 1024, 1024, 12, 12, 64, causal, backward, "f32", reps);
-        bench_case<float>(1, 4096, 4096, 8, 8, 128, causal, backward, "f32", reps);
-        bench_case<bfloat16>(1, 2048, 2048, 8, 8, 64, causal, backward, "bf16", reps);
+      for (Pass pass : {Pass::kForward, Pass::kBackward}) {
+        bench_case<float>(1, 2048, 2048, 8, 8, 64, causal, pass, "f32", reps);
+        bench_case<float>(4, 1024, 1024, 12, 12, 64, causal, pass, "f32", reps);
+        bench_case<float>(1, 4096, 4096, 8, 8, 128, causal, pass, "f32", reps);
+        bench_case<bfloat16>(1, 2048, 2048, 8, 8, 64, causal, pass, "bf16", reps);
       }
     }
-    bench_case<float>(8, 1, 4096, 32, 8, 128, false, false, "f32", reps);
-    bench_case<float>(8, 1, 4096, 32, 32, 128, false, false, "f32", reps);
+    bench_case<float>(8, 1, 4096, 32, 8, 128, false, Pass::kForward, "f32", reps);
+    bench_case<float>(8, 1, 4096, 32, 32, 128, false, Pass::kForward, "f32", reps);
     return 0;
   }
   bool ok = true;
@@ -615,9 +873,12 @@ int main(int argc, char** argv) {
     std::printf("threads=%d\n", threads);
     for (const Case& c : cases()) {
       ok &= run_case<float>(c, threads, "f32");
+      ok &= run_jvp_case<float>(c, threads, "f32");
       if (threads == 2) {
         ok &= run_case<bfloat16>(c, threads, "bf16");
         ok &= run_case<float16>(c, threads, "f16");
+        ok &= run_jvp_case<bfloat16>(c, threads, "bf16");
+        ok &= run_jvp_case<float16>(c, threads, "f16");
       }
     }
   }
