@@ -144,3 +144,15 @@ def test_thread_order_does_not_change_gradients(harness, mode, seed):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   finally:
     harness.configure()
+
+
+@pytest.mark.parametrize("case", ["causal", "all", "bias_keys", "mask_full"])
+def test_jvp_through_the_public_function(case):
+  """jax.jvp of jaxops.attention runs the CUDA forward-mode kernel (one launch)."""
+  attention_tests.test_jvp_matches_reference(case)
+
+
+def test_jvp_dtypes_and_partial_tangents():
+  for dtype in (jnp.bfloat16, jnp.float16):
+    attention_tests.test_dtypes_forward_and_derivatives(dtype, "all", "jvp")
+  attention_tests.test_jvp_of_some_inputs((0, 3))

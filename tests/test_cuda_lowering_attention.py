@@ -20,6 +20,7 @@ BINDINGS = {
     "jaxops_attention_fwd": (OPERANDS, (T, "f32"), ATTRS),
     "jaxops_attention_bwd": ((*OPERANDS, T, "f32", T, "f32"), (T, T, T, "f32", "ui8"),
                              {**ATTRS, "with_dbias": "i1"}),
+    "jaxops_attention_fwd_jvp": ((*OPERANDS, T, T, T, "f32"), (T, "f32", T, "f32"), ATTRS),
 }
 B, TQ, S, N, K, H = 2, 5, 7, 4, 2, 16
 
@@ -91,3 +92,27 @@ def test_head_dims_above_the_cuda_limit_take_the_reference_on_cuda(monkeypatch):
   assert "jaxops_" not in str(jax.make_jaxpr(jaxops.attention)(q, q, q))
   with pytest.raises(ValueError, match="head dims up to 256"):
     jaxops.attention(q, q, q, implementation="ffi")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_forward_mode_lowers_to_the_one_fused_cuda_kernel(dtype):
+  q, k, v, bias = _inputs(dtype)
+
+  def f(q, k, v, bias, offset):
+    return jaxops.attention(q, k, v, bias, is_causal=True, query_offset=offset,
+                            return_residual=True, implementation="ffi")
+
+  jvp = lambda q, k, v, b, o: jax.jvp(lambda q, k, v, b: f(q, k, v, b, o), (q, k, v, b),
+                                      (q, k, v, b))
+  (call,) = _custom_calls(jvp, q, k, v, bias, jnp.int32(2))
+  target, operands, results, attrs, _ = call
+  assert target == "jaxops_attention_fwd_jvp"
+  want_operands, want_results, want_attrs = BINDINGS[target]
+  resolve = lambda kinds: [DTYPES[dtype] if kind == T else kind for kind in kinds]
+  assert [d for _, d in operands] == resolve(want_operands)
+  assert [d for _, d in results] == resolve(want_results)
+  assert attrs == want_attrs
+  # The bias tangent is bias-shaped; a zero tangent (none of v here) is absent.
+  (call,) = _custom_calls(lambda q, b: jax.jvp(lambda q, b: f(q, k, v, b, 0), (q, b), (q, b)),
+                          q, bias)
+  assert [shape for shape, _ in call[1][8:]] == [q.shape, (0,), (0,), bias.shape]

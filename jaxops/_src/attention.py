@@ -266,7 +266,7 @@ attention_fwd_p = FfiPrimitive(
     batch_rule=_fwd_batch_rule, sharding=_sharding([], ["q", "bnt"]))
 
 attention_fwd_jvp_p = FfiPrimitive(
-    name="jaxops_attention_fwd_jvp", target=None,
+    name="jaxops_attention_fwd_jvp", target="jaxops_attention_fwd_jvp",
     abstract_eval=_fwd_jvp_abstract_eval, reference=_fwd_jvp_reference, attributes=_ATTRIBUTES,
     batch_rule=_fwd_batch_rule,
     sharding=_sharding(["q", "kv", "kv", "bnts"], ["q", "bnt", "q", "bnt"]))
