@@ -12,7 +12,7 @@ from jaxops import optim
 
 __all__ = [
     "add_rms_norm", "attention", "causal_softmax", "cross_entropy", "embedding", "export_checks",
-    "geglu", "gelu", "layer_norm", "linear_cross_entropy", "log_softmax", "optim", "rms_norm", "rope", "silu",
-    "softmax", "swiglu",
+    "geglu", "gelu", "layer_norm", "linear_cross_entropy", "log_softmax", "optim", "rms_norm",
+    "rope", "silu", "softmax", "swiglu",
 ]
 __version__ = "0.1.0"

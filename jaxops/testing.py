@@ -232,7 +232,8 @@ def check_transformations(fn: Callable, reference: Callable, args: Sequence, *,
 
   ``jax.jacfwd`` == ``jax.jacrev``; ``jax.hessian`` and ``jvp(grad)`` /
   ``grad(jvp)`` of a scalar function of the outputs; ``jvp`` under ``vmap`` and
-  ``vmap`` under ``jvp``; ``jax.linearize``; ``jax.eval_shape``; ``jax.checkpoint``
+  ``vmap`` under ``jvp``, and ``vmap`` of ``jvp(grad)`` and of ``grad(jvp)``;
+  ``jax.linearize``; ``jax.eval_shape``; ``jax.checkpoint``
   without a policy and with ``save_only_these_names(checkpoint_name)``. With
   ``forward_kernel`` (a primitive name) and ``checkpoint_name``, the named
   policy must keep the residuals: the forward kernel runs once in the
@@ -276,6 +277,10 @@ def check_transformations(fn: Callable, reference: Callable, args: Sequence, *,
       lambda p, t: jax.jvp(jax.grad(g, argnums=every), p, t)[1])(batched, batched_t),
       static_argnums=0)
   assert_tree_close(vmap_jvp_grad(s), vmap_jvp_grad(sr), name="vmap(jvp(grad))", **close_kwargs)
+  vmap_grad_jvp = jax.jit(lambda g: jax.vmap(lambda p, t: jax.grad(
+      lambda *q: scalarize(lambda *u: jax.jvp(g, u, t)[1])(*q), argnums=every)(*p))(
+          batched, batched_t), static_argnums=0)
+  assert_tree_close(vmap_grad_jvp(f), vmap_grad_jvp(r), name="vmap(grad(jvp))", **close_kwargs)
 
   out, linear = jax.linearize(f, *primals)
   assert_tree_close(linear(*tangents), jax.jvp(r, primals, tangents)[1], name="linearize",

@@ -3,8 +3,8 @@
 Two builds cannot share a process (they register the same FFI targets), so
 each round runs ``<python> -P -m jaxops.bench <args>`` once with the "before"
 interpreter and once with the "after" one, alternating, and compares the
-medians over the rounds of each result line's first timing column (jaxops'
-time in every family's table). Alternating spreads the machine's slow and fast
+medians (and minima: noise only ever adds time) over the rounds of each result
+line's first timing column (jaxops' time in every family's table). Alternating spreads the machine's slow and fast
 periods over both builds; each run's own jaxops/XLA ratio is also printed, as
 XLA is the same in both and so measures the drift between runs.
 
@@ -59,17 +59,26 @@ def main(argv):
         print(next(l for l in output.splitlines() if l.startswith("#")))
       runs[name].append(_rows(output))
   labels = list(runs["after"][0])
-  print(f"# {' '.join(bench)}: medians over {args.rounds} alternating rounds; "
+  print(f"# {' '.join(bench)}: over {args.rounds} alternating rounds, the median and the "
+        "minimum of each build's time (each run's own figure is already a median of its calls); "
         "'vs xla' = each build's own speed-up over XLA (median)")
   print(f"{'result':<44} {'before ms':>10} {'after ms':>9} {'after/before':>12} "
-        f"{'vs xla before':>13} {'vs xla after':>12}")
+        f"{'min before':>10} {'min after':>9} {'min a/b':>8} {'vs xla before':>13} "
+        f"{'vs xla after':>12}")
   for label in labels:
-    def median(name, i):
-      values = [r[label][i] for r in runs[name] if label in r and r[label][i] is not None]
-      return statistics.median(values) if values else float("nan")
-    before, after = median("before", 0), median("after", 0)
+    def values(name, i):
+      return [r[label][i] for r in runs[name] if label in r and r[label][i] is not None]
+
+    def stat(fn, name, i):
+      found = values(name, i)
+      return fn(found) if found else float("nan")
+
+    before, after = stat(statistics.median, "before", 0), stat(statistics.median, "after", 0)
+    low_before, low_after = stat(min, "before", 0), stat(min, "after", 0)
     print(f"{label:<44} {before:>10.2f} {after:>9.2f} {after / before:>12.3f} "
-          f"{median('before', 1):>12.2f}x {median('after', 1):>11.2f}x")
+          f"{low_before:>10.2f} {low_after:>9.2f} {low_after / low_before:>8.3f} "
+          f"{stat(statistics.median, 'before', 1):>12.2f}x "
+          f"{stat(statistics.median, 'after', 1):>11.2f}x")
   return 0
 
 

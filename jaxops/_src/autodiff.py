@@ -268,7 +268,8 @@ class Differentiable:
     known = new_jaxpr_eqn(primals, results, self.forward.primitive, eqn.params, set(),
                           eqn.source_info, eqn.ctx)
     saved_outputs = [results[j] for j in self.saved_outputs]
-    save = _saves(saveable(self.forward.primitive, *[v.aval for v in primals], **eqn.params)) or all(
+    by_primitive = saveable(self.forward.primitive, *[v.aval for v in primals], **eqn.params)
+    save = _saves(by_primitive) or all(
         _saves(saveable(_NAME_PRIMITIVE, v.aval, name=self.checkpoint_name)) for v in saved_outputs)
     if save:
       saved_inputs = [primals[i] for i in self.saved_inputs]
