@@ -38,7 +38,6 @@ A rule that one op alone needs (attention's window pair, rope's even
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Sequence
 
 import jax
@@ -106,13 +105,21 @@ def array(op: str, name: str, value, *, dtypes=None, expected: str | None = None
   """An array; with ``dtypes`` (a JAX dtype category such as ``jnp.floating``,
   or a sequence of dtypes) its dtype must be one of them. ``expected`` words
   the dtype requirement for the message."""
-  if not isinstance(value, _ARRAY_TYPES + (np.generic,)) or isinstance(value, (np.str_,
-                                                                                np.bytes_)):
+  if not _is_array(value):
     raise type_error(op, name, "be an array", describe(value))
   value = jnp.asarray(value)
   if dtypes is not None and not _dtype_in(value.dtype, dtypes):
     raise type_error(op, name, expected or f"have dtype {_dtype_names(dtypes)}", str(value.dtype))
   return value
+
+
+def _is_array(value) -> bool:
+  if isinstance(value, jax.Array):
+    return True
+  if not isinstance(value, (np.ndarray, np.generic)):
+    return False
+  # Numbers (bfloat16 included) and bools: JAX has no strings, objects or dates.
+  return value.dtype == np.bool_ or jnp.issubdtype(value.dtype, jnp.number)
 
 
 def _dtype_in(dtype, dtypes) -> bool:
@@ -210,7 +217,7 @@ def axis(op: str, name: str, value, ndim: int) -> int:
   if not -ndim <= value < ndim:
     raise value_error(op, name, f"be an axis of a rank-{ndim} array, in [{-ndim}, {ndim - 1}]",
                       str(value))
-  return operator.index(value) % ndim
+  return value % ndim
 
 
 def choice(op: str, name: str, value, choices: Sequence[Any]):

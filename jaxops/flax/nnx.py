@@ -24,7 +24,7 @@ class LayerNorm(nnx.Module):
                bias_init: Initializer = nnx.initializers.zeros,
                scale_init: Initializer = nnx.initializers.ones,
                implementation: str | None = None, rngs: nnx.Rngs):
-    _arguments.norm(f"jaxops.flax.nnx.{type(self).__name__}", num_features=num_features,
+    _arguments.norm("jaxops.flax.nnx.LayerNorm", num_features=num_features,
                     epsilon=epsilon, implementation=implementation)
     self.num_features = num_features
     self.epsilon, self.dtype, self.param_dtype = epsilon, dtype, param_dtype
@@ -47,7 +47,7 @@ class RMSNorm(nnx.Module):
                param_dtype: Any = jnp.float32, use_scale: bool = True,
                scale_init: Initializer = nnx.initializers.ones,
                implementation: str | None = None, rngs: nnx.Rngs):
-    _arguments.norm(f"jaxops.flax.nnx.{type(self).__name__}", num_features=num_features,
+    _arguments.norm("jaxops.flax.nnx.RMSNorm", num_features=num_features,
                     epsilon=epsilon, implementation=implementation)
     self.num_features = num_features
     self.epsilon, self.dtype, self.param_dtype = epsilon, dtype, param_dtype
