@@ -178,21 +178,21 @@ def test_handles_none_leaves_like_optax():
     (lambda: jaxops.optim.adamw("1e-3"), TypeError, "learning_rate must be a Python float"),
     (lambda: jaxops.optim.adamw(1e-3, b1=1.0), ValueError, r"b1 must be in \[0.0, 1.0\)"),
     (lambda: jaxops.optim.adamw(1e-3, b2=-0.1), ValueError, "b2 must be in"),
-    (lambda: jaxops.optim.adamw(1e-3, eps=-1.0), ValueError, "eps must be in >= 0.0"),
+    (lambda: jaxops.optim.adamw(1e-3, eps=-1.0), ValueError, "eps must be >= 0.0, got -1.0"),
     (lambda: jaxops.optim.adamw(1e-3, weight_decay=jnp.ones(2)), TypeError,
      "weight_decay must be a Python float"),
     (lambda: jaxops.optim.adamw(1e-3, implementation="cuda"), ValueError,
      "implementation must be one of"),
     (lambda: jaxops.optim.adamw(1e-3).init({"step": jnp.zeros((), jnp.int32)}), TypeError,
-     r"parameter \['step'\] has dtype int32"),
+     r"params\['step'\] must have a floating dtype, got int32"),
     (lambda: jaxops.optim.adamw(1e-3).update({"w": jnp.ones(3)},
                                              jaxops.optim.adamw(1e-3).init({"w": jnp.ones(3)})),
-     ValueError, "update needs params"),
+     ValueError, "params must be given to update"),
     (lambda: jaxops.optim.adamw(1e-3).update({"w": jnp.ones(3)}, optax.adamw(1e-3).init(
         {"w": jnp.ones(3)}), {"w": jnp.ones(3)}), TypeError, "state must be the AdamWState"),
     (lambda: jaxops.optim.adamw(1e-3).update({"w": jnp.ones(4)}, jaxops.optim.adamw(1e-3).init(
         {"w": jnp.ones(3)}), {"w": jnp.ones(3)}), ValueError,
-     r"gradient \['w'\] has shape \(4,\), its parameter \(3,\)"),
+     r"grads\['w'\] must have shape params\['w'\].shape = \(3,\), got \(4,\)"),
 ])
 def test_bad_input_is_a_clear_error(call, error, match):
   with pytest.raises(error, match=match):

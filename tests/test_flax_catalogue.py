@@ -44,7 +44,7 @@ def test_linen_embed_clamps_out_of_range_ids():
   out = ours.apply(params, jnp.array([-1, 4, 100]))
   table = params["params"]["embedding"]
   np.testing.assert_array_equal(out, table[jnp.array([0, 3, 3])])
-  with pytest.raises(ValueError, match="inputs must have an integer dtype"):
+  with pytest.raises(TypeError, match="Embed: inputs must have an integer dtype, got float32"):
     ours.apply(params, jnp.zeros((2,)))
 
 
@@ -86,7 +86,7 @@ def test_linen_gated_mlp(activation, use_bias):
   assert_tree_close(grad, grad_ref, atol=1e-4, rtol=1e-4)
   assert jlinen.GatedMLP(8, out_features=3).init_with_output(jax.random.key(0), x)[0].shape == (
       2, 5, 3)
-  with pytest.raises(ValueError, match="activation must be 'swiglu' or 'geglu'"):
+  with pytest.raises(ValueError, match="GatedMLP: activation must be one of 'swiglu', 'geglu'"):
     jlinen.GatedMLP(8, activation="relu").init(jax.random.key(0), x)
 
 

@@ -18,9 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
-from jaxops._src import primitive
+from jaxops._src import primitive, validation
 from jaxops._src.autodiff import Differentiable
-from jaxops._src.checks import check_float_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front, is_absent
 from jaxops._src.sharding import elementwise
 
@@ -148,8 +147,8 @@ def gelu(x, approximate: bool = True, *, implementation=None):
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
   op = "jaxops.gelu"
-  x = check_float_array(op, "x", x, non_empty_last_axis=False)
-  approximate = _check_bool(op, "approximate", approximate)
+  x = validation.float_array(op, "x", x)
+  approximate = validation.static_bool(op, "approximate", approximate)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.gelu(x, approximate)
   return gelu_fwd_p(x, approximate=approximate)[0]
@@ -159,7 +158,7 @@ def silu(x, *, implementation=None):
   """SiLU (swish), elementwise: ``x * sigmoid(x)``, in float32, returned in
   ``x.dtype``. ``implementation`` as in :func:`gelu`."""
   op = "jaxops.silu"
-  x = check_float_array(op, "x", x, non_empty_last_axis=False)
+  x = validation.float_array(op, "x", x)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.silu(x)
   return silu_fwd_p(x)[0]
@@ -186,7 +185,7 @@ def geglu(gate, up, approximate: bool = True, *, implementation=None):
   """
   op = "jaxops.geglu"
   gate, up = _check_gated(op, gate, up)
-  approximate = _check_bool(op, "approximate", approximate)
+  approximate = validation.static_bool(op, "approximate", approximate)
   if not primitive.use_kernel(op, implementation, [gate.dtype]):
     return reference.geglu(gate, up, approximate)
   return geglu_fwd_p(gate, up, approximate=approximate)[0]
@@ -196,16 +195,7 @@ def geglu(gate, up, approximate: bool = True, *, implementation=None):
 
 
 def _check_gated(op, gate, up):
-  gate = check_float_array(op, "gate", gate, non_empty_last_axis=False)
-  up = check_float_array(op, "up", up, non_empty_last_axis=False)
-  if up.shape != gate.shape:
-    raise ValueError(f"{op}: up must have the shape of gate {gate.shape}, got {up.shape}")
-  if up.dtype != gate.dtype:
-    raise TypeError(f"{op}: up must have the dtype of gate ({gate.dtype}), got {up.dtype}")
+  gate = validation.float_array(op, "gate", gate)
+  up = validation.float_array(op, "up", up)
+  validation.same_as(op, "up", up, "gate", gate)
   return gate, up
-
-
-def _check_bool(op, name, value):
-  if not isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"{op}: {name} must be a Python bool, got {type(value).__name__}")
-  return bool(value)

@@ -24,11 +24,12 @@ import numpy as np
 import optax
 
 from jaxops import reference
-from jaxops._src import primitive
+from jaxops._src import primitive, validation
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
 from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
+_OP = "jaxops.optim.adamw"
 _ATTRIBUTES = {"b1": np.float32, "one_minus_b1": np.float32, "b2": np.float32,
                "one_minus_b2": np.float32, "eps": np.float32, "weight_decay": np.float32,
                "apply_updates": np.bool_}
@@ -114,11 +115,12 @@ class _AdamWUpdate:
 
   def _run(self, grads, state, params, *, apply_updates):
     if params is None:
-      raise ValueError("jaxops.optim.adamw: update needs params (for the weight decay, as "
-                       "optax.adamw does)")
+      raise validation.value_error(
+          _OP, "params", "be given to update (for the weight decay, as optax.adamw needs them)",
+          "None")
     if not isinstance(state, AdamWState):
-      raise TypeError("jaxops.optim.adamw: state must be the AdamWState made by init, got "
-                      f"{type(state).__name__}")
+      raise validation.type_error(_OP, "state", "be the AdamWState made by init",
+                                  validation.describe(state))
     count_inc = _safe_increment(state.count)
     lr = self.learning_rate(state.count) if callable(self.learning_rate) else self.learning_rate
     scalars = jnp.stack([jnp.asarray(lr, _F32),
@@ -131,12 +133,10 @@ class _AdamWUpdate:
 
     def leaf(path, g, p, m, v):
       _check_leaf(path, p)
-      if jnp.shape(g) != jnp.shape(p):
-        raise ValueError(f"jaxops.optim.adamw: gradient {jax.tree_util.keystr(path)} has shape "
-                         f"{jnp.shape(g)}, its parameter {jnp.shape(p)}")
+      where = jax.tree_util.keystr(path)
+      validation.shape(_OP, f"grads{where}", g, jnp.shape(p), of=f"params{where}.shape")
       g, p = jnp.asarray(g), jnp.asarray(p)
-      if g.dtype == p.dtype and primitive.use_kernel("jaxops.optim.adamw", self.implementation,
-                                                     [p.dtype]):
+      if g.dtype == p.dtype and primitive.use_kernel(_OP, self.implementation, [p.dtype]):
         return prim(g, p, m, v, scalars, **attributes)
       return reference.adamw_leaf(g, p, m, v, scalars, **attributes)
 
@@ -148,10 +148,8 @@ class _AdamWUpdate:
 
 
 def _check_leaf(path, p):
-  dtype = jnp.result_type(p)
-  if not jnp.issubdtype(dtype, jnp.floating):
-    raise TypeError(f"jaxops.optim.adamw: parameter {jax.tree_util.keystr(path)} has dtype "
-                    f"{dtype}; AdamW updates floating-point parameters only")
+  # AdamW updates floating-point parameters only (a step counter in the tree is an error).
+  validation.floating_dtype(_OP, f"params{jax.tree_util.keystr(path)}", jnp.result_type(p))
 
 
 class AdamW(optax.GradientTransformation):
@@ -198,23 +196,14 @@ def adamw(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     ``optax.apply_updates``, ``optax.chain``...) whose :meth:`AdamW.step` fuses
     the update and its application.
   """
-  op = "jaxops.optim.adamw"
+  # The hyper-parameters are static (kernel attributes); a schedule is the way to
+  # vary the learning rate.
   if not callable(learning_rate):
-    learning_rate = _check_float(op, "learning_rate", learning_rate)
-  b1 = _check_float(op, "b1", b1, low=0.0, high=1.0)
-  b2 = _check_float(op, "b2", b2, low=0.0, high=1.0)
-  eps = _check_float(op, "eps", eps, low=0.0)
-  weight_decay = _check_float(op, "weight_decay", weight_decay)
-  primitive.use_kernel(op, implementation, [])  # validates the argument
+    learning_rate = validation.static_float(_OP, "learning_rate", learning_rate)
+  b1 = validation.static_float(_OP, "b1", b1, low=0.0, high=1.0, high_open=True)
+  b2 = validation.static_float(_OP, "b2", b2, low=0.0, high=1.0, high_open=True)
+  eps = validation.static_float(_OP, "eps", eps, low=0.0)
+  weight_decay = validation.static_float(_OP, "weight_decay", weight_decay)
+  validation.choice(_OP, "implementation", implementation, primitive.IMPLEMENTATIONS)
   update = _AdamWUpdate(learning_rate, b1, b2, eps, weight_decay, implementation)
   return AdamW(update.init, update)
-
-
-def _check_float(op, name, value, *, low=None, high=None):
-  if isinstance(value, (jax.core.Tracer, str, bool)) or not np.isscalar(value):
-    raise TypeError(f"{op}: {name} must be a Python float, got {type(value).__name__}")
-  value = float(value)
-  if low is not None and not value >= low or high is not None and not value < high:
-    bounds = f"[{low}, {high})" if high is not None else f">= {low}"
-    raise ValueError(f"{op}: {name} must be in {bounds}, got {value}")
-  return value

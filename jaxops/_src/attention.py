@@ -25,9 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
-from jaxops._src import ffi_targets, primitive
+from jaxops._src import ffi_targets, primitive, validation
 from jaxops._src.autodiff import Differentiable
-from jaxops._src.checks import check_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, is_absent
 from jaxops._src.sharding import Factors
 
@@ -343,48 +342,43 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     -inf, with zero gradients.
   """
   op = "jaxops.attention"
-  query = _check_float(op, "query", query)
-  key = _check_float(op, "key", key)
-  value = _check_float(op, "value", value)
+  query = validation.float_array(op, "query", query)
+  key = validation.float_array(op, "key", key)
+  value = validation.float_array(op, "value", value)
+  validation.rank(op, "query", query, low=3, high=4, labels="[B, T, N, H] or [T, N, H]")
   unbatched = query.ndim == 3
-  if query.ndim not in (3, 4):
-    raise ValueError(f"{op}: query must have rank 4 [B, T, N, H] or 3 [T, N, H], "
-                     f"got shape {query.shape}")
   for name, x in (("key", key), ("value", value)):
-    if x.ndim != query.ndim:
-      raise ValueError(f"{op}: {name} must have the rank of query ({query.ndim}), "
-                       f"got shape {x.shape}")
+    validation.rank(op, name, x, low=query.ndim, high=query.ndim, labels="the rank of query")
   if unbatched:
     query, key, value = query[None], key[None], value[None]
   B, T, N, H = query.shape
   _, S, K, _ = key.shape
-  if value.shape != key.shape:
-    raise ValueError(f"{op}: value must have the shape of key {key.shape}, got {value.shape}")
+  validation.same_as(op, "value", value, "key", key)
   if key.shape[0] != B or key.shape[3] != H:
-    raise ValueError(f"{op}: key [B, S, K, H] must share query's batch ({B}) and head dim "
-                     f"({H}); got key {key.shape}, query {query.shape}")
-  if key.dtype != query.dtype or value.dtype != query.dtype:
-    raise TypeError(f"{op}: query, key and value must have one dtype, got "
-                    f"{query.dtype}, {key.dtype}, {value.dtype}")
+    raise validation.value_error(
+        op, "key", f"share query's batch ({B}) and head dim ({H}) in [B, S, K, H]",
+        f"shape {key.shape} for query {query.shape}")
+  if key.dtype != query.dtype:
+    raise validation.type_error(op, "key", f"have the dtype of query ({query.dtype})",
+                                str(key.dtype))
   if K == 0 or N % K != 0:
-    raise ValueError(f"{op}: the number of query heads ({N}) must be a multiple of the number "
-                     f"of key/value heads ({K})")
+    raise validation.value_error(
+        op, "key", f"have a number of heads K that divides query's N = {N}", f"K = {K}")
   full = (B, N, T, S)
-  bias = _check_broadcastable(op, "bias", bias, full, unbatched)
-  if bias is not None and not jnp.issubdtype(bias.dtype, jnp.floating):
-    raise TypeError(f"{op}: bias must have a floating dtype, got {bias.dtype}")
-  mask = _check_broadcastable(op, "mask", mask, full, unbatched)
-  if mask is not None and mask.dtype != jnp.bool_:
-    raise TypeError(f"{op}: mask must be boolean, got {mask.dtype}")
+  if bias is not None:
+    bias = _broadcast_operand(op, "bias", validation.float_array(op, "bias", bias), full,
+                              unbatched)
+  if mask is not None:
+    mask = _broadcast_operand(op, "mask", validation.bool_array(op, "mask", mask), full,
+                              unbatched)
   q_lengths = _check_lengths(op, "query_seq_lengths", query_seq_lengths, B, unbatched)
   kv_lengths = _check_lengths(op, "key_value_seq_lengths", key_value_seq_lengths, B, unbatched)
   window = _check_window(op, local_window_size)
-  scale = _check_scale(op, scale, H)
-  if not isinstance(is_causal, (bool, np.bool_)):
-    raise TypeError(f"{op}: is_causal must be a bool, got {type(is_causal).__name__}")
-  if not isinstance(return_residual, (bool, np.bool_)):
-    raise TypeError(f"{op}: return_residual must be a bool, got {type(return_residual).__name__}")
-  query_offset = _check_offset(op, query_offset)
+  scale = (1.0 / math.sqrt(H) if scale is None
+           else validation.static_float(op, "scale", scale))
+  is_causal = validation.static_bool(op, "is_causal", is_causal)
+  return_residual = validation.static_bool(op, "return_residual", return_residual)
+  query_offset = validation.int_scalar(op, "query_offset", query_offset)
 
   if _use_kernel(op, implementation, query.dtype, H):
     window_left, window_right = window if window else (-1, -1)
@@ -394,11 +388,11 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         absent(jnp.bool_) if mask is None else mask,
         absent(_I32) if q_lengths is None else q_lengths,
         absent(_I32) if kv_lengths is None else kv_lengths,
-        query_offset, scale=scale, is_causal=bool(is_causal), window_left=window_left,
+        query_offset, scale=scale, is_causal=is_causal, window_left=window_left,
         window_right=window_right)
   else:
     out, lse = reference.attention_with_logsumexp(
-        query, key, value, bias, mask, scale=scale, is_causal=bool(is_causal),
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
         local_window_size=window, query_offset=query_offset)
   if unbatched:
@@ -431,79 +425,33 @@ def _use_kernel(op, implementation, dtype, head_dim):
   return False
 
 
-def _check_float(op, name, x):
-  x = check_array(op, name, x)
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise TypeError(f"{op}: {name} must have a floating dtype (float32, bfloat16 or float16), "
-                    f"got {x.dtype}")
-  return x
-
-
-def _check_broadcastable(op, name, x, full, unbatched):
-  """Rank <= 4 (<= 3 for unbatched inputs), each axis 1 or the full extent."""
-  if x is None:
-    return None
-  x = check_array(op, name, x)
-  max_rank = 3 if unbatched else 4
+def _broadcast_operand(op, name, x, full, unbatched):
+  """bias or mask, broadcastable to [B, N, T, S] ([N, T, S] for unbatched
+  inputs) and returned with rank 4: missing leading axes are added, as jax.nn does."""
   expected = full[1:] if unbatched else full
-  if x.ndim > max_rank:
-    raise ValueError(f"{op}: {name} must have rank <= {max_rank}, broadcastable to "
-                     f"{list(expected)}, got shape {x.shape}")
-  x = x.reshape((1,) * (4 - x.ndim) + x.shape)
-  if any(d not in (1, f) for d, f in zip(x.shape, full)):
-    raise ValueError(f"{op}: {name} of shape {x.shape[4 - max_rank:]} is not broadcastable "
-                     f"to {list(expected)}")
-  return x
+  validation.broadcastable(op, name, x, expected,
+                           of="[N, T, S]" if unbatched else "[B, N, T, S]")
+  return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
 def _check_lengths(op, name, x, batch, unbatched):
   if x is None:
     return None
-  x = check_array(op, name, x)
-  if not jnp.issubdtype(x.dtype, jnp.integer):
-    raise TypeError(f"{op}: {name} must be int32, got {x.dtype}")
+  x = validation.integer_array(op, name, x)
   if unbatched and x.ndim == 0:
     x = x[None]
-  if x.shape != (batch,):
-    raise ValueError(f"{op}: {name} must have shape ({batch},), got {x.shape}")
+  validation.shape(op, name, x, (batch,), of="[B]")
   return x.astype(_I32)
 
 
 def _check_window(op, window):
+  """None, a non-negative int, or a pair of them: (left, right) or None."""
   if window is None:
     return None
-  if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
+  if not isinstance(window, (tuple, list)):
     window = (window, window)
-  if (not isinstance(window, (tuple, list)) or len(window) != 2 or
-      not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)):
-    raise TypeError(f"{op}: local_window_size must be None, an int or a pair of ints, "
-                    f"got {window!r}")
-  left, right = int(window[0]), int(window[1])
-  if left < 0 or right < 0:
-    raise ValueError(f"{op}: local_window_size must be non-negative, got {tuple(window)}")
-  return left, right
-
-
-def _check_scale(op, scale, head_dim):
-  if scale is None:
-    return 1.0 / math.sqrt(head_dim)
-  if isinstance(scale, jax.core.Tracer) or not np.isscalar(scale) or isinstance(scale, bool):
-    raise TypeError(f"{op}: scale must be a Python float, got {type(scale).__name__}")
-  scale = float(scale)
-  if not math.isfinite(scale):
-    raise ValueError(f"{op}: scale must be finite, got {scale}")
-  return scale
-
-
-def _check_offset(op, offset):
-  if isinstance(offset, (bool, np.bool_)):
-    raise TypeError(f"{op}: query_offset must be an int or an int32 scalar, got a bool")
-  if isinstance(offset, (int, np.integer)):
-    if not -2**31 <= int(offset) < 2**31:
-      raise ValueError(f"{op}: query_offset must fit in int32, got {offset}")
-    return jnp.asarray(offset, _I32)
-  offset = check_array(op, "query_offset", offset)
-  if offset.shape != () or not jnp.issubdtype(offset.dtype, jnp.integer):
-    raise TypeError(f"{op}: query_offset must be an int or an integer scalar array, got "
-                    f"{offset.dtype}{list(offset.shape)}")
-  return offset.astype(_I32)
+  elif len(window) != 2:
+    raise validation.type_error(op, "local_window_size", "be None, an int or a pair of ints",
+                                f"{len(window)} values")
+  return (validation.non_negative_int(op, "local_window_size", window[0]),
+          validation.non_negative_int(op, "local_window_size", window[1]))

@@ -39,14 +39,8 @@ import numpy as np
 from jax import lax
 
 from jaxops import reference
-from jaxops._src import primitive
+from jaxops._src import primitive, validation
 from jaxops._src.autodiff import Differentiable
-from jaxops._src.checks import (
-    check_array,
-    check_float_array,
-    check_static_float,
-    check_static_int,
-)
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent
 from jaxops._src.sharding import Factors, leading_axes
 
@@ -196,7 +190,7 @@ def cross_entropy(logits, labels, *, ignore_index: int = -100, label_smoothing: 
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
   op = "jaxops.cross_entropy"
-  logits = check_float_array(op, "logits", logits, min_rank=1)
+  logits = _rows_input(op, "logits", logits)
   labels = _check_labels(op, labels, logits.shape[:-1], "logits.shape[:-1]")
   options, reduction = _check_options(op, ignore_index, label_smoothing, z_loss, reduction)
   if not primitive.use_kernel(op, implementation, [logits.dtype]):
@@ -506,18 +500,17 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -1
     bias: optional float array [vocab] (cast to x's dtype).
   """
   op = "jaxops.linear_cross_entropy"
-  x = check_float_array(op, "x", x, min_rank=1)
-  weight = check_float_array(op, "weight", weight)
+  x = _rows_input(op, "x", x)
+  weight = validation.float_array(op, "weight", weight)
   if weight.ndim != 2 or weight.shape[0] != x.shape[-1] or weight.shape[1] == 0:
-    raise ValueError(f"{op}: weight must have shape (hidden, vocab) = ({x.shape[-1]}, vocab > 0) "
-                     f"to match x {x.shape}, got {weight.shape}")
+    raise validation.value_error(
+        op, "weight", f"have shape (hidden, vocab) = ({x.shape[-1]}, vocab > 0) to match x "
+        f"{x.shape}", f"shape {weight.shape}")
   weight = weight.astype(x.dtype)
   vocab = weight.shape[1]
   if bias is not None:
-    bias = check_float_array(op, "bias", bias)
-    if bias.shape != (vocab,):
-      raise ValueError(f"{op}: bias must have shape ({vocab},) to match weight {weight.shape}, "
-                       f"got {bias.shape}")
+    bias = validation.float_array(op, "bias", bias)
+    validation.shape(op, "bias", bias, (vocab,), of="weight.shape[1:]")
     bias = bias.astype(x.dtype)
   labels = _check_labels(op, labels, x.shape[:-1], "x.shape[:-1]")
   options, reduction = _check_options(op, ignore_index, label_smoothing, z_loss, reduction)
@@ -537,13 +530,17 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -1
 # -- argument handling --------------------------------------------------------------------
 
 
+def _rows_input(op, name, x):
+  """logits, or linear_cross_entropy's x: float [..., features], features > 0."""
+  x = validation.float_array(op, name, x)
+  validation.rank(op, name, x, low=1)
+  validation.non_empty_axis(op, name, x)
+  return x
+
+
 def _check_labels(op, labels, shape, shape_name):
-  labels = check_array(op, "labels", labels)
-  if not jnp.issubdtype(labels.dtype, jnp.integer):
-    raise TypeError(f"{op}: labels must have an integer dtype, got {labels.dtype}")
-  if labels.shape != tuple(shape):
-    raise ValueError(f"{op}: labels must have shape {shape_name} = {tuple(shape)}, "
-                     f"got {labels.shape}")
+  labels = validation.integer_array(op, "labels", labels)
+  validation.shape(op, "labels", labels, shape, of=shape_name)
   return labels
 
 
@@ -560,9 +557,9 @@ def _kernel_labels(labels):
 
 
 def _check_options(op, ignore_index, label_smoothing, z_loss, reduction):
-  ignore_index = check_static_int(op, "ignore_index", ignore_index)
-  label_smoothing = check_static_float(op, "label_smoothing", label_smoothing, low=0.0, high=1.0)
-  z_loss = check_static_float(op, "z_loss", z_loss, low=0.0, high=math.inf)
-  if reduction not in _REDUCTIONS:
-    raise ValueError(f"{op}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+  ignore_index = validation.static_int(op, "ignore_index", ignore_index)
+  label_smoothing = validation.static_float(op, "label_smoothing", label_smoothing, low=0.0,
+                                            high=1.0)
+  z_loss = validation.static_float(op, "z_loss", z_loss, low=0.0)
+  reduction = validation.choice(op, "reduction", reduction, _REDUCTIONS)
   return Options(ignore_index, label_smoothing, z_loss), reduction

@@ -22,9 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
-from jaxops._src import primitive
+from jaxops._src import primitive, validation
 from jaxops._src.autodiff import Differentiable
-from jaxops._src.checks import check_array, check_float_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
 from jaxops._src.sharding import Factors
 
@@ -131,12 +130,10 @@ def embedding(table, ids, *, implementation=None):
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
   op = "jaxops.embedding"
-  table = check_float_array(op, "table", table, non_empty_last_axis=False)
-  if table.ndim != 2 or table.shape[0] < 1:
-    raise ValueError(f"{op}: table must have shape [vocab >= 1, dim], got {table.shape}")
-  ids = check_array(op, "ids", ids)
-  if not jnp.issubdtype(ids.dtype, jnp.integer):
-    raise TypeError(f"{op}: ids must have an integer dtype, got {ids.dtype}")
+  table = validation.float_array(op, "table", table)
+  validation.rank(op, "table", table, low=2, high=2, labels="[vocab, dim]")
+  validation.non_empty_axis(op, "table", table, 0)
+  ids = validation.integer_array(op, "ids", ids)
   vocab = table.shape[0]
   if ids.dtype != jnp.int32:
     ids = jnp.clip(ids, 0, vocab - 1).astype(jnp.int32)

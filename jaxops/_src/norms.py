@@ -27,9 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
-from jaxops._src import primitive
+from jaxops._src import primitive, validation
 from jaxops._src.autodiff import Differentiable
-from jaxops._src.checks import check_float_array, check_matching, check_param_vector
 from jaxops._src.primitive import (
     NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent, is_batched)
 from jaxops._src.sharding import leading_axes
@@ -239,10 +238,10 @@ def layer_norm(x, weight=None, bias=None, *, epsilon: float = 1e-5, implementati
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
   op = "jaxops.layer_norm"
-  x = check_float_array(op, "x", x, min_rank=1)
-  weight = check_param_vector(op, "weight", weight, x)
-  bias = check_param_vector(op, "bias", bias, x)
-  epsilon = _check_epsilon(op, epsilon)
+  x = _input(op, x)
+  weight = _param_vector(op, "weight", weight, x)
+  bias = _param_vector(op, "bias", bias, x)
+  epsilon = _epsilon(op, epsilon)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.layer_norm(x, weight, bias, epsilon=epsilon)
   return layer_norm_fwd_p(x, _present_or_absent(weight, x), _present_or_absent(bias, x),
@@ -391,9 +390,9 @@ def rms_norm(x, weight=None, *, epsilon: float = 1e-6, implementation=None):
   :func:`layer_norm`.
   """
   op = "jaxops.rms_norm"
-  x = check_float_array(op, "x", x, min_rank=1)
-  weight = check_param_vector(op, "weight", weight, x)
-  epsilon = _check_epsilon(op, epsilon)
+  x = _input(op, x)
+  weight = _param_vector(op, "weight", weight, x)
+  epsilon = _epsilon(op, epsilon)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.rms_norm(x, weight, epsilon=epsilon)
   return rms_norm_fwd_p(x, _present_or_absent(weight, x), epsilon=epsilon)[0]
@@ -407,11 +406,11 @@ def add_rms_norm(x, residual, weight=None, *, epsilon: float = 1e-6, implementat
   caller donates ``residual``, the sum is written over it.
   """
   op = "jaxops.add_rms_norm"
-  x = check_float_array(op, "x", x, min_rank=1)
-  residual = check_float_array(op, "residual", residual, min_rank=1)
-  check_matching(op, "residual", residual, x)
-  weight = check_param_vector(op, "weight", weight, x)
-  epsilon = _check_epsilon(op, epsilon)
+  x = _input(op, x)
+  residual = validation.float_array(op, "residual", residual)
+  validation.same_as(op, "residual", residual, "x", x)
+  weight = _param_vector(op, "weight", weight, x)
+  epsilon = _epsilon(op, epsilon)
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.add_rms_norm(x, residual, weight, epsilon=epsilon)
   y, h, _ = add_rms_norm_fwd_p(x, residual, _present_or_absent(weight, x), epsilon=epsilon)
@@ -425,11 +424,22 @@ def _present_or_absent(param, x):
   return absent(x.dtype) if param is None else param
 
 
-def _check_epsilon(op, epsilon):
-  if isinstance(epsilon, jax.core.Tracer) or not np.isscalar(epsilon):
-    raise TypeError(f"{op}: epsilon must be a Python float, got {type(epsilon).__name__}")
-  epsilon = float(epsilon)
-  if not epsilon >= 0.0:
-    raise ValueError(f"{op}: epsilon must be >= 0, got {epsilon}")
-  return epsilon
+def _input(op, x):
+  x = validation.float_array(op, "x", x)
+  validation.rank(op, "x", x, low=1)
+  validation.non_empty_axis(op, "x", x)
+  return x
 
+
+def _param_vector(op, name, value, x):
+  """An optional per-feature parameter of x's last axis, cast to x's dtype (as
+  Flax does for a low-precision ``dtype``)."""
+  if value is None:
+    return None
+  value = validation.float_array(op, name, value)
+  validation.shape(op, name, value, (x.shape[-1],), of="x.shape[-1:]")
+  return value.astype(x.dtype)
+
+
+def _epsilon(op, epsilon):
+  return validation.static_float(op, "epsilon", epsilon, low=0.0)

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jaxops._src import ffi_targets
+from jaxops._src import ffi_targets, validation
 from jaxops._src.sharding import (
     Factors, devices_known, register_for_sharding, shard_locally, typed_results)
 
@@ -300,9 +300,7 @@ def use_kernel(op: str, implementation: str | None, dtypes: Sequence[Any]) -> bo
   supported; ``"ffi"`` insists on it (clear error otherwise); ``"xla"`` always
   takes the reference.
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(
-        f"{op}: implementation must be one of None, 'ffi', 'xla'; got {implementation!r}")
+  implementation = validation.choice(op, "implementation", implementation, IMPLEMENTATIONS)
   if implementation == "xla":
     return False
   backend = current_platform()

@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
-from jaxops._src import primitive
+from jaxops._src import primitive, validation
 from jaxops._src.autodiff import Differentiable
-from jaxops._src.checks import check_array, check_float_array
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
 from jaxops._src.sharding import Factors
 
@@ -111,13 +110,14 @@ def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
   get no gradient.
   """
   op = "jaxops.rope"
-  x = check_float_array(op, "x", x, non_empty_last_axis=False)
-  if x.ndim != 4:
-    raise ValueError(f"{op}: x must have rank 4 [batch, seq, heads, head_dim], got shape {x.shape}")
-  positions = _check_positions(op, positions, x)
-  theta = _check_theta(op, theta)
-  if style not in _STYLES:
-    raise ValueError(f"{op}: style must be one of {_STYLES}, got {style!r}")
+  x = validation.float_array(op, "x", x)
+  validation.rank(op, "x", x, low=4, high=4, labels="[batch, seq, heads, head_dim]")
+  positions = validation.integer_array(op, "positions", positions)
+  validation.shape(op, "positions", positions, x.shape[1:2], x.shape[:2],
+                   of="x's [seq] or [batch, seq]")
+  positions = positions.astype(jnp.int32)
+  theta = validation.static_float(op, "theta", theta, low=0.0, low_open=True)
+  style = validation.choice(op, "style", style, _STYLES)
   rotary_dim = _check_rotary_dim(op, rotary_dim, x.shape[-1])
   if not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.rope(x, positions, theta=theta, style=style, rotary_dim=rotary_dim)
@@ -130,37 +130,16 @@ def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
 # -- argument handling ---------------------------------------------------------------
 
 
-def _check_positions(op, positions, x):
-  positions = check_array(op, "positions", positions)
-  if not jnp.issubdtype(positions.dtype, jnp.integer):
-    raise TypeError(f"{op}: positions must have an integer dtype, got {positions.dtype}")
-  batch, seq = x.shape[:2]
-  if positions.shape not in ((seq,), (batch, seq)):
-    raise ValueError(f"{op}: positions must have shape ({seq},) or ({batch}, {seq}) to match x "
-                     f"{x.shape} [batch, seq, heads, head_dim], got {positions.shape}")
-  return positions.astype(jnp.int32)
-
-
-def _check_theta(op, theta):
-  if isinstance(theta, jax.core.Tracer) or not np.isscalar(theta) or isinstance(theta, str):
-    raise TypeError(f"{op}: theta must be a Python float, got {type(theta).__name__}")
-  theta = float(theta)
-  if not theta > 0.0:
-    raise ValueError(f"{op}: theta must be > 0, got {theta}")
-  return theta
-
-
 def _check_rotary_dim(op, rotary_dim, head_dim):
+  """An even int in [2, head_dim]; None means head_dim, which must then be one."""
+  expected = f"be an even int in [2, head_dim = {head_dim}]"
   if rotary_dim is None:
     if head_dim < 2 or head_dim % 2:
-      raise ValueError(f"{op}: rotary_dim=None rotates all head_dim={head_dim} features, which "
-                       "must then be even and >= 2; pass an even rotary_dim <= head_dim")
+      raise validation.value_error(
+          op, "rotary_dim", expected + " (None rotates all head_dim features, which must then "
+          "be even)", "None")
     return head_dim
-  if isinstance(rotary_dim, (bool, np.bool_)) or not isinstance(rotary_dim, (int, np.integer)):
-    raise TypeError(f"{op}: rotary_dim must be a Python int or None, got "
-                    f"{type(rotary_dim).__name__}")
-  rotary_dim = int(rotary_dim)
+  rotary_dim = validation.static_int(op, "rotary_dim", rotary_dim)
   if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
-    raise ValueError(f"{op}: rotary_dim must be even and in [2, head_dim={head_dim}], "
-                     f"got {rotary_dim}")
+    raise validation.value_error(op, "rotary_dim", expected, str(rotary_dim))
   return rotary_dim

@@ -20,16 +20,13 @@ the bias (``where`` has none).
 
 from __future__ import annotations
 
-import operator
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
-from jaxops._src import primitive
+from jaxops._src import primitive, validation
 from jaxops._src.autodiff import Differentiable
-from jaxops._src.checks import check_array, check_float_array, check_static_int
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent
 from jaxops._src.sharding import leading_axes
 
@@ -197,35 +194,16 @@ Differentiable(forward=causal_softmax_fwd_p, tangent=causal_softmax_jvp_p,
 # -- public functions ------------------------------------------------------------------
 
 
-def _check_broadcastable(op, name, value, x):
-  try:
-    shape = np.broadcast_shapes(value.shape, x.shape)
-  except ValueError:
-    shape = None
-  if shape != x.shape:
-    raise ValueError(f"{op}: {name} of shape {value.shape} does not broadcast to the shape of "
-                     f"x {x.shape}")
-
-
-def _check_axis(op, axis, x):
-  if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
-    raise TypeError(f"{op}: axis must be an int, got {type(axis).__name__}")
-  if not -x.ndim <= axis < x.ndim:
-    raise ValueError(f"{op}: axis {axis} is out of range for x of rank {x.ndim}")
-  return operator.index(axis) % x.ndim
-
-
 def _masked_softmax(op, fwd_p, ref, x, axis, where, bias, implementation):
-  x = check_float_array(op, "x", x, min_rank=1, non_empty_last_axis=False)
-  axis = _check_axis(op, axis, x)
+  x = validation.float_array(op, "x", x)
+  validation.rank(op, "x", x, low=1)
+  axis = validation.axis(op, "axis", axis, x.ndim)
   if where is not None:
-    where = check_array(op, "where", where)
-    if where.dtype != jnp.bool_:
-      raise TypeError(f"{op}: where must be a boolean array, got dtype {where.dtype}")
-    _check_broadcastable(op, "where", where, x)
+    where = validation.bool_array(op, "where", where)
+    validation.broadcastable(op, "where", where, x.shape, of="the shape of x")
   if bias is not None:
-    bias = check_float_array(op, "bias", bias, non_empty_last_axis=False)
-    _check_broadcastable(op, "bias", bias, x)
+    bias = validation.float_array(op, "bias", bias)
+    validation.broadcastable(op, "bias", bias, x.shape, of="the shape of x")
     bias = bias.astype(x.dtype)
   if x.size == 0 or not primitive.use_kernel(op, implementation, [x.dtype]):
     return ref(x, axis, where=where, bias=bias)
@@ -285,8 +263,9 @@ def causal_softmax(x, *, query_offset: int = 0, implementation=None):
   query); a row that sees no key (negative offsets) is all zeros.
   """
   op = "jaxops.causal_softmax"
-  x = check_float_array(op, "x", x, min_rank=2, non_empty_last_axis=False)
-  query_offset = check_static_int(op, "query_offset", query_offset)
+  x = validation.float_array(op, "x", x)
+  validation.rank(op, "x", x, low=2)
+  query_offset = validation.static_int(op, "query_offset", query_offset)
   if x.size == 0 or not primitive.use_kernel(op, implementation, [x.dtype]):
     return reference.causal_softmax(x, query_offset=query_offset)
   return causal_softmax_fwd_p(x, query_offset=query_offset)[0]

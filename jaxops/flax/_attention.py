@@ -10,6 +10,7 @@ from flax import nnx
 from jax import lax
 
 import jaxops
+from jaxops._src import validation
 
 
 def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_offset=0,
@@ -57,8 +58,7 @@ def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False,
   sequence. ``rope`` sees absolute positions for both query and new keys.
   Returns (output [B, T, N, H], updated cache).
   """
-  if query.ndim != 4:
-    raise ValueError(f"attend_cached: query must be [B, T, N, H], got shape {query.shape}")
+  validation.rank("attend_cached", "query", query, low=4, high=4, labels="[B, T, N, H]")
   offset = jnp.asarray(query_offset, jnp.int32)
   if rope is not None:
     positions = jnp.arange(query.shape[1], dtype=jnp.int32) + offset

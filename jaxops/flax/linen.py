@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 import jaxops
+from jaxops.flax import _arguments
 from jaxops.flax._attention import attend, attend_cached
 from jaxops.flax._attention import dot_product_attention  # noqa: F401  (an attention_fn for Flax)
 from jaxops.flax._dtypes import compute_dtype
@@ -33,6 +34,8 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
+    _arguments.norm("jaxops.flax.linen.LayerNorm", epsilon=self.epsilon,
+                    implementation=self.implementation)
     features = (x.shape[-1],)
     scale = self.param("scale", self.scale_init, features, self.param_dtype) if self.use_scale else None
     bias = self.param("bias", self.bias_init, features, self.param_dtype) if self.use_bias else None
@@ -53,6 +56,8 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
+    _arguments.norm("jaxops.flax.linen.RMSNorm", epsilon=self.epsilon,
+                    implementation=self.implementation)
     scale = (self.param("scale", self.scale_init, (x.shape[-1],), self.param_dtype)
              if self.use_scale else None)
     dtype = compute_dtype(x, self.dtype, self.param_dtype, self.use_scale)
@@ -78,13 +83,13 @@ class Embed(nn.Module):
   implementation: str | None = None
 
   def setup(self):
+    _arguments.embed("jaxops.flax.linen.Embed", num_embeddings=self.num_embeddings,
+                     features=self.features, implementation=self.implementation)
     self.embedding = self.param("embedding", self.embedding_init,
                                 (self.num_embeddings, self.features), self.param_dtype)
 
   def __call__(self, inputs):
-    if not jnp.issubdtype(inputs.dtype, jnp.integer):
-      raise ValueError("jaxops.flax.linen.Embed: inputs must have an integer dtype, got "
-                       f"{inputs.dtype}")
+    inputs = _arguments.embed_ids("jaxops.flax.linen.Embed", inputs)
     table = self.embedding if self.dtype is None else self.embedding.astype(self.dtype)
     return jaxops.embedding(table, inputs, implementation=self.implementation)
 
@@ -118,7 +123,7 @@ class GatedMLP(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    gated = _gated_activation("jaxops.flax.linen.GatedMLP", self.activation)
+    gated = _arguments.gated_activation("jaxops.flax.linen.GatedMLP", self.activation)
     dense = lambda features, name: nn.Dense(
         features, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
         kernel_init=self.kernel_init, bias_init=self.bias_init, name=name)
@@ -140,16 +145,14 @@ class RotaryEmbedding(nn.Module):
   implementation: str | None = None
 
   def __call__(self, x, positions):
+    _arguments.rotary("jaxops.flax.linen.RotaryEmbedding", theta=self.theta, style=self.style,
+                      rotary_dim=self.rotary_dim, implementation=self.implementation)
     return jaxops.rope(x, positions, theta=self.theta, style=self.style,
                        rotary_dim=self.rotary_dim, implementation=self.implementation)
 
 
-def _gated_activation(op, activation):
-  if activation == "swiglu":
-    return jaxops.swiglu
-  if activation == "geglu":
-    return jaxops.geglu
-  raise ValueError(f"{op}: activation must be 'swiglu' or 'geglu', got {activation!r}")
+_MHA = "jaxops.flax.linen.MultiHeadAttention"
+
 
 class MultiHeadAttention(nn.Module):
   """Multi-head attention on ``jaxops.attention`` (fused flash-attention kernel).
@@ -208,13 +211,10 @@ class MultiHeadAttention(nn.Module):
     class docstring) returns ``(output, kv_cache)``."""
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
-    qkv_features = self.qkv_features or inputs_q.shape[-1]
-    num_kv_heads = self.num_kv_heads or self.num_heads
-    if qkv_features % self.num_heads or self.num_heads % num_kv_heads:
-      raise ValueError(f"MultiHeadAttention: qkv_features ({qkv_features}) must be divisible by "
-                       f"num_heads ({self.num_heads}), and num_heads by num_kv_heads "
-                       f"({num_kv_heads})")
-    head_dim = qkv_features // self.num_heads
+    num_kv_heads, head_dim = _arguments.attention_heads(
+        _MHA, qkv_features=self.qkv_features or inputs_q.shape[-1], num_heads=self.num_heads,
+        num_kv_heads=self.num_kv_heads, dropout_rate=self.dropout_rate,
+        is_causal=self.is_causal, implementation=self.implementation)
     dense = lambda heads, name: nn.DenseGeneral(
         features=(heads, head_dim), axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
         kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias, name=name)
@@ -222,9 +222,7 @@ class MultiHeadAttention(nn.Module):
     key = dense(num_kv_heads, "key")(inputs_k)
     value = dense(num_kv_heads, "value")(inputs_v)
     if kv_cache is not None:
-      if mask is not None or bias is not None:
-        raise ValueError("MultiHeadAttention: kv_cache decoding takes no mask or bias; the "
-                         "cache length and is_causal mask it")
+      _arguments.no_mask_with_cache(_MHA, mask, bias)
       x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
                                   is_causal=self.is_causal, rope=self.rope,
                                   implementation=self.implementation)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxops
+from jaxops.flax import _arguments
 from jaxops.flax._attention import attend, attend_cached
 from jaxops.flax._attention import dot_product_attention  # noqa: F401  (an attention_fn for Flax)
 from jaxops.flax._dtypes import compute_dtype
@@ -23,6 +24,8 @@ class LayerNorm(nnx.Module):
                bias_init: Initializer = nnx.initializers.zeros,
                scale_init: Initializer = nnx.initializers.ones,
                implementation: str | None = None, rngs: nnx.Rngs):
+    _arguments.norm("jaxops.flax.nnx.LayerNorm", num_features=num_features,
+                    epsilon=epsilon, implementation=implementation)
     self.num_features = num_features
     self.epsilon, self.dtype, self.param_dtype = epsilon, dtype, param_dtype
     self.implementation = implementation
@@ -44,6 +47,8 @@ class RMSNorm(nnx.Module):
                param_dtype: Any = jnp.float32, use_scale: bool = True,
                scale_init: Initializer = nnx.initializers.ones,
                implementation: str | None = None, rngs: nnx.Rngs):
+    _arguments.norm("jaxops.flax.nnx.RMSNorm", num_features=num_features,
+                    epsilon=epsilon, implementation=implementation)
     self.num_features = num_features
     self.epsilon, self.dtype, self.param_dtype = epsilon, dtype, param_dtype
     self.implementation = implementation
@@ -66,6 +71,8 @@ class Embed(nnx.Module):
                param_dtype: Any = jnp.float32,
                embedding_init: Initializer = nnx.nn.linear.default_embed_init,
                implementation: str | None = None, rngs: nnx.Rngs):
+    _arguments.embed("jaxops.flax.nnx.Embed", num_embeddings=num_embeddings, features=features,
+                     implementation=implementation)
     self.num_embeddings, self.features = num_embeddings, features
     self.dtype, self.param_dtype = dtype, param_dtype
     self.implementation = implementation
@@ -73,9 +80,7 @@ class Embed(nnx.Module):
         embedding_init(rngs.params(), (num_embeddings, features), param_dtype))
 
   def __call__(self, inputs):
-    if not jnp.issubdtype(inputs.dtype, jnp.integer):
-      raise ValueError("jaxops.flax.nnx.Embed: inputs must have an integer dtype, got "
-                       f"{inputs.dtype}")
+    inputs = _arguments.embed_ids("jaxops.flax.nnx.Embed", inputs)
     table = self.embedding[...]
     if self.dtype is not None:
       table = table.astype(self.dtype)
@@ -98,7 +103,7 @@ class GatedMLP(nnx.Module):
                kernel_init: Initializer = nnx.nn.linear.default_kernel_init,
                bias_init: Initializer = nnx.initializers.zeros,
                implementation: str | None = None, rngs: nnx.Rngs):
-    _gated_activation("jaxops.flax.nnx.GatedMLP", activation)  # validates it
+    _arguments.gated_activation("jaxops.flax.nnx.GatedMLP", activation)  # fails early
     self.activation, self.implementation = activation, implementation
     linear = lambda fan_in, fan_out: nnx.Linear(
         fan_in, fan_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
@@ -108,7 +113,7 @@ class GatedMLP(nnx.Module):
     self.down = linear(hidden_features, out_features or in_features)
 
   def __call__(self, x):
-    gated = _gated_activation("jaxops.flax.nnx.GatedMLP", self.activation)
+    gated = _arguments.gated_activation("jaxops.flax.nnx.GatedMLP", self.activation)
     hidden = gated(self.gate(x), self.up(x), implementation=self.implementation)
     return self.down(hidden)
 
@@ -118,12 +123,18 @@ class RotaryEmbedding(nnx.Module):
 
   def __init__(self, *, theta: float = 10000.0, style: str = "neox",
                rotary_dim: int | None = None, implementation: str | None = None):
+    _arguments.rotary("jaxops.flax.nnx.RotaryEmbedding", theta=theta, style=style,
+                      rotary_dim=rotary_dim, implementation=implementation)
     self.theta, self.style, self.rotary_dim = theta, style, rotary_dim
     self.implementation = implementation
 
   def __call__(self, x, positions):
     return jaxops.rope(x, positions, theta=self.theta, style=self.style,
                        rotary_dim=self.rotary_dim, implementation=self.implementation)
+
+
+_MHA = "jaxops.flax.nnx.MultiHeadAttention"
+
 
 class MultiHeadAttention(nnx.Module):
   """Multi-head attention on ``jaxops.attention`` (fused flash-attention kernel).
@@ -155,14 +166,11 @@ class MultiHeadAttention(nnx.Module):
                bias_init: Initializer = nnx.initializers.zeros_init(),
                out_bias_init: Initializer | None = None, use_bias: bool = True,
                implementation: str | None = None, rngs: nnx.Rngs):
-    qkv_features = qkv_features or in_features
     self.num_heads = num_heads
-    self.num_kv_heads = num_kv_heads or num_heads
-    if qkv_features % num_heads or num_heads % self.num_kv_heads:
-      raise ValueError(f"MultiHeadAttention: qkv_features ({qkv_features}) must be divisible by "
-                       f"num_heads ({num_heads}), and num_heads by num_kv_heads "
-                       f"({self.num_kv_heads})")
-    self.head_dim = qkv_features // num_heads
+    self.num_kv_heads, self.head_dim = _arguments.attention_heads(
+        _MHA, qkv_features=qkv_features or in_features, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, dropout_rate=dropout_rate, is_causal=is_causal,
+        implementation=implementation)
     self.is_causal, self.rope, self.implementation = is_causal, rope, implementation
     self.deterministic = deterministic
     linear = lambda in_f, heads: nnx.LinearGeneral(
@@ -190,9 +198,7 @@ class MultiHeadAttention(nnx.Module):
     inputs_v = inputs_k if inputs_v is None else inputs_v
     query, key, value = self.query(inputs_q), self.key(inputs_k), self.value(inputs_v)
     if kv_cache is not None:
-      if mask is not None or bias is not None:
-        raise ValueError("MultiHeadAttention: kv_cache decoding takes no mask or bias; the "
-                         "cache length and is_causal mask it")
+      _arguments.no_mask_with_cache(_MHA, mask, bias)
       x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
                                   is_causal=self.is_causal, rope=self.rope,
                                   implementation=self.implementation)
@@ -207,11 +213,3 @@ class MultiHeadAttention(nnx.Module):
 
 def _value(param):
   return None if param is None else param[...]
-
-
-def _gated_activation(op, activation):
-  if activation == "swiglu":
-    return jaxops.swiglu
-  if activation == "geglu":
-    return jaxops.geglu
-  raise ValueError(f"{op}: activation must be 'swiglu' or 'geglu', got {activation!r}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxops._src import validation
+
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
@@ -27,9 +29,14 @@ class DecoderConfig:
   implementation: str | None = None
 
   def __post_init__(self):
-    if self.d_model % self.num_heads or self.num_heads % self.num_kv_heads:
-      raise ValueError(f"DecoderConfig: d_model ({self.d_model}) must be divisible by num_heads "
-                       f"({self.num_heads}), and num_heads by num_kv_heads ({self.num_kv_heads})")
+    # The attention layers would refuse these too, but only once the model is built.
+    op = "jaxops.models.DecoderConfig"
+    if self.d_model % validation.positive_int(op, "num_heads", self.num_heads):
+      raise validation.value_error(op, "num_heads", f"divide d_model = {self.d_model}",
+                                   str(self.num_heads))
+    if self.num_heads % validation.positive_int(op, "num_kv_heads", self.num_kv_heads):
+      raise validation.value_error(op, "num_kv_heads", f"divide num_heads = {self.num_heads}",
+                                   str(self.num_kv_heads))
 
   @property
   def head_dim(self) -> int:
