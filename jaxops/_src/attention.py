@@ -33,7 +33,7 @@ from jaxops._src.sharding import Factors
 _F32 = jnp.float32
 _I32 = jnp.int32
 
-# cuda::kAttentionMaxHeadDim (cuda/attention.h).
+# params::kCudaAttentionMaxHeadDim (params/attention.h), until the C++ limits are exported.
 _CUDA_MAX_HEAD_DIM = 256
 
 _ATTRIBUTES = {
