@@ -7,9 +7,9 @@
 # its own AVX-512 copy of each. Linked together with the generic objects, these
 # are the same weak symbols, of which the linker keeps one: the generic kernels
 # would then call AVX-512 code and die with SIGILL on an older CPU (the ODR
-# trap). So each variant is its own library, libjaxops_cpu_<isa>.so: kernels and
-# FFI handlers compiled with that ISA's flags, hidden visibility, and a version
-# script that exports one entry function (xla_ffi/cpu_dispatch/library_abi.h).
+# trap). So each variant is its own library, libjaxops_cpu_<isa>.so: the kernels
+# compiled with that ISA's flags and the FFI handlers, hidden visibility, and a
+# version script that exports one entry function (xla_ffi/cpu_dispatch/library_abi.h).
 # The nanobind module _jaxops_cpu, compiled with the baseline flags, detects the
 # CPU and dlopen()s exactly one of them (RTLD_LOCAL).
 #
@@ -43,10 +43,25 @@ file(GLOB JAXOPS_CPU_SOURCES CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/cpu/
 file(GLOB JAXOPS_CPU_HANDLERS CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/*.cc")
 list(REMOVE_ITEM JAXOPS_CPU_HANDLERS "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/python_module.cc")
 
+# The FFI handlers decode, validate and call a kernel: nothing in them gains
+# from a wider ISA, so they are compiled once, for the baseline, and linked into
+# every variant. Sharing a variant library with its kernels is safe either way
+# the linker resolves their common inline functions (a variant only runs on
+# CPUs of its level, and baseline code runs everywhere); the kernels' objects
+# come first on the link line, so that it keeps the kernels' own, wider copies.
+add_library(jaxops_cpu_handlers OBJECT ${JAXOPS_CPU_HANDLERS})
+target_include_directories(jaxops_cpu_handlers SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
+target_include_directories(jaxops_cpu_handlers PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
+target_compile_definitions(jaxops_cpu_handlers PRIVATE JAXOPS_PLATFORM_CPU)
+target_compile_options(jaxops_cpu_handlers PRIVATE -O2 ${JAXOPS_CPU_BASELINE_FLAGS})
+target_link_libraries(jaxops_cpu_handlers PRIVATE Eigen3::Eigen OpenMP::OpenMP_CXX)
+set_target_properties(jaxops_cpu_handlers PROPERTIES
+  CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+
 foreach(isa ${JAXOPS_CPU_ISAS})
-  # CPU kernels: no XLA, no Python. A static library of its own so that the C++
-  # tests (tests/cpp) can link one variant.
-  add_library(jaxops_cpu_kernels_${isa} STATIC ${JAXOPS_CPU_SOURCES})
+  # CPU kernels: no XLA, no Python. A target of its own so that the C++ tests
+  # (tests/cpp) can link one variant.
+  add_library(jaxops_cpu_kernels_${isa} OBJECT ${JAXOPS_CPU_SOURCES})
   target_include_directories(jaxops_cpu_kernels_${isa} PUBLIC "${CMAKE_CURRENT_SOURCE_DIR}")
   target_link_libraries(jaxops_cpu_kernels_${isa} PUBLIC Eigen3::Eigen OpenMP::OpenMP_CXX)
   # -fno-math-errno: the kernels never read errno, and without it GCC guards each
@@ -55,15 +70,15 @@ foreach(isa ${JAXOPS_CPU_ISAS})
   target_compile_options(jaxops_cpu_kernels_${isa} PRIVATE
     -O3 -Wall -Wextra -fno-math-errno ${JAXOPS_CPU_ISA_FLAGS_${isa}})
 
-  # The variant's library: its handlers (they inline cpu/ headers too, so they
-  # get the variant's flags) and the entry the dispatcher calls.
-  add_library(jaxops_cpu_${isa} SHARED ${JAXOPS_CPU_HANDLERS}
+  # The variant's library: its kernels, the handlers and the entry the
+  # dispatcher calls.
+  add_library(jaxops_cpu_${isa} SHARED
+    $<TARGET_OBJECTS:jaxops_cpu_kernels_${isa}> $<TARGET_OBJECTS:jaxops_cpu_handlers>
     "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/cpu_dispatch/library_entry.cc")
-  target_include_directories(jaxops_cpu_${isa} SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
-  target_compile_definitions(jaxops_cpu_${isa} PRIVATE JAXOPS_PLATFORM_CPU
-    JAXOPS_CPU_ISA_NAME="${isa}")
-  target_compile_options(jaxops_cpu_${isa} PRIVATE -O3 ${JAXOPS_CPU_ISA_FLAGS_${isa}})
-  target_link_libraries(jaxops_cpu_${isa} PRIVATE jaxops_cpu_kernels_${isa})
+  target_include_directories(jaxops_cpu_${isa} PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
+  target_compile_definitions(jaxops_cpu_${isa} PRIVATE JAXOPS_CPU_ISA_NAME="${isa}")
+  target_compile_options(jaxops_cpu_${isa} PRIVATE ${JAXOPS_CPU_BASELINE_FLAGS})
+  target_link_libraries(jaxops_cpu_${isa} PRIVATE OpenMP::OpenMP_CXX)
   set_target_properties(jaxops_cpu_kernels_${isa} jaxops_cpu_${isa} PROPERTIES
     CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
   if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
