@@ -82,7 +82,7 @@ inline VecI vloadi(const int32_t* p) {
 inline VecF vsplat(float x) {
 #if defined(__AVX512F__)
   return _mm512_set1_ps(x);
-#elif defined(__AVX__)
+#elif defined(__AVX2__) && defined(__FMA__)  // the condition of kLanes == 8
   return _mm256_set1_ps(x);
 #else
   VecF v;
@@ -109,7 +109,7 @@ inline VecF vfma(VecF a, VecF b, VecF c) {
 inline VecF vmax(VecF a, VecF b) {
 #if defined(__AVX512F__)
   return _mm512_max_ps(a, b);
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__)
   return _mm256_max_ps(a, b);
 #else
   return a > b ? a : b;
