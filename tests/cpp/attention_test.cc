@@ -1,6 +1,8 @@
 // Standalone test of cpu/attention against a naive double-precision loop, and a
-// quick timing. Built by CMake with -DJAXOPS_BUILD_CPP_TESTS=ON (run by ctest),
-// or directly from the repository root:
+// quick timing. The suite builds and runs it (tests/test_cpp_kernels.py: a
+// test here prints "ALL PASSED" and exits 0 when every case passes); CMake
+// builds it with -DJAXOPS_BUILD_CPP_TESTS=ON (run by ctest), or by hand from
+// the repository root:
 //   g++ -std=c++17 -O2 -fopenmp -march=native -I. -I<eigen3 include dir>
 //       cpu/attention.cc cpu/attention_jvp.cc tests/cpp/attention_test.cc -o attention_test
 // Run: ./attention_test                  (correctness; exit status 1 on failure)

@@ -1,0 +1,116 @@
+"""The C++ kernel tests of tests/cpp, built with g++ and run as part of the suite.
+
+Each tests/cpp/<name>_test.cc is a standalone program that checks a cpu/ kernel
+against a naive double-precision loop and exits non-zero on a mismatch (its
+header says what it covers). They reach corners the Python tests reach only
+slowly (every mask/window/length combination of attention in every dtype), so
+the suite builds and runs them rather than leaving them to a manual CMake
+option. The kernels are compiled from this checkout's cpu/ sources (as the
+CUDA harness compiles cuda/), so the test also runs when jaxops itself is
+installed from a wheel; Eigen comes from the cmeel-eigen package of the test
+extra (or $JAXOPS_EIGEN_INCLUDE). Objects are cached under
+$JAXOPS_CPP_TEST_CACHE (default ~/.cache/jaxops/cpp_tests) in a directory named
+by a hash of every input, so a second run only runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CPP_TESTS = sorted((REPO / "tests" / "cpp").glob("*_test.cc"))
+# The flags of the shipped kernels that matter for their results (-O3 and
+# -fno-math-errno as CMakeLists.txt); -march=native as a source build.
+FLAGS = ["-std=c++17", "-O2", "-fno-math-errno", "-fopenmp", "-march=native"]
+
+
+@functools.lru_cache(maxsize=None)
+def _eigen_include() -> str:
+  explicit = os.environ.get("JAXOPS_EIGEN_INCLUDE")
+  if explicit:
+    return explicit
+  try:
+    import cmeel
+  except ImportError:
+    pytest.skip("the C++ kernel tests need Eigen: pip install cmeel-eigen (in the test extra) "
+                "or set JAXOPS_EIGEN_INCLUDE")
+  # cmeel wheels install their headers under <site-packages>/cmeel.prefix.
+  include = pathlib.Path(cmeel.__file__).resolve().parent.parent / "cmeel.prefix" / "include"
+  return str(include / "eigen3")
+
+
+def _compiler() -> str:
+  cxx = os.environ.get("CXX", "g++")
+  if shutil.which(cxx) is None:
+    pytest.skip(f"the C++ kernel tests need a C++ compiler ({cxx})")
+  return cxx
+
+
+@functools.lru_cache(maxsize=None)
+def _build_dir() -> pathlib.Path:
+  digest = hashlib.sha256()
+  for path in sorted([*(REPO / "cpu").iterdir(), *CPP_TESTS]):
+    digest.update(path.name.encode())
+    digest.update(path.read_bytes())
+  digest.update(" ".join([_compiler(), *FLAGS, _eigen_include()]).encode())
+  digest.update(subprocess.run([_compiler(), "--version"], capture_output=True,
+                               text=True).stdout.encode())
+  root = pathlib.Path(os.environ.get("JAXOPS_CPP_TEST_CACHE",
+                                     pathlib.Path.home() / ".cache" / "jaxops" / "cpp_tests"))
+  out = root / digest.hexdigest()[:16]
+  out.mkdir(parents=True, exist_ok=True)
+  return out
+
+
+def _compile(source: pathlib.Path) -> pathlib.Path:
+  out = _build_dir() / f"{source.stem}.o"
+  if not out.exists():
+    tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
+    command = [_compiler(), *FLAGS, f"-I{REPO}", "-isystem", _eigen_include(), "-c",
+               str(source), "-o", str(tmp)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
+    tmp.replace(out)
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_objects() -> tuple[pathlib.Path, ...]:
+  """Every cpu/ kernel, compiled two at a time (the CI machine's cores)."""
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    return tuple(pool.map(_compile, sorted((REPO / "cpu").glob("*.cc"))))
+
+
+def _executable(test_source: pathlib.Path) -> pathlib.Path:
+  out = _build_dir() / test_source.stem
+  if not out.exists():
+    objects = [_compile(test_source), *_kernel_objects()]
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    command = [_compiler(), "-fopenmp", "-o", str(tmp), *map(str, objects)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
+    tmp.replace(out)
+  return out
+
+
+def test_there_are_cpp_kernel_tests():
+  assert CPP_TESTS, "tests/cpp holds no *_test.cc"
+
+
+@pytest.mark.parametrize("source", CPP_TESTS, ids=lambda p: p.stem)
+def test_cpp_kernel_test_passes(source):
+  executable = _executable(source)
+  result = subprocess.run([str(executable)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "2"})
+  assert result.returncode == 0, (
+      f"{source.name} failed (exit {result.returncode}):\n{result.stdout[-6000:]}\n"
+      f"{result.stderr[-2000:]}")
+  assert "ALL PASSED" in result.stdout, result.stdout[-2000:]
