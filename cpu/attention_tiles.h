@@ -146,9 +146,11 @@ inline VecF vexp2(VecF x) {
   VecF n = (x + round_magic) - round_magic;
   VecF f = x - n;
   VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
-  VecI bits = reinterpret_cast<VecI&>(poly) + (__builtin_convertvector(n, VecI) << 23);
+  // Vector casts between same-sized vector types reinterpret the bits (a
+  // reference cast would break strict aliasing, which GCC warns of at -O3).
+  VecI bits = (VecI)poly + (__builtin_convertvector(n, VecI) << 23);
   bits &= ~tiny;
-  return reinterpret_cast<VecF&>(bits);
+  return (VecF)bits;
 #endif
 }
 
