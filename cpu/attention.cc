@@ -71,8 +71,9 @@ void row_logits(const AttentionParams& p, const Geometry& g, int64_t b, int64_t 
 // ---------------------------------------------------------------------------
 // bfloat16 dot products (AVX512_BF16's vdpbf16ps: 32 products per instruction,
 // twice the float32 FMA rate), for the bfloat16 forward on CPUs that have them.
-// Compiled with a target attribute and chosen at run time, so a build for an
-// older baseline still runs everywhere. Operands are pairs of bf16 packed in a
+// Compiled with a target attribute and chosen at run time, so that the avx512
+// variant (x86-64-v4, which does not include BF16) still runs on AVX-512 CPUs
+// without them; the other variants have no such path. Operands are pairs of bf16 packed in a
 // 32-bit word along the reduction axis; accumulation stays float32.
 
 #if defined(__AVX512F__) && (defined(__GNUC__) || defined(__clang__))

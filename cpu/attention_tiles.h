@@ -82,7 +82,7 @@ inline VecI vloadi(const int32_t* p) {
 inline VecF vsplat(float x) {
 #if defined(__AVX512F__)
   return _mm512_set1_ps(x);
-#elif defined(__AVX__)
+#elif defined(__AVX2__) && defined(__FMA__)  // the condition of kLanes == 8
   return _mm256_set1_ps(x);
 #else
   VecF v;
@@ -109,7 +109,7 @@ inline VecF vfma(VecF a, VecF b, VecF c) {
 inline VecF vmax(VecF a, VecF b) {
 #if defined(__AVX512F__)
   return _mm512_max_ps(a, b);
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__)
   return _mm256_max_ps(a, b);
 #else
   return a > b ? a : b;
@@ -146,9 +146,11 @@ inline VecF vexp2(VecF x) {
   VecF n = (x + round_magic) - round_magic;
   VecF f = x - n;
   VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
-  VecI bits = reinterpret_cast<VecI&>(poly) + (__builtin_convertvector(n, VecI) << 23);
+  // Vector casts between same-sized vector types reinterpret the bits (a
+  // reference cast would break strict aliasing, which GCC warns of at -O3).
+  VecI bits = (VecI)poly + (__builtin_convertvector(n, VecI) << 23);
   bits &= ~tiny;
-  return reinterpret_cast<VecF&>(bits);
+  return (VecF)bits;
 #endif
 }
 

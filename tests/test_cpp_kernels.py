@@ -28,7 +28,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CPP_TESTS = sorted((REPO / "tests" / "cpp").glob("*_test.cc"))
 # The flags of the shipped kernels that matter for their results (-O3 and
-# -fno-math-errno as CMakeLists.txt); -march=native as a source build.
+# -fno-math-errno as cmake/cpu_isas.cmake); -march=native: the widest variant
+# this machine runs (tests/test_cpu_isa.py runs the lower ones through Python).
 FLAGS = ["-std=c++17", "-O2", "-fno-math-errno", "-fopenmp", "-march=native"]
 
 

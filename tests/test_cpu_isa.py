@@ -1,0 +1,137 @@
+"""The CPU kernel variants (avx512, avx2, generic) and their run-time choice.
+
+The rest of the suite runs on the variant the machine's CPU picks. Here the
+op tests of SUBSET run again, in a subprocess, on every variant below it
+(forced with JAXOPS_CPU_ISA), so that the avx2 and generic kernels are tested
+on a machine whose best is avx512; the variable's errors are checked, and the
+variant libraries are disassembled to check that each uses only instructions
+of its own level. tests/test_cpu_isa_qemu.py runs jaxops on emulated CPUs
+without AVX-512.
+"""
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import jaxops
+from jaxops import _jaxops_cpu
+
+VARIABLE = "JAXOPS_CPU_ISA"
+ISAS = tuple(_jaxops_cpu.cpu_isas())
+BEST = _jaxops_cpu.best_cpu_isa()
+LOWER = ISAS[ISAS.index(BEST) + 1:]
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# Values and derivatives (reverse and forward mode) of every op family, in
+# float32, bfloat16 and float16, on rows that are not a multiple of any vector
+# width (257, 4099); attention's masks, decode (few-row) path and head dims
+# below, between and above the vector widths. The code that differs between
+# variants is the kernels' vector code and its tails. About 40 s per variant
+# on an idle 2-core machine.
+_DTYPES = ("float32", "bfloat16", "float16")
+_MODES = ("vjp", "jvp")
+SUBSET = [
+    *(f"tests/test_norms.py::test_derivatives_match_reference[{mode}-(11, 257)-{dtype}-{op}]"
+      for mode in _MODES for dtype in _DTYPES for op in ("layer_norm", "rms_norm", "add_rms_norm")),
+    *(f"tests/test_softmax.py::test_derivatives_match_reference[{mode}-(3, 2, 4099)-{dtype}-{op}]"
+      for mode in _MODES for dtype in _DTYPES for op in ("softmax", "log_softmax")),
+    "tests/test_softmax.py::test_causal_derivatives_match_reference[vjp-bfloat16]",
+    "tests/test_softmax.py::test_causal_derivatives_match_reference[jvp-float32]",
+    *(f"tests/test_cross_entropy.py::test_vjp_matches_reference[(11, 257)-mean-{dtype}]"
+      for dtype in _DTYPES),
+    *(f"tests/test_cross_entropy.py::test_jvp_matches_reference[{dtype}-{{}}]" for dtype in _DTYPES),
+    *(f"tests/test_activations.py::test_{mode}_matches_reference[(2, 4099)-{dtype}-{op}]"
+      for mode in _MODES for dtype in _DTYPES
+      for op in ("gelu_tanh", "gelu_erf", "silu", "swiglu", "geglu_tanh", "geglu_erf")),
+    "tests/test_activations.py::test_float32_accuracy_in_ulps",
+    "tests/test_attention.py::test_dtypes_forward_and_derivatives",
+    "tests/test_attention.py::test_grad_matches_reference[all]",
+    "tests/test_attention.py::test_shapes[(3, 1, 19, 4, 4, 32, True)]",
+    "tests/test_attention.py::test_shapes[(2, 5, 9, 3, 3, 7, False)]",
+    "tests/test_attention.py::test_shapes[(1, 67, 131, 2, 1, 80, True)]",
+    *(f"tests/test_rope.py::test_vjp_matches_reference[{dtype}-(3, 5, 1, 7)-{style}-rd2]"
+      for dtype in _DTYPES for style in ("neox", "gptj")),
+    *(f"tests/test_embedding.py::test_vjp_matches_reference[{dtype}-(257, 130)-(64, 3)]"
+      for dtype in _DTYPES),
+    "tests/test_adamw.py::test_low_precision_parameters",
+    "tests/test_adamw.py::test_implementations_agree_and_kernel_is_used",
+    "tests/test_cpu_isa.py::test_cpu_isa_follows_the_variable",
+]
+
+
+def _env(isa):
+  env = dict(os.environ)
+  env[VARIABLE] = isa
+  return env
+
+
+def _import_jaxops(isa):
+  return subprocess.run([sys.executable, "-P", "-c", "import jaxops; print(jaxops.cpu_isa())"],
+                        env=_env(isa), capture_output=True, text=True, timeout=300)
+
+
+def test_cpu_isa_follows_the_variable():
+  # Also run by the subprocesses below, with the variable set.
+  assert jaxops.cpu_isa() == (os.environ.get(VARIABLE) or BEST)
+  assert jaxops.cpu_isa() in ISAS
+
+
+@pytest.mark.parametrize("isa", LOWER)
+def test_op_tests_pass_on_a_lower_variant(isa):
+  result = subprocess.run(
+      [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", *SUBSET],
+      cwd=REPO, env=_env(isa), capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, (
+      f"{VARIABLE}={isa}:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}")
+  # Every node id selected a test, none skipped.
+  passed = re.search(r"(\d+) passed", result.stdout)
+  assert passed and int(passed.group(1)) >= len(SUBSET), result.stdout[-3000:]
+  assert "skipped" not in result.stdout and "deselected" not in result.stdout
+
+
+def test_unknown_variant_is_a_clear_error():
+  result = _import_jaxops("avx1024")
+  assert result.returncode != 0
+  assert (f"ValueError: {VARIABLE}='avx1024' is not a jaxops CPU kernel variant; "
+          f"set it to one of {', '.join(ISAS)} or unset it (this CPU's best: {BEST})"
+          ) in result.stderr
+
+
+@pytest.mark.skipif(BEST == ISAS[0], reason="this CPU runs every variant")
+def test_variant_above_the_cpu_is_a_clear_error():
+  result = _import_jaxops(ISAS[0])
+  assert result.returncode != 0
+  assert (f"RuntimeError: {VARIABLE}={ISAS[0]} asks for CPU kernels this CPU cannot run; "
+          f"its best is {BEST}") in result.stderr
+
+
+# Instructions a variant's level does not have: for generic (x86-64-v2) any
+# VEX/EVEX instruction (mnemonics v...) or AVX register and the scalar
+# x86-64-v3 ones (BMI1/2, LZCNT, MOVBE; not TZCNT, which objdump also prints for
+# the REP BSF that GCC emits at any level and older CPUs run as BSF); for avx2
+# (x86-64-v3) any AVX-512 register (zmm, mask registers, xmm/ymm16-31).
+_ABOVE_V2 = re.compile(r"\t(v[a-z0-9]+|andn|bextr|blsi|blsmsk|blsr|bzhi|mulx|pdep|pext|rorx|"
+                       r"sarx|shlx|shrx|lzcnt|movbe)\b|%[yz]mm")
+_ABOVE_V3 = re.compile(r"%zmm|%k[0-7]\b|%[xy]mm(1[6-9]|2[0-9]|3[01])\b")
+
+
+@pytest.mark.skipif(ISAS != ("avx512", "avx2", "generic") or not shutil.which("objdump"),
+                    reason="x86-64 variants, disassembled by binutils' objdump")
+@pytest.mark.parametrize("library,forbidden", [
+    ("libjaxops_cpu_generic.so", _ABOVE_V2),
+    ("libjaxops_cpu_avx2.so", _ABOVE_V3),
+    (pathlib.Path(_jaxops_cpu.__file__).name, _ABOVE_V2),
+], ids=["generic", "avx2", "dispatcher"])
+def test_variant_libraries_use_only_their_level(library, forbidden):
+  path = pathlib.Path(_jaxops_cpu.__file__).parent / library
+  listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(path)],
+                           capture_output=True, text=True, check=True).stdout
+  offending = [line for line in listing.splitlines() if forbidden.search(line)]
+  assert listing.count("\n") > 1000
+  assert not offending, f"{library}: {len(offending)} instructions above its level:\n" + "\n".join(
+      offending[:20])
