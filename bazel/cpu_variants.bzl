@@ -23,7 +23,10 @@ def cpu_variant(isa, isa_copts, tags = []):
         hdrs = native.glob(["cpu/*.h"]),
         copts = _COPTS + ["-fno-math-errno"] + isa_copts,
         linkopts = ["-fopenmp"],
-        deps = ["@eigen"],
+        deps = [
+            ":params",
+            "@eigen",
+        ],
         tags = tags,
     )
     native.cc_binary(
@@ -42,6 +45,7 @@ def cpu_variant(isa, isa_copts, tags = []):
         additional_linker_inputs = [_MAP],
         deps = [
             ":cpu_kernels_" + isa,
+            ":params",
             "@xla_ffi//:ffi",
         ],
         tags = tags,

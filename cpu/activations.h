@@ -14,9 +14,11 @@
 
 #include <cstdint>
 
+#include "params/activations.h"
+
 namespace jaxops::cpu {
 
-enum class Activation { kGeluTanh, kGeluErf, kSilu };
+using ::jaxops::params::Activation;
 
 template <typename T>
 void activation_fwd(Activation activation, const T* x, T* y, int64_t n);

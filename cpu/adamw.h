@@ -14,19 +14,11 @@
 
 #include <cstdint>
 
+#include "params/adamw.h"
+
 namespace jaxops::cpu {
 
-// 1 - b1 and 1 - b2 are passed rounded from their double-precision values, as
-// optax's Python-float arithmetic computes them (float32(1 - 0.9) differs
-// from 1 - float32(0.9) by an ulp).
-struct AdamWHyperparameters {
-  float b1;
-  float one_minus_b1;
-  float b2;
-  float one_minus_b2;
-  float eps;
-  float weight_decay;
-};
+using ::jaxops::params::AdamWHyperparameters;
 
 template <typename T>
 void adamw(const T* grads, const T* params, const float* m, const float* v, const float* scalars,

@@ -741,34 +741,6 @@ void dbias_item(const AttentionParams& p, const Geometry& g, const BackwardPlan&
 
 }  // namespace
 
-const char* attention_params_error(const AttentionParams& p) {
-  constexpr int64_t kMaxExtent = int64_t{1} << 31;
-  constexpr int64_t kMaxPosition = int64_t{1} << 40;
-  if (p.batch < 0 || p.q_len < 0 || p.kv_len < 0 || p.num_heads < 0 || p.num_kv_heads < 0 ||
-      p.head_dim < 0) {
-    return "attention: negative dimension";
-  }
-  if (p.q_len >= kMaxExtent || p.kv_len >= kMaxExtent) {
-    return "attention: sequence lengths must be below 2^31";
-  }
-  if (p.num_kv_heads == 0 ? p.num_heads != 0 : p.num_heads % p.num_kv_heads != 0) {
-    return "attention: num_heads must be a multiple of num_kv_heads";
-  }
-  if (p.window_left < -1 || p.window_right < -1) {
-    return "attention: window sizes must be >= 0 (or -1 for unbounded)";
-  }
-  if (p.window_left >= kMaxPosition || p.window_right >= kMaxPosition ||
-      p.query_offset >= kMaxPosition || p.query_offset <= -kMaxPosition) {
-    return "attention: window sizes and query_offset must be below 2^40 in magnitude";
-  }
-  for (int d = 0; d < 4; ++d) {
-    if (p.mask_strides[d] < 0 || p.bias_strides[d] < 0) return "attention: negative stride";
-  }
-  if (!std::isfinite(p.scale)) return "attention: scale must be finite";
-  if (p.num_threads < 0) return "attention: num_threads must be >= 0";
-  return nullptr;
-}
-
 template <typename T>
 size_t attention_fwd_workspace_bytes(const AttentionParams& p) {
   const Geometry g(p);

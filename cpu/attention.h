@@ -9,7 +9,7 @@
 // through four element strides over [B, N, T, S]; a zero stride broadcasts.
 // dbias is written through the bias strides and summed over broadcast dims.
 //
-// Masking. Query row t sits at absolute position p = t + query_offset. Key j is
+// Masking. Query row t sits at absolute position p = t + *query_offset. Key j is
 // attended iff all of:
 //   is_causal:          j <= p
 //   window_left >= 0:   j >= p - window_left
@@ -34,32 +34,16 @@
 
 #include <Eigen/Core>
 
+#include "params/attention.h"
+
 namespace jaxops::cpu {
 
-struct AttentionParams {
-  int64_t batch = 0;         // B
-  int64_t q_len = 0;         // T
-  int64_t kv_len = 0;        // S
-  int64_t num_heads = 0;     // N
-  int64_t num_kv_heads = 0;  // K
-  int64_t head_dim = 0;      // H
-  float scale = 1.0f;
-  bool is_causal = false;
-  int64_t query_offset = 0;
-  int64_t window_left = -1;   // -1: unbounded
-  int64_t window_right = -1;  // -1: unbounded
-  const int32_t* q_seq_lengths = nullptr;   // [B] or null
-  const int32_t* kv_seq_lengths = nullptr;  // [B] or null
-  const uint8_t* mask = nullptr;
-  int64_t mask_strides[4] = {0, 0, 0, 0};
-  const float* bias = nullptr;
-  int64_t bias_strides[4] = {0, 0, 0, 0};
-  int num_threads = 0;  // OpenMP threads (0: omp_get_max_threads()); sizes the workspace
-};
-
+// The parameters (params/attention.h), shared with the CUDA kernels and the
+// handlers. query_offset is read once per call, on the host.
+using ::jaxops::params::AttentionParams;
 // nullptr when the parameters describe a valid problem, else a description of
 // the first problem found (sizes, GQA divisibility, window, thread count).
-const char* attention_params_error(const AttentionParams& p);
+using ::jaxops::params::attention_params_error;
 
 template <typename T>
 size_t attention_fwd_workspace_bytes(const AttentionParams& p);

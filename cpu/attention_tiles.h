@@ -428,7 +428,7 @@ constexpr int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
 struct Geometry {
   int64_t B, T, S, N, K, H, G, Hp;
-  int64_t offset;
+  int64_t offset;  // *p.query_offset: the operand is host memory here, read once per call
   bool causal;
   int64_t window_left, window_right;
   const int32_t* q_lengths;
@@ -437,7 +437,7 @@ struct Geometry {
   explicit Geometry(const AttentionParams& p)
       : B(p.batch), T(p.q_len), S(p.kv_len), N(p.num_heads), K(p.num_kv_heads),
         H(p.head_dim), G(p.num_kv_heads > 0 ? p.num_heads / p.num_kv_heads : 0),
-        Hp(round_up(p.head_dim, kLanes)), offset(p.query_offset), causal(p.is_causal),
+        Hp(round_up(p.head_dim, kLanes)), offset(*p.query_offset), causal(p.is_causal),
         window_left(p.window_left), window_right(p.window_right),
         q_lengths(p.q_seq_lengths), kv_lengths(p.kv_seq_lengths) {}
 

@@ -14,18 +14,12 @@
 
 #include <cstdint>
 
+#include "params/cross_entropy.h"
+
 namespace jaxops::cpu {
 
-struct CrossEntropyShape {
-  int64_t rows;
-  int64_t vocab;
-};
-
-struct CrossEntropyOptions {
-  int64_t ignore_index = -100;
-  float label_smoothing = 0.f;
-  float z_loss = 0.f;
-};
+using ::jaxops::params::CrossEntropyOptions;
+using ::jaxops::params::CrossEntropyShape;
 
 // loss and lse per row (float32).
 template <typename T, typename Label>

@@ -15,13 +15,11 @@
 
 #include <cstdint>
 
+#include "params/embedding.h"
+
 namespace jaxops::cpu {
 
-struct EmbeddingShape {
-  int64_t vocab;
-  int64_t dim;
-  int64_t tokens;
-};
+using ::jaxops::params::EmbeddingShape;
 
 template <typename T>
 void embedding_fwd(const T* table, const int32_t* ids, T* out, EmbeddingShape shape);

@@ -17,17 +17,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "params/norms.h"
+
 namespace jaxops::cpu {
 
-struct NormShape {
-  int64_t rows;
-  int64_t cols;
-};
-
-struct WeightGradLayout {
-  int64_t groups = 1;  // divides rows
-  int64_t parts = 1;   // pieces per group reduced in parallel
-};
+using ::jaxops::params::NormShape;
+using ::jaxops::params::WeightGradLayout;
 
 // Floats of workspace the backward kernels need: [groups * parts, sums, cols].
 size_t norm_bwd_workspace_floats(NormShape shape, WeightGradLayout layout, int sums);

@@ -15,16 +15,11 @@
 
 #include <cstdint>
 
+#include "params/rope.h"
+
 namespace jaxops::cpu {
 
-struct RopeShape {
-  int64_t batch;
-  int64_t seq;
-  int64_t heads;
-  int64_t head_dim;
-  int64_t rotary_dim;     // even, in [2, head_dim]
-  int64_t position_rows;  // 1 or batch
-};
+using ::jaxops::params::RopeShape;
 
 template <typename T>
 void rope(const T* x, const int32_t* positions, T* y, float* workspace, RopeShape shape,

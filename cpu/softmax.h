@@ -13,44 +13,16 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+
+#include "params/softmax.h"
 
 namespace jaxops::cpu {
 
-struct SoftmaxShape {
-  int64_t rows;
-  int64_t cols;
-};
-
-// An optional operand broadcast against x (a boolean mask or an additive bias).
-// Its element for (row, col) of x is data[row_offset(row) + col * col_stride],
-// with x's leading axes (merged where the operand broadcasts alike, so the
-// usual cases cost a division or two per row) given by row_sizes/row_strides.
-template <typename T>
-struct BroadcastOperand {
-  const T* data = nullptr;  // nullptr: absent
-  std::vector<int64_t> row_sizes;    // x's leading axes (merged), outermost first
-  std::vector<int64_t> row_strides;  // the operand's stride along each (0: broadcast)
-  int64_t col_stride = 1;            // 0 when the operand's last axis has size 1
-
-  int64_t row_offset(int64_t row) const {
-    int64_t offset = 0;
-    for (size_t i = row_sizes.size(); i-- > 0;) {
-      offset += (row % row_sizes[i]) * row_strides[i];
-      row /= row_sizes[i];
-    }
-    return offset;
-  }
-};
-
-// Causal visibility over the last two axes: row i of each [queries, cols] block
-// sees columns j <= i + query_offset. queries == 0 means no causal limit.
-struct CausalLimit {
-  int64_t queries = 0;
-  int64_t query_offset = 0;
-};
-
-enum class SoftmaxOutput { kProbabilities, kLogProbabilities };
+// The parameters (params/softmax.h), shared with the CUDA kernels and the handlers.
+using ::jaxops::params::BroadcastOperand;
+using ::jaxops::params::CausalLimit;
+using ::jaxops::params::SoftmaxOutput;
+using ::jaxops::params::SoftmaxShape;
 
 // y = softmax(x + bias) or log_softmax(x + bias) over the visible columns.
 // `where` holds 0/1 bytes (XLA's PRED).

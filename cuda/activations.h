@@ -14,9 +14,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "params/activations.h"
+
 namespace jaxops::cuda {
 
-enum class Activation { kGeluTanh, kGeluErf, kSilu };
+using ::jaxops::params::Activation;
 
 template <typename T>
 cudaError_t activation_fwd(cudaStream_t stream, Activation activation, const T* x, T* y,

@@ -13,18 +13,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "params/adamw.h"
+
 namespace jaxops::cuda {
 
-// 1 - b1 and 1 - b2 rounded from their double-precision values, as optax's
-// Python-float arithmetic computes them.
-struct AdamWHyperparameters {
-  float b1;
-  float one_minus_b1;
-  float b2;
-  float one_minus_b2;
-  float eps;
-  float weight_decay;
-};
+using ::jaxops::params::AdamWHyperparameters;
 
 template <typename T>
 cudaError_t adamw(cudaStream_t stream, const T* grads, const T* params, const float* m,

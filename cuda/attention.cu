@@ -388,7 +388,7 @@ size_t attention_bwd_workspace_bytes(const AttentionParams& p) {
 template <typename T>
 cudaError_t attention_fwd(cudaStream_t stream, const AttentionParams& p, const T* query,
                           const T* key, const T* value, T* out, float* logsumexp) {
-  if (p.head_dim > kAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
+  if (p.head_dim > kCudaAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
   if (p.batch * p.num_heads * p.q_len == 0) return cudaSuccess;
   const int hp = padded_head_dim(p.head_dim);
   if (fwd_shared_bytes<T>(hp, 64, 64) <= kSharedBudget) {
@@ -402,7 +402,7 @@ cudaError_t attention_bwd(cudaStream_t stream, const AttentionParams& p, const T
                           const T* key, const T* value, const T* out, const float* logsumexp,
                           const T* dout, const float* dlogsumexp, T* dquery, T* dkey, T* dvalue,
                           float* dbias, void* workspace) {
-  if (p.head_dim > kAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
+  if (p.head_dim > kCudaAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
   if (dbias != nullptr) {
     int64_t elements = 1;
     const int64_t full[4] = {p.batch, p.num_heads, p.q_len, p.kv_len};
@@ -431,7 +431,7 @@ cudaError_t attention_bwd(cudaStream_t stream, const AttentionParams& p, const T
     return launch_bwd<T, 64, 64>(stream, p, hp, query, key, value, logsumexp, dout, d, dquery,
                                  dkey, dvalue, dbias);
   }
-  // 32x32 tiles fit every head dim up to kAttentionMaxHeadDim in 2-byte types;
+  // 32x32 tiles fit every head dim up to kCudaAttentionMaxHeadDim in 2-byte types;
   // float32 needs 16x16 above 176.
   if constexpr (sizeof(T) == 4) {
     if (bwd_shared_bytes<T>(hp, 32, 32) > kSharedBudget) {

@@ -14,7 +14,7 @@
 // softmax statistics and accumulation are float32.
 //
 // Every function launches on `stream` and returns the first failing launch's
-// cudaGetLastError() (cudaErrorInvalidValue for head_dim > kAttentionMaxHeadDim).
+// cudaGetLastError() (cudaErrorInvalidValue for head_dim > kCudaAttentionMaxHeadDim).
 #pragma once
 
 #include <cstddef>
@@ -24,30 +24,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "params/attention.h"
+
 namespace jaxops::cuda {
 
-// The tiles of one block hold whole head vectors in shared memory.
-constexpr int64_t kAttentionMaxHeadDim = 256;
-
-struct AttentionParams {
-  int64_t batch = 0;         // B
-  int64_t q_len = 0;         // T
-  int64_t kv_len = 0;        // S
-  int64_t num_heads = 0;     // N
-  int64_t num_kv_heads = 0;  // K
-  int64_t head_dim = 0;      // H
-  float scale = 1.0f;
-  bool is_causal = false;
-  int64_t window_left = -1;   // -1: unbounded
-  int64_t window_right = -1;  // -1: unbounded
-  const int32_t* query_offset = nullptr;    // int32 scalar: position of query row 0
-  const int32_t* q_seq_lengths = nullptr;   // [B] or null
-  const int32_t* kv_seq_lengths = nullptr;  // [B] or null
-  const uint8_t* mask = nullptr;
-  int64_t mask_strides[4] = {0, 0, 0, 0};
-  const float* bias = nullptr;
-  int64_t bias_strides[4] = {0, 0, 0, 0};
-};
+// The parameters (params/attention.h), shared with the CPU kernel and the
+// handlers; head_dim is at most params::kCudaAttentionMaxHeadDim here.
+using ::jaxops::params::AttentionParams;
+using ::jaxops::params::kCudaAttentionMaxHeadDim;
 
 // out [B,T,N,H], logsumexp [B,N,T].
 template <typename T>

@@ -287,7 +287,7 @@ cudaError_t attention_fwd_jvp(cudaStream_t stream, const AttentionParams& p, con
                               const T* key, const T* value, const T* dquery, const T* dkey,
                               const T* dvalue, const float* dbias, T* out, float* logsumexp,
                               T* dout, float* dlogsumexp) {
-  if (p.head_dim > kAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
+  if (p.head_dim > kCudaAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
   if (p.batch * p.num_heads * p.q_len == 0) return cudaSuccess;
   const JvpTensors<T> tensors{query, key, value, dquery,    dkey,
                               dvalue, dbias, out, logsumexp, dout, dlogsumexp};
@@ -295,7 +295,7 @@ cudaError_t attention_fwd_jvp(cudaStream_t stream, const AttentionParams& p, con
   if (jvp_shared_bytes<T>(hp, 64, 64) <= kSharedBudget) {
     return launch_fwd_jvp<T, 64, 64>(stream, p, hp, tensors);
   }
-  // 32x32 tiles fit every head dim up to kAttentionMaxHeadDim in 2-byte types;
+  // 32x32 tiles fit every head dim up to kCudaAttentionMaxHeadDim in 2-byte types;
   // float32 needs 16x16 above 176.
   if constexpr (sizeof(T) == 4) {
     if (jvp_shared_bytes<T>(hp, 32, 32) > kSharedBudget) {

@@ -18,18 +18,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "params/cross_entropy.h"
+
 namespace jaxops::cuda {
 
-struct CrossEntropyShape {
-  int64_t rows;
-  int64_t vocab;
-};
-
-struct CrossEntropyOptions {
-  int64_t ignore_index = -100;
-  float label_smoothing = 0.f;
-  float z_loss = 0.f;
-};
+using ::jaxops::params::CrossEntropyOptions;
+using ::jaxops::params::CrossEntropyShape;
 
 // loss and lse per row (float32).
 template <typename T, typename Label>

@@ -18,13 +18,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "params/embedding.h"
+
 namespace jaxops::cuda {
 
-struct EmbeddingShape {
-  int64_t vocab;
-  int64_t dim;
-  int64_t tokens;
-};
+using ::jaxops::params::EmbeddingShape;
 
 template <typename T>
 cudaError_t embedding_fwd(cudaStream_t stream, const T* table, const int32_t* ids, T* out,

@@ -24,17 +24,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "params/norms.h"
+
 namespace jaxops::cuda {
 
-struct NormShape {
-  int64_t rows;
-  int64_t cols;  // at most 2^30
-};
-
-struct WeightGradLayout {
-  int64_t groups = 1;  // divides rows
-  int64_t parts = 1;   // pieces per group reduced in parallel
-};
+using ::jaxops::params::NormShape;
+using ::jaxops::params::WeightGradLayout;
 
 // y = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(biased var + epsilon).
 template <typename T>

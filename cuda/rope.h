@@ -17,16 +17,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "params/rope.h"
+
 namespace jaxops::cuda {
 
-struct RopeShape {
-  int64_t batch;
-  int64_t seq;
-  int64_t heads;
-  int64_t head_dim;
-  int64_t rotary_dim;     // even, in [2, head_dim]
-  int64_t position_rows;  // 1 or batch
-};
+using ::jaxops::params::RopeShape;
 
 template <typename T>
 cudaError_t rope(cudaStream_t stream, const T* x, const int32_t* positions, T* y,

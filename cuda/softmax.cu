@@ -15,16 +15,6 @@ constexpr int kMaxRowThreads = 512;
 // Rows beyond the grid are taken by the same blocks in turn.
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 
-template <typename T>
-__device__ __forceinline__ int64_t row_offset(const BroadcastOperand<T>& operand, int64_t row) {
-  int64_t offset = 0;
-  for (int i = operand.axes - 1; i >= 0; --i) {
-    offset += (row % operand.row_sizes[i]) * operand.row_strides[i];
-    row /= operand.row_sizes[i];
-  }
-  return offset;
-}
-
 __device__ __forceinline__ int64_t visible_prefix(int64_t row, int64_t cols, CausalLimit causal) {
   if (causal.queries == 0) return cols;
   const int64_t limit = row % causal.queries + causal.query_offset + 1;
@@ -57,9 +47,9 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t n = visible_prefix(row, cols, causal);
     const MaskedRow<T> z{x + row * cols,
-                         where.data ? where.data + row_offset(where, row) : nullptr,
+                         where.data ? where.data + where.row_offset(row) : nullptr,
                          where.col_stride,
-                         bias.data ? bias.data + row_offset(bias, row) : nullptr,
+                         bias.data ? bias.data + bias.row_offset(row) : nullptr,
                          bias.col_stride};
     MaxSum stats = MaxSum::empty();
     for (int64_t c = threadIdx.x; c < n; c += blockDim.x) stats.add(z(c));
@@ -120,7 +110,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     const T* y_row = y + row * cols;
     const MaskedRow<T> g_row{
         g != nullptr ? g + row * cols : nullptr, nullptr, 0,
-        g_broadcast.data ? g_broadcast.data + row_offset(g_broadcast, row) : nullptr,
+        g_broadcast.data ? g_broadcast.data + g_broadcast.row_offset(row) : nullptr,
         g_broadcast.col_stride};
     float partial = 0.f;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {

@@ -18,37 +18,16 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "params/softmax.h"
+
 namespace jaxops::cuda {
 
-struct SoftmaxShape {
-  int64_t rows;
-  int64_t cols;
-};
-
-// Leading-axis groups a broadcast mask or bias can have after merging (the
-// handler merges axes that broadcast alike); more is cudaErrorInvalidValue.
-constexpr int kMaxBroadcastAxes = 8;
-
-// An optional operand broadcast against x: its element for (row, col) is
-// data[row_offset(row) + col * col_stride] (see xla_ffi/softmax_common.h).
-// Passed to the kernel by value.
-template <typename T>
-struct BroadcastOperand {
-  const T* data = nullptr;  // nullptr: absent
-  int axes = 0;
-  int64_t row_sizes[kMaxBroadcastAxes] = {};
-  int64_t row_strides[kMaxBroadcastAxes] = {};
-  int64_t col_stride = 1;
-};
-
-// Row i of each [queries, cols] block sees columns j <= i + query_offset;
-// queries == 0 means no causal limit.
-struct CausalLimit {
-  int64_t queries = 0;
-  int64_t query_offset = 0;
-};
-
-enum class SoftmaxOutput { kProbabilities, kLogProbabilities };
+// The parameters (params/softmax.h), shared with the CPU kernels and the handlers.
+using ::jaxops::params::BroadcastOperand;
+using ::jaxops::params::CausalLimit;
+using ::jaxops::params::SoftmaxOutput;
+using ::jaxops::params::SoftmaxShape;
+using ::jaxops::params::kMaxBroadcastAxes;
 
 // `where` holds 0/1 bytes (XLA's PRED).
 template <typename T>

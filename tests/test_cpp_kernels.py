@@ -58,7 +58,7 @@ def _compiler() -> str:
 @functools.lru_cache(maxsize=None)
 def _build_dir() -> pathlib.Path:
   digest = hashlib.sha256()
-  for path in sorted([*(REPO / "cpu").iterdir(), *CPP_TESTS]):
+  for path in sorted([*(REPO / "cpu").iterdir(), *(REPO / "params").iterdir(), *CPP_TESTS]):
     digest.update(path.name.encode())
     digest.update(path.read_bytes())
   digest.update(" ".join([_compiler(), *FLAGS, _eigen_include()]).encode())

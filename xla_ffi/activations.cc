@@ -13,15 +13,10 @@ namespace {
 namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace activations_common;
-using cpu::Activation;
 
 template <typename Fn>
 ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
   return dispatch_float<float, cpu::bfloat16, cpu::float16>(op, dtype, std::forward<Fn>(fn));
-}
-
-Activation gelu_kind(bool approximate) {
-  return approximate ? Activation::kGeluTanh : Activation::kGeluErf;
 }
 
 ffi::Error UnaryFwd(const std::string& op, Activation activation, const ffi::AnyBuffer& x,
@@ -70,12 +65,12 @@ ffi::Error GatedBwd(const std::string& op, Activation activation, const ffi::Any
 }
 
 ffi::Error GeluFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, bool approximate) {
-  return UnaryFwd("jaxops_gelu_fwd", gelu_kind(approximate), x, *y);
+  return UnaryFwd("jaxops_gelu_fwd", gelu_activation(approximate), x, *y);
 }
 
 ffi::Error GeluBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> dx,
                    bool approximate) {
-  return UnaryBwd("jaxops_gelu_bwd", gelu_kind(approximate), dy, x, *dx);
+  return UnaryBwd("jaxops_gelu_bwd", gelu_activation(approximate), dy, x, *dx);
 }
 
 ffi::Error SiluFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
@@ -97,13 +92,13 @@ ffi::Error SwigluBwd(ffi::AnyBuffer dy, ffi::AnyBuffer gate, ffi::AnyBuffer up,
 
 ffi::Error GegluFwd(ffi::AnyBuffer gate, ffi::AnyBuffer up, ffi::Result<ffi::AnyBuffer> y,
                     bool approximate) {
-  return GatedFwd("jaxops_geglu_fwd", gelu_kind(approximate), gate, up, *y);
+  return GatedFwd("jaxops_geglu_fwd", gelu_activation(approximate), gate, up, *y);
 }
 
 ffi::Error GegluBwd(ffi::AnyBuffer dy, ffi::AnyBuffer gate, ffi::AnyBuffer up,
                     ffi::Result<ffi::AnyBuffer> dgate, ffi::Result<ffi::AnyBuffer> dup,
                     bool approximate) {
-  return GatedBwd("jaxops_geglu_bwd", gelu_kind(approximate), dy, gate, up, *dgate, *dup);
+  return GatedBwd("jaxops_geglu_bwd", gelu_activation(approximate), dy, gate, up, *dgate, *dup);
 }
 
 }  // namespace

@@ -8,12 +8,19 @@
 #include <string>
 #include <utility>
 
+#include "params/activations.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::activations_common {
 
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
+using ::jaxops::params::Activation;
+
+// gelu and geglu choose their form with the `approximate` attribute.
+inline Activation gelu_activation(bool approximate) {
+  return approximate ? Activation::kGeluTanh : Activation::kGeluErf;
+}
 
 // `other` has the shape and dtype of `first`.
 inline ffi::Error check_like(const std::string& op, const char* first_name,

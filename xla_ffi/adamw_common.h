@@ -7,18 +7,23 @@
 #include <string>
 #include <utility>
 
+#include "params/adamw.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::adamw_common {
 
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
+using ::jaxops::params::AdamWHyperparameters;
 
+// The buffers, and the attributes gathered into the kernel's hyperparameters.
 inline ffi::Error check_adamw(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& params,
                               const ffi::Buffer<ffi::F32>& m, const ffi::Buffer<ffi::F32>& v,
                               const ffi::Buffer<ffi::F32>& scalars, const ffi::AnyBuffer& out,
                               const ffi::Buffer<ffi::F32>& m_out,
-                              const ffi::Buffer<ffi::F32>& v_out) {
+                              const ffi::Buffer<ffi::F32>& v_out, float b1, float one_minus_b1,
+                              float b2, float one_minus_b2, float eps, float weight_decay,
+                              AdamWHyperparameters* hyper) {
   const std::string op = "jaxops_adamw";
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "grads", grads));
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "params", params, "grads", grads));
@@ -28,7 +33,9 @@ inline ffi::Error check_adamw(const ffi::AnyBuffer& grads, const ffi::AnyBuffer&
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "v", v));
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "m_out", m_out));
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "v_out", v_out));
-  return element_count_is(op, "scalars", scalars, 3);
+  JAXOPS_RETURN_IF_ERROR(element_count_is(op, "scalars", scalars, 3));
+  *hyper = {b1, one_minus_b1, b2, one_minus_b2, eps, weight_decay};
+  return ffi::Error::Success();
 }
 
 template <typename Binding>

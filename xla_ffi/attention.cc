@@ -26,23 +26,6 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
   return dispatch_float<float, cpu::bfloat16, cpu::float16>(op, dtype, std::forward<Fn>(fn));
 }
 
-// The shared decoding (xla_ffi/attention_common.h) plus what only the CPU
-// kernel needs: the offset's value (host memory here) and its own limits.
-ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                         const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
-                         const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
-                         const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
-                         float scale, bool is_causal, int64_t window_left,
-                         int64_t window_right, AttentionShape* s, cpu::AttentionParams* p) {
-  JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
-                                      query_offset, scale, is_causal, window_left, window_right,
-                                      s));
-  copy_shape(*s, p);
-  p->query_offset = *s->query_offset;
-  if (const char* error = cpu::attention_params_error(*p)) return invalid(op, error);
-  return ffi::Error::Success();
-}
-
 // Kernel scratch, owned by the handler for the duration of the call.
 struct Workspace {
   std::unique_ptr<char[]> bytes;
@@ -55,7 +38,7 @@ struct Workspace {
 };
 
 // What every handler does: decode the shared operands into the kernel's
-// parameters, validate the rest (check(op, shape) returns the error), and call
+// parameters, validate the rest (check(op, params) returns the error), and call
 // run(tag, params, workspace) for the element type (tag: a value of it) with
 // scratch of workspace_bytes(tag, params) bytes.
 template <typename Check, typename WorkspaceBytes, typename Run>
@@ -65,12 +48,11 @@ ffi::Error run_attention(const std::string& op, const ffi::AnyBuffer& q, const f
                          const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
                          float scale, bool is_causal, int64_t window_left, int64_t window_right,
                          Check&& check, WorkspaceBytes&& workspace_bytes, Run&& run) {
-  AttentionShape s;
-  cpu::AttentionParams p;
-  JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
-                                       query_offset, scale, is_causal, window_left, window_right,
-                                       &s, &p));
-  JAXOPS_RETURN_IF_ERROR(check(op, s));
+  AttentionParams p;
+  JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
+                                      query_offset, scale, is_causal, window_left, window_right,
+                                      &p));
+  JAXOPS_RETURN_IF_ERROR(check(op, p));
   return dispatch(op, q.element_type(), [&](auto tag) {
     Workspace ws;
     JAXOPS_RETURN_IF_ERROR(ws.allocate(op, workspace_bytes(tag, p)));
@@ -87,13 +69,13 @@ ffi::Error AttentionFwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
   return run_attention(
       "jaxops_attention_fwd", q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
       is_causal, window_left, window_right,
-      [&](const std::string& op, const AttentionShape& s) {
+      [&](const std::string& op, const AttentionParams& s) {
         return check_fwd(op, q, *out, *lse, s);
       },
-      [](auto tag, const cpu::AttentionParams& p) {
+      [](auto tag, const AttentionParams& p) {
         return cpu::attention_fwd_workspace_bytes<decltype(tag)>(p);
       },
-      [&](auto tag, const cpu::AttentionParams& p, void* workspace) {
+      [&](auto tag, const AttentionParams& p, void* workspace) {
         using T = decltype(tag);
         cpu::advise_huge_pages(out->untyped_data(), out->size_bytes());
         cpu::attention_fwd<T>(p, data<const T>(q), data<const T>(k), data<const T>(v),
@@ -114,14 +96,14 @@ ffi::Error AttentionBwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
       is_causal, window_left, window_right,
       // The CPU kernel sizes its scratch by its thread count and allocates it
       // here: the hidden workspace result is empty on this platform.
-      [&](const std::string& op, const AttentionShape& s) {
+      [&](const std::string& op, const AttentionParams& s) {
         return check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv, *dbias,
                          *workspace, with_dbias, 0, s);
       },
-      [&](auto tag, const cpu::AttentionParams& p) {
+      [&](auto tag, const AttentionParams& p) {
         return cpu::attention_bwd_workspace_bytes<decltype(tag)>(p, with_dbias);
       },
-      [&](auto tag, const cpu::AttentionParams& p, void* scratch) {
+      [&](auto tag, const AttentionParams& p, void* scratch) {
         using T = decltype(tag);
         cpu::advise_huge_pages(dq->untyped_data(), dq->size_bytes());
         cpu::advise_huge_pages(dk->untyped_data(), dk->size_bytes());
@@ -147,13 +129,13 @@ ffi::Error AttentionFwdJvp(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
   return run_attention(
       "jaxops_attention_fwd_jvp", q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
       is_causal, window_left, window_right,
-      [&](const std::string& op, const AttentionShape& s) {
+      [&](const std::string& op, const AttentionParams& s) {
         return check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, s);
       },
-      [](auto tag, const cpu::AttentionParams& p) {
+      [](auto tag, const AttentionParams& p) {
         return cpu::attention_fwd_jvp_workspace_bytes<decltype(tag)>(p);
       },
-      [&](auto tag, const cpu::AttentionParams& p, void* workspace) {
+      [&](auto tag, const AttentionParams& p, void* workspace) {
         using T = decltype(tag);
         cpu::advise_huge_pages(out->untyped_data(), out->size_bytes());
         cpu::advise_huge_pages(dout->untyped_data(), dout->size_bytes());

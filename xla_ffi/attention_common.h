@@ -5,16 +5,18 @@
 // strides of the bias and mask. Optional operands (bias, mask, sequence
 // lengths, the logsumexp cotangent) are zero-size buffers when absent.
 //
-// query_offset is an operand (a traced offset does not recompile); on CUDA it
-// lives in device memory, so only its type and shape are checked here and its
-// value is read by the kernel.
+// The decoded call is the kernels' own parameter struct (params/attention.h),
+// filled once here for both platforms. query_offset is an operand (a traced
+// offset does not recompile): the struct holds its buffer, whose value the
+// kernel reads (on CUDA it is device memory), so only its type and shape are
+// checked here.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
 
+#include "params/attention.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::attention_common {
@@ -22,26 +24,7 @@ namespace jaxops::attention_common {
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 
-// Platform-independent description of a call, decoded from its buffers.
-struct AttentionShape {
-  int64_t batch = 0;         // B
-  int64_t q_len = 0;         // T
-  int64_t kv_len = 0;        // S
-  int64_t num_heads = 0;     // N
-  int64_t num_kv_heads = 0;  // K
-  int64_t head_dim = 0;      // H
-  float scale = 1.0f;
-  bool is_causal = false;
-  int64_t window_left = -1;
-  int64_t window_right = -1;
-  const float* bias = nullptr;
-  int64_t bias_strides[4] = {0, 0, 0, 0};  // over [B, N, T, S]; 0 broadcasts
-  const uint8_t* mask = nullptr;
-  int64_t mask_strides[4] = {0, 0, 0, 0};
-  const int32_t* q_seq_lengths = nullptr;   // [B] or null
-  const int32_t* kv_seq_lengths = nullptr;  // [B] or null
-  const int32_t* query_offset = nullptr;    // the int32 scalar operand
-};
+using ::jaxops::params::AttentionParams;
 
 inline std::string str(int64_t v) { return std::to_string(v); }
 
@@ -85,33 +68,8 @@ ffi::Error check_same(const std::string& op, const char* a_name, const A& a, con
 }
 
 // A float32 [B, N, T] row statistic (logsumexp), or absent when `optional`.
-// Copies the decoded shape into a platform's kernel parameters (cpu:: and
-// cuda::AttentionParams have the same fields), all but query_offset: the CPU
-// kernel reads its value, the CUDA kernel the device pointer.
-template <typename Params>
-void copy_shape(const AttentionShape& s, Params* p) {
-  p->batch = s.batch;
-  p->q_len = s.q_len;
-  p->kv_len = s.kv_len;
-  p->num_heads = s.num_heads;
-  p->num_kv_heads = s.num_kv_heads;
-  p->head_dim = s.head_dim;
-  p->scale = s.scale;
-  p->is_causal = s.is_causal;
-  p->window_left = s.window_left;
-  p->window_right = s.window_right;
-  p->q_seq_lengths = s.q_seq_lengths;
-  p->kv_seq_lengths = s.kv_seq_lengths;
-  p->mask = s.mask;
-  p->bias = s.bias;
-  for (int d = 0; d < 4; ++d) {
-    p->mask_strides[d] = s.mask_strides[d];
-    p->bias_strides[d] = s.bias_strides[d];
-  }
-}
-
 inline ffi::Error check_stats(const std::string& op, const char* name, const ffi::AnyBuffer& x,
-                              const AttentionShape& s, bool optional) {
+                              const AttentionParams& s, bool optional) {
   auto dims = x.dimensions();
   // Absent is the [0] placeholder; a present statistic is [B, N, T], which may
   // also hold no elements (T = 0), so the rank tells them apart.
@@ -125,15 +83,14 @@ inline ffi::Error check_stats(const std::string& op, const char* name, const ffi
   return ffi::Error::Success();
 }
 
-// Shapes, masks and attributes shared by the forward and the backward.
+// Shapes, masks and attributes shared by the forward and the backward, decoded
+// into the kernels' parameters and checked against the rules every backend shares.
 inline ffi::Error decode_shape(const std::string& op, const ffi::AnyBuffer& q,
                                const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                                const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mask,
                                const ffi::AnyBuffer& q_lengths, const ffi::AnyBuffer& kv_lengths,
                                const ffi::AnyBuffer& query_offset, float scale, bool is_causal,
-                               int64_t window_left, int64_t window_right, AttentionShape* s) {
-  constexpr int64_t kMaxExtent = int64_t{1} << 31;
-  constexpr int64_t kMaxPosition = int64_t{1} << 40;
+                               int64_t window_left, int64_t window_right, AttentionParams* s) {
   auto qd = q.dimensions(), kd = k.dimensions();
   if (qd.size() != 4) return invalid(op, "query must be [B, T, N, H], got " + dims_string(qd));
   if (kd.size() != 4 || kd[0] != qd[0] || kd[3] != qd[3]) {
@@ -171,25 +128,13 @@ inline ffi::Error decode_shape(const std::string& op, const ffi::AnyBuffer& q,
   s->is_causal = is_causal;
   s->window_left = window_left;
   s->window_right = window_right;
-  if (s->q_len >= kMaxExtent || s->kv_len >= kMaxExtent) {
-    return invalid(op, "attention: sequence lengths must be below 2^31");
-  }
-  if (s->num_kv_heads == 0 ? s->num_heads != 0 : s->num_heads % s->num_kv_heads != 0) {
-    return invalid(op, "attention: num_heads must be a multiple of num_kv_heads");
-  }
-  if (window_left < -1 || window_right < -1) {
-    return invalid(op, "attention: window sizes must be >= 0 (or -1 for unbounded)");
-  }
-  if (window_left >= kMaxPosition || window_right >= kMaxPosition) {
-    return invalid(op, "attention: window sizes and query_offset must be below 2^40 in magnitude");
-  }
-  if (!std::isfinite(scale)) return invalid(op, "attention: scale must be finite");
+  if (const char* error = params::attention_params_error(*s)) return invalid(op, error);
   return ffi::Error::Success();
 }
 
 inline ffi::Error check_fwd(const std::string& op, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
-                            const AttentionShape& s) {
+                            const AttentionParams& s) {
   JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "out", out));
   return check_stats(op, "logsumexp", lse, s, false);
 }
@@ -203,7 +148,7 @@ inline ffi::Error check_bwd(const std::string& op, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& dlse, const ffi::AnyBuffer& dq,
                             const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv,
                             const ffi::AnyBuffer& dbias, const ffi::AnyBuffer& workspace,
-                            bool with_dbias, int64_t workspace_bytes, const AttentionShape& s) {
+                            bool with_dbias, int64_t workspace_bytes, const AttentionParams& s) {
   JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "out", out));
   JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "dout", dout));
   JAXOPS_RETURN_IF_ERROR(check_stats(op, "logsumexp", lse, s, false));
@@ -246,7 +191,7 @@ inline ffi::Error check_fwd_jvp(const std::string& op, const ffi::AnyBuffer& q,
                                 const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv,
                                 const ffi::AnyBuffer& dbias, const ffi::AnyBuffer& out,
                                 const ffi::AnyBuffer& lse, const ffi::AnyBuffer& dout,
-                                const ffi::AnyBuffer& dlse, const AttentionShape& s) {
+                                const ffi::AnyBuffer& dlse, const AttentionParams& s) {
   JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, out, lse, s));
   JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "dout", dout));
   JAXOPS_RETURN_IF_ERROR(check_stats(op, "dlogsumexp", dlse, s, false));

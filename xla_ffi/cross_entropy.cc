@@ -26,15 +26,16 @@ ffi::Error CrossEntropyFwd(ffi::AnyBuffer logits, ffi::AnyBuffer labels,
                            ffi::Result<ffi::Buffer<ffi::F32>> loss,
                            ffi::Result<ffi::Buffer<ffi::F32>> lse, int64_t ignore_index,
                            float label_smoothing, float z_loss) {
-  RowsCols s;
+  CrossEntropyShape s;
+  CrossEntropyOptions options;
   JAXOPS_RETURN_IF_ERROR(
-      check_cross_entropy_fwd(logits, labels, *loss, *lse, label_smoothing, z_loss, &s));
+      check_cross_entropy_fwd(logits, labels, *loss, *lse, ignore_index, label_smoothing, z_loss,
+                              &s, &options));
   return dispatch("jaxops_cross_entropy_fwd", logits, labels, [&](auto tag, auto label_tag) {
     using T = decltype(tag);
     using Label = decltype(label_tag);
     cpu::cross_entropy_fwd<T, Label>(data<const T>(logits), data<const Label>(labels),
-                                     loss->typed_data(), lse->typed_data(), {s.rows, s.cols},
-                                     {ignore_index, label_smoothing, z_loss});
+                                     loss->typed_data(), lse->typed_data(), s, options);
     return ffi::Error::Success();
   });
 }
@@ -42,15 +43,17 @@ ffi::Error CrossEntropyFwd(ffi::AnyBuffer logits, ffi::AnyBuffer labels,
 ffi::Error CrossEntropyBwd(ffi::AnyBuffer logits, ffi::AnyBuffer labels, ffi::Buffer<ffi::F32> lse,
                            ffi::Buffer<ffi::F32> dloss, ffi::Result<ffi::AnyBuffer> dlogits,
                            int64_t ignore_index, float label_smoothing, float z_loss) {
-  RowsCols s;
+  CrossEntropyShape s;
+  CrossEntropyOptions options;
   JAXOPS_RETURN_IF_ERROR(check_cross_entropy_bwd(logits, labels, lse, dloss, *dlogits,
-                                                 label_smoothing, z_loss, &s));
+                                                 ignore_index, label_smoothing, z_loss, &s,
+                                                 &options));
   return dispatch("jaxops_cross_entropy_bwd", logits, labels, [&](auto tag, auto label_tag) {
     using T = decltype(tag);
     using Label = decltype(label_tag);
     cpu::cross_entropy_bwd<T, Label>(data<const T>(logits), data<const Label>(labels),
                                      lse.typed_data(), dloss.typed_data(), data<T>(*dlogits),
-                                     {s.rows, s.cols}, {ignore_index, label_smoothing, z_loss});
+                                     s, options);
     return ffi::Error::Success();
   });
 }
@@ -59,15 +62,16 @@ ffi::Error CrossEntropyFwdGrad(ffi::AnyBuffer logits, ffi::AnyBuffer labels,
                                ffi::Result<ffi::Buffer<ffi::F32>> loss,
                                ffi::Result<ffi::AnyBuffer> dlogits, int64_t ignore_index,
                                float label_smoothing, float z_loss) {
-  RowsCols s;
+  CrossEntropyShape s;
+  CrossEntropyOptions options;
   JAXOPS_RETURN_IF_ERROR(check_cross_entropy_fwd_grad(logits, labels, *loss, *dlogits,
-                                                      label_smoothing, z_loss, &s));
+                                                      ignore_index, label_smoothing, z_loss, &s,
+                                                 &options));
   return dispatch("jaxops_cross_entropy_fwd_grad", logits, labels, [&](auto tag, auto label_tag) {
     using T = decltype(tag);
     using Label = decltype(label_tag);
     cpu::cross_entropy_fwd_grad<T, Label>(data<const T>(logits), data<const Label>(labels),
-                                          loss->typed_data(), data<T>(*dlogits), {s.rows, s.cols},
-                                          {ignore_index, label_smoothing, z_loss});
+                                          loss->typed_data(), data<T>(*dlogits), s, options);
     return ffi::Error::Success();
   });
 }
@@ -75,16 +79,17 @@ ffi::Error CrossEntropyFwdGrad(ffi::AnyBuffer logits, ffi::AnyBuffer labels,
 ffi::Error CrossEntropyJvp(ffi::AnyBuffer logits, ffi::AnyBuffer labels, ffi::Buffer<ffi::F32> lse,
                            ffi::AnyBuffer dlogits, ffi::Result<ffi::Buffer<ffi::F32>> dloss,
                            int64_t ignore_index, float label_smoothing, float z_loss) {
-  RowsCols s;
+  CrossEntropyShape s;
+  CrossEntropyOptions options;
   JAXOPS_RETURN_IF_ERROR(check_cross_entropy_jvp(logits, labels, lse, dlogits, *dloss,
-                                                 label_smoothing, z_loss, &s));
+                                                 ignore_index, label_smoothing, z_loss, &s,
+                                                 &options));
   return dispatch("jaxops_cross_entropy_jvp", logits, labels, [&](auto tag, auto label_tag) {
     using T = decltype(tag);
     using Label = decltype(label_tag);
     cpu::cross_entropy_jvp<T, Label>(data<const T>(logits), data<const Label>(labels),
                                      lse.typed_data(), data<const T>(dlogits),
-                                     dloss->typed_data(), {s.rows, s.cols},
-                                     {ignore_index, label_smoothing, z_loss});
+                                     dloss->typed_data(), s, options);
     return ffi::Error::Success();
   });
 }

@@ -7,17 +7,20 @@
 #include <string>
 #include <utility>
 
+#include "params/cross_entropy.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::cross_entropy_common {
 
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
+using ::jaxops::params::CrossEntropyOptions;
+using ::jaxops::params::CrossEntropyShape;
 
 // logits [..., vocab] and labels [...] (int32 or int64).
 inline ffi::Error check_logits_and_labels(const std::string& op, const ffi::AnyBuffer& logits,
-                                          const ffi::AnyBuffer& labels, RowsCols* shape) {
-  JAXOPS_RETURN_IF_ERROR(rows_cols(op, "logits", logits, shape));
+                                          const ffi::AnyBuffer& labels, CrossEntropyShape* shape) {
+  JAXOPS_RETURN_IF_ERROR(rows_cols(op, "logits", logits, &shape->rows, &shape->vocab));
   auto dims = logits.dimensions();
   auto label_dims = labels.dimensions();
   bool same = label_dims.size() + 1 == dims.size();
@@ -45,11 +48,15 @@ inline ffi::Error check_dlogits(const std::string& op, const ffi::AnyBuffer& log
   return same_dtype(op, "logits", logits, "dlogits", dlogits);
 }
 
-inline ffi::Error check_options(const std::string& op, float label_smoothing, float z_loss) {
+// The attributes, checked into the kernels' options.
+inline ffi::Error check_options(const std::string& op, int64_t ignore_index,
+                                float label_smoothing, float z_loss,
+                                CrossEntropyOptions* options) {
   if (!(label_smoothing >= 0.f && label_smoothing <= 1.f)) {
     return invalid(op, "label_smoothing must be in [0, 1]");
   }
   if (!(z_loss >= 0.f)) return invalid(op, "z_loss must be >= 0");
+  *options = {ignore_index, label_smoothing, z_loss};
   return ffi::Error::Success();
 }
 
@@ -58,39 +65,43 @@ inline ffi::Error check_options(const std::string& op, float label_smoothing, fl
 inline ffi::Error check_cross_entropy_fwd(const ffi::AnyBuffer& logits,
                                           const ffi::AnyBuffer& labels,
                                           const ffi::Buffer<ffi::F32>& loss,
-                                          const ffi::Buffer<ffi::F32>& lse, float label_smoothing,
-                                          float z_loss, RowsCols* s) {
+                                          const ffi::Buffer<ffi::F32>& lse, int64_t ignore_index,
+                                          float label_smoothing, float z_loss,
+                                          CrossEntropyShape* s, CrossEntropyOptions* options) {
   const std::string op = "jaxops_cross_entropy_fwd";
   JAXOPS_RETURN_IF_ERROR(check_logits_and_labels(op, logits, labels, s));
   JAXOPS_RETURN_IF_ERROR(check_row_values(op, "loss", loss, labels));
   JAXOPS_RETURN_IF_ERROR(check_row_values(op, "lse", lse, labels));
-  return check_options(op, label_smoothing, z_loss);
+  return check_options(op, ignore_index, label_smoothing, z_loss, options);
 }
 
 inline ffi::Error check_cross_entropy_bwd(const ffi::AnyBuffer& logits,
                                           const ffi::AnyBuffer& labels,
                                           const ffi::Buffer<ffi::F32>& lse,
                                           const ffi::Buffer<ffi::F32>& dloss,
-                                          const ffi::AnyBuffer& dlogits, float label_smoothing,
-                                          float z_loss, RowsCols* s) {
+                                          const ffi::AnyBuffer& dlogits, int64_t ignore_index,
+                                          float label_smoothing, float z_loss,
+                                          CrossEntropyShape* s, CrossEntropyOptions* options) {
   const std::string op = "jaxops_cross_entropy_bwd";
   JAXOPS_RETURN_IF_ERROR(check_logits_and_labels(op, logits, labels, s));
   JAXOPS_RETURN_IF_ERROR(check_row_values(op, "lse", lse, labels));
   JAXOPS_RETURN_IF_ERROR(check_row_values(op, "dloss", dloss, labels));
   JAXOPS_RETURN_IF_ERROR(check_dlogits(op, logits, dlogits));
-  return check_options(op, label_smoothing, z_loss);
+  return check_options(op, ignore_index, label_smoothing, z_loss, options);
 }
 
 inline ffi::Error check_cross_entropy_fwd_grad(const ffi::AnyBuffer& logits,
                                                const ffi::AnyBuffer& labels,
                                                const ffi::Buffer<ffi::F32>& loss,
                                                const ffi::AnyBuffer& dlogits,
-                                               float label_smoothing, float z_loss, RowsCols* s) {
+                                               int64_t ignore_index, float label_smoothing,
+                                               float z_loss, CrossEntropyShape* s,
+                                               CrossEntropyOptions* options) {
   const std::string op = "jaxops_cross_entropy_fwd_grad";
   JAXOPS_RETURN_IF_ERROR(check_logits_and_labels(op, logits, labels, s));
   JAXOPS_RETURN_IF_ERROR(check_row_values(op, "loss", loss, labels));
   JAXOPS_RETURN_IF_ERROR(check_dlogits(op, logits, dlogits));
-  return check_options(op, label_smoothing, z_loss);
+  return check_options(op, ignore_index, label_smoothing, z_loss, options);
 }
 
 inline ffi::Error check_cross_entropy_jvp(const ffi::AnyBuffer& logits,
@@ -98,13 +109,15 @@ inline ffi::Error check_cross_entropy_jvp(const ffi::AnyBuffer& logits,
                                           const ffi::Buffer<ffi::F32>& lse,
                                           const ffi::AnyBuffer& dlogits,
                                           const ffi::Buffer<ffi::F32>& dloss,
-                                          float label_smoothing, float z_loss, RowsCols* s) {
+                                          int64_t ignore_index, float label_smoothing,
+                                          float z_loss, CrossEntropyShape* s,
+                                          CrossEntropyOptions* options) {
   const std::string op = "jaxops_cross_entropy_jvp";
   JAXOPS_RETURN_IF_ERROR(check_logits_and_labels(op, logits, labels, s));
   JAXOPS_RETURN_IF_ERROR(check_row_values(op, "lse", lse, labels));
   JAXOPS_RETURN_IF_ERROR(check_dlogits(op, logits, dlogits));
   JAXOPS_RETURN_IF_ERROR(check_row_values(op, "dloss", dloss, labels));
-  return check_options(op, label_smoothing, z_loss);
+  return check_options(op, ignore_index, label_smoothing, z_loss, options);
 }
 
 // -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------

@@ -22,12 +22,12 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
 ffi::Error EmbeddingFwd(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::AnyBuffer> out) {
   const std::string op = "jaxops_embedding_fwd";
-  EmbeddingDims d;
+  EmbeddingShape d;
   JAXOPS_RETURN_IF_ERROR(check_embedding_fwd(table, ids, *out, &d));
   return dispatch(op, table.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::embedding_fwd<T>(data<const T>(table), ids.typed_data(), data<T>(*out),
-                          {d.vocab, d.dim, d.tokens});
+                          d);
     return ffi::Error::Success();
   });
 }
@@ -36,12 +36,12 @@ ffi::Error EmbeddingBwd(ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::AnyBuffer> dtable,
                         ffi::Result<ffi::Buffer<ffi::S32>> workspace, int64_t vocab) {
   const std::string op = "jaxops_embedding_bwd";
-  EmbeddingDims d;
+  EmbeddingShape d;
   JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab, &d));
   return dispatch(op, dout.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::embedding_bwd<T>(data<const T>(dout), ids.typed_data(), data<T>(*dtable),
-                          workspace->typed_data(), {d.vocab, d.dim, d.tokens});
+                          workspace->typed_data(), d);
     return ffi::Error::Success();
   });
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "params/embedding.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::embedding_common {
@@ -16,17 +17,8 @@ namespace jaxops::embedding_common {
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 
-struct EmbeddingDims {
-  int64_t vocab;
-  int64_t dim;
-  int64_t tokens;
-};
-
-// int32s of the backward's workspace: row offsets [vocab + 1] and the sorted
-// token order [tokens].
-inline int64_t embedding_bwd_workspace_ints(const EmbeddingDims& d) {
-  return d.vocab + 1 + d.tokens;
-}
+using ::jaxops::params::embedding_bwd_workspace_ints;
+using ::jaxops::params::EmbeddingShape;
 
 // `rows` has shape ids.shape + [dim].
 inline ffi::Error check_rows(const std::string& op, const char* name, const ffi::AnyBuffer& rows,
@@ -44,7 +36,7 @@ inline ffi::Error check_rows(const std::string& op, const char* name, const ffi:
 
 inline ffi::Error check_table_and_ids(const std::string& op, const char* table_name,
                                       const ffi::AnyBuffer& table,
-                                      const ffi::Buffer<ffi::S32>& ids, EmbeddingDims* d) {
+                                      const ffi::Buffer<ffi::S32>& ids, EmbeddingShape* d) {
   auto dims = table.dimensions();
   if (dims.size() != 2 || dims[0] < 1) {
     return invalid(op, std::string(table_name) + " must be [vocab >= 1, dim], got shape " +
@@ -62,7 +54,7 @@ inline ffi::Error check_table_and_ids(const std::string& op, const char* table_n
 
 inline ffi::Error check_embedding_fwd(const ffi::AnyBuffer& table,
                                       const ffi::Buffer<ffi::S32>& ids, const ffi::AnyBuffer& out,
-                                      EmbeddingDims* d) {
+                                      EmbeddingShape* d) {
   const std::string op = "jaxops_embedding_fwd";
   JAXOPS_RETURN_IF_ERROR(check_table_and_ids(op, "table", table, ids, d));
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "out", out, ids, d->dim));
@@ -73,7 +65,7 @@ inline ffi::Error check_embedding_bwd(const ffi::AnyBuffer& dout,
                                       const ffi::Buffer<ffi::S32>& ids,
                                       const ffi::AnyBuffer& dtable,
                                       const ffi::Buffer<ffi::S32>& workspace, int64_t vocab,
-                                      EmbeddingDims* d) {
+                                      EmbeddingShape* d) {
   const std::string op = "jaxops_embedding_bwd";
   JAXOPS_RETURN_IF_ERROR(check_table_and_ids(op, "dtable", dtable, ids, d));
   if (d->vocab != vocab) {

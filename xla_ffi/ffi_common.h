@@ -33,20 +33,16 @@ inline int64_t product(ffi::Span<const int64_t> dims, size_t begin, size_t end) 
 }
 
 // Rows (product of the leading axes) and columns (the last axis) of a buffer
-// that is normalised or reduced over its last axis.
-struct RowsCols {
-  int64_t rows;
-  int64_t cols;
-};
-
+// that is normalised or reduced over its last axis, written into the fields of
+// the family's shape struct (params/).
 template <typename Buffer>
 inline ffi::Error rows_cols(const std::string& op, const char* name, const Buffer& buffer,
-                            RowsCols* out) {
+                            int64_t* rows, int64_t* cols) {
   auto dims = buffer.dimensions();
   if (dims.size() < 1) return invalid(op, std::string(name) + " must have rank >= 1");
-  out->cols = dims.back();
-  out->rows = product(dims, 0, dims.size() - 1);
-  if (out->cols <= 0) return invalid(op, std::string(name) + " must have a non-empty last axis");
+  *cols = dims.back();
+  *rows = product(dims, 0, dims.size() - 1);
+  if (*cols <= 0) return invalid(op, std::string(name) + " must have a non-empty last axis");
   return ffi::Error::Success();
 }
 

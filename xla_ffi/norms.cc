@@ -20,13 +20,13 @@ ffi::Error LayerNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer 
                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> mean,
                         ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
   const std::string op = "jaxops_layer_norm_fwd";
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_fwd(x, weight, bias, *y, *mean, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::layer_norm_fwd<T>(data<const T>(x), data_or_null<const T>(weight),
                            data_or_null<const T>(bias), data<T>(*y), mean->typed_data(),
-                           rstd->typed_data(), {s.rows, s.cols}, epsilon);
+                           rstd->typed_data(), s, epsilon);
     return ffi::Error::Success();
   });
 }
@@ -37,16 +37,16 @@ ffi::Error LayerNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weig
                         ffi::Result<ffi::AnyBuffer> dbias,
                         ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
   const std::string op = "jaxops_layer_norm_bwd";
-  RowsCols s;
-  int64_t parts;
+  NormShape s;
+  WeightGradLayout layout;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_bwd(dy, x, weight, bias, mean, rstd, *dx, *dweight, *dbias,
-                                              *workspace, groups, &s, &parts));
+                                              *workspace, groups, &s, &layout));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::layer_norm_bwd<T>(data<const T>(dy), data<const T>(x), data_or_null<const T>(weight),
                            mean.typed_data(), rstd.typed_data(), data<T>(*dx),
                            data_or_null<T>(*dweight), data_or_null<T>(*dbias),
-                           workspace->typed_data(), {s.rows, s.cols}, {groups, parts});
+                           workspace->typed_data(), s, layout);
     return ffi::Error::Success();
   });
 }
@@ -54,12 +54,12 @@ ffi::Error LayerNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weig
 ffi::Error RmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Result<ffi::AnyBuffer> y,
                       ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
   const std::string op = "jaxops_rms_norm_fwd";
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_fwd(x, weight, *y, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::rms_norm_fwd<T>(data<const T>(x), data_or_null<const T>(weight), data<T>(*y),
-                         rstd->typed_data(), {s.rows, s.cols}, epsilon);
+                         rstd->typed_data(), s, epsilon);
     return ffi::Error::Success();
   });
 }
@@ -69,16 +69,16 @@ ffi::Error RmsNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weight
                       ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dweight,
                       ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
   const std::string op = "jaxops_rms_norm_bwd";
-  RowsCols s;
-  int64_t parts;
+  NormShape s;
+  WeightGradLayout layout;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_bwd(dy, x, weight, rstd, dresidual, *dx, *dweight,
-                                            *workspace, groups, &s, &parts));
+                                            *workspace, groups, &s, &layout));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::rms_norm_bwd<T>(data<const T>(dy), data<const T>(x), data_or_null<const T>(weight),
                          rstd.typed_data(), data_or_null<const T>(dresidual), data<T>(*dx),
-                         data_or_null<T>(*dweight), workspace->typed_data(), {s.rows, s.cols},
-                         {groups, parts});
+                         data_or_null<T>(*dweight), workspace->typed_data(), s,
+                         layout);
     return ffi::Error::Success();
   });
 }
@@ -87,13 +87,13 @@ ffi::Error AddRmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuff
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> h,
                          ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
   const std::string op = "jaxops_add_rms_norm_fwd";
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_add_rms_norm_fwd(x, residual, weight, *y, *h, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::add_rms_norm_fwd<T>(data<const T>(x), data<const T>(residual),
                              data_or_null<const T>(weight), data<T>(*y), data<T>(*h),
-                             rstd->typed_data(), {s.rows, s.cols}, epsilon);
+                             rstd->typed_data(), s, epsilon);
     return ffi::Error::Success();
   });
 }
@@ -101,27 +101,27 @@ ffi::Error AddRmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuff
 ffi::Error LayerNormJvp(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Buffer<ffi::F32> mean,
                         ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dx, ffi::AnyBuffer dweight,
                         ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> dy) {
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_jvp(x, weight, mean, rstd, dx, dweight, dbias, *dy, &s));
   return dispatch("jaxops_layer_norm_jvp", x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::layer_norm_jvp<T>(data<const T>(x), data_or_null<const T>(weight), mean.typed_data(),
                            rstd.typed_data(), data_or_null<const T>(dx),
                            data_or_null<const T>(dweight), data_or_null<const T>(dbias),
-                           data<T>(*dy), {s.rows, s.cols});
+                           data<T>(*dy), s);
     return ffi::Error::Success();
   });
 }
 
 ffi::Error RmsNormJvp(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Buffer<ffi::F32> rstd,
                       ffi::AnyBuffer dx, ffi::AnyBuffer dweight, ffi::Result<ffi::AnyBuffer> dy) {
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_jvp(x, weight, rstd, dx, dweight, *dy, &s));
   return dispatch("jaxops_rms_norm_jvp", x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::rms_norm_jvp<T>(data<const T>(x), data_or_null<const T>(weight), rstd.typed_data(),
                          data_or_null<const T>(dx), data_or_null<const T>(dweight), data<T>(*dy),
-                         {s.rows, s.cols});
+                         s);
     return ffi::Error::Success();
   });
 }

@@ -7,18 +7,22 @@
 #include <string>
 #include <utility>
 
+#include "params/norms.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::norms_common {
 
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
+using ::jaxops::params::NormShape;
+using ::jaxops::params::WeightGradLayout;
 
 // x and an output shaped like it, and an optional per-column parameter
 // (weight or bias: absent when it has no elements).
 inline ffi::Error check_row_major_io(const std::string& op, const ffi::AnyBuffer& x,
-                                     const ffi::AnyBuffer& y, const char* y_name, RowsCols* shape) {
-  JAXOPS_RETURN_IF_ERROR(rows_cols(op, "x", x, shape));
+                                     const ffi::AnyBuffer& y, const char* y_name,
+                                     NormShape* shape) {
+  JAXOPS_RETURN_IF_ERROR(rows_cols(op, "x", x, &shape->rows, &shape->cols));
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "x", x, y_name, y));
   return same_dtype(op, "x", x, y_name, y);
 }
@@ -39,8 +43,7 @@ inline ffi::Error check_row_stat(const std::string& op, const char* name,
   return element_count_is(op, name, stat, rows);
 }
 
-// A weight gradient [groups, cols] (or [groups, 0] when the parameter is absent)
-// and the workspace [groups * parts, sums, cols]; returns parts through *parts.
+// A weight gradient [groups, cols] (or [groups, 0] when the parameter is absent).
 inline ffi::Error check_weight_grad(const std::string& op, const char* name,
                                     const ffi::AnyBuffer& grad, const ffi::AnyBuffer& param,
                                     int64_t groups, int64_t cols) {
@@ -53,9 +56,12 @@ inline ffi::Error check_weight_grad(const std::string& op, const char* name,
   return same_dtype(op, "x", param, name, grad);
 }
 
-inline ffi::Error check_groups_and_workspace(const std::string& op, int64_t groups, RowsCols shape,
+// The groups attribute and the workspace [groups * parts, sums, cols], which
+// give the backward's weight-gradient layout (its parts: the workspace's rows).
+inline ffi::Error check_groups_and_workspace(const std::string& op, int64_t groups,
+                                             NormShape shape,
                                              const ffi::Buffer<ffi::F32>& workspace, int sums,
-                                             int64_t* parts) {
+                                             WeightGradLayout* layout) {
   if (groups < 1 || shape.rows % groups != 0) {
     return invalid(op, "groups=" + std::to_string(groups) + " must be >= 1 and divide the " +
                            std::to_string(shape.rows) + " rows");
@@ -66,7 +72,7 @@ inline ffi::Error check_groups_and_workspace(const std::string& op, int64_t grou
     return invalid(op, "workspace has shape " + dims_string(dims) + ", expected [groups * parts, " +
                            std::to_string(sums) + ", " + std::to_string(shape.cols) + "]");
   }
-  *parts = dims[0] / groups;
+  *layout = {groups, dims[0] / groups};
   return ffi::Error::Success();
 }
 
@@ -75,7 +81,7 @@ inline ffi::Error check_groups_and_workspace(const std::string& op, int64_t grou
 inline ffi::Error check_layer_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
                                        const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,
                                        const ffi::Buffer<ffi::F32>& mean,
-                                       const ffi::Buffer<ffi::F32>& rstd, RowsCols* s) {
+                                       const ffi::Buffer<ffi::F32>& rstd, NormShape* s) {
   const std::string op = "jaxops_layer_norm_fwd";
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, y, "y", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
@@ -90,7 +96,7 @@ inline ffi::Error check_layer_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyB
                                        const ffi::Buffer<ffi::F32>& rstd, const ffi::AnyBuffer& dx,
                                        const ffi::AnyBuffer& dweight, const ffi::AnyBuffer& dbias,
                                        const ffi::Buffer<ffi::F32>& workspace, int64_t groups,
-                                       RowsCols* s, int64_t* parts) {
+                                       NormShape* s, WeightGradLayout* layout) {
   const std::string op = "jaxops_layer_norm_bwd";
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dx, "dx", s));
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
@@ -98,14 +104,14 @@ inline ffi::Error check_layer_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyB
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "bias", bias, x, s->cols));
   JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "mean", mean, s->rows));
   JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s->rows));
-  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, *s, workspace, 2, parts));
+  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, *s, workspace, 2, layout));
   JAXOPS_RETURN_IF_ERROR(check_weight_grad(op, "dweight", dweight, weight, groups, s->cols));
   return check_weight_grad(op, "dbias", dbias, bias, groups, s->cols);
 }
 
 inline ffi::Error check_rms_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
                                      const ffi::AnyBuffer& y, const ffi::Buffer<ffi::F32>& rstd,
-                                     RowsCols* s) {
+                                     NormShape* s) {
   const std::string op = "jaxops_rms_norm_fwd";
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, y, "y", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
@@ -118,7 +124,7 @@ inline ffi::Error check_rms_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuf
                                      const ffi::AnyBuffer& dresidual, const ffi::AnyBuffer& dx,
                                      const ffi::AnyBuffer& dweight,
                                      const ffi::Buffer<ffi::F32>& workspace, int64_t groups,
-                                     RowsCols* s, int64_t* parts) {
+                                     NormShape* s, WeightGradLayout* layout) {
   const std::string op = "jaxops_rms_norm_bwd";
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dx, "dx", s));
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
@@ -127,14 +133,14 @@ inline ffi::Error check_rms_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuf
   if (dresidual.element_count() != 0) {
     JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dresidual, "dresidual", s));
   }
-  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, *s, workspace, 1, parts));
+  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, *s, workspace, 1, layout));
   return check_weight_grad(op, "dweight", dweight, weight, groups, s->cols);
 }
 
 inline ffi::Error check_add_rms_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
                                          const ffi::AnyBuffer& weight, const ffi::AnyBuffer& y,
                                          const ffi::AnyBuffer& h,
-                                         const ffi::Buffer<ffi::F32>& rstd, RowsCols* s) {
+                                         const ffi::Buffer<ffi::F32>& rstd, NormShape* s) {
   const std::string op = "jaxops_add_rms_norm_fwd";
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, y, "y", s));
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, residual, "residual", s));
@@ -147,7 +153,7 @@ inline ffi::Error check_layer_norm_jvp(const ffi::AnyBuffer& x, const ffi::AnyBu
                                        const ffi::Buffer<ffi::F32>& mean,
                                        const ffi::Buffer<ffi::F32>& rstd, const ffi::AnyBuffer& dx,
                                        const ffi::AnyBuffer& dweight, const ffi::AnyBuffer& dbias,
-                                       const ffi::AnyBuffer& dy, RowsCols* s) {
+                                       const ffi::AnyBuffer& dy, NormShape* s) {
   const std::string op = "jaxops_layer_norm_jvp";
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
@@ -161,7 +167,7 @@ inline ffi::Error check_layer_norm_jvp(const ffi::AnyBuffer& x, const ffi::AnyBu
 inline ffi::Error check_rms_norm_jvp(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
                                      const ffi::Buffer<ffi::F32>& rstd, const ffi::AnyBuffer& dx,
                                      const ffi::AnyBuffer& dweight, const ffi::AnyBuffer& dy,
-                                     RowsCols* s) {
+                                     NormShape* s) {
   const std::string op = "jaxops_rms_norm_jvp";
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));

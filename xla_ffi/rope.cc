@@ -18,13 +18,12 @@ ffi::Error Rope(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions, ffi::Result<f
                 ffi::Result<ffi::Buffer<ffi::F32>> workspace, double theta, int64_t rotary_dim,
                 bool interleaved, bool inverse) {
   const std::string op = "jaxops_rope";
-  RopeDims d;
+  RopeShape d;
   JAXOPS_RETURN_IF_ERROR(check_rope(x, positions, *y, *workspace, theta, rotary_dim, &d));
-  const cpu::RopeShape shape{d.batch, d.seq, d.heads, d.head_dim, d.rotary_dim, d.position_rows};
   return dispatch_float<float, cpu::bfloat16, cpu::float16>(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::rope<T>(data<const T>(x), positions.typed_data(), data<T>(*y), workspace->typed_data(),
-                 shape, theta, interleaved, inverse);
+                 d, theta, interleaved, inverse);
     return ffi::Error::Success();
   });
 }

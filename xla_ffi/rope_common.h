@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "params/rope.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::rope_common {
@@ -14,25 +15,12 @@ namespace jaxops::rope_common {
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 
-// [batch, seq, heads, head_dim] of x, the rotated features and the rows of
-// positions (1: shared by the batch, or batch).
-struct RopeDims {
-  int64_t batch;
-  int64_t seq;
-  int64_t heads;
-  int64_t head_dim;
-  int64_t rotary_dim;
-  int64_t position_rows;
-};
-
-// The workspace holds a cos/sin table: [position_rows * seq, rotary_dim] float32.
-inline int64_t rope_workspace_floats(const RopeDims& d) {
-  return d.position_rows * d.seq * d.rotary_dim;
-}
+using ::jaxops::params::rope_workspace_floats;
+using ::jaxops::params::RopeShape;
 
 inline ffi::Error check_rope(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& positions,
                              const ffi::AnyBuffer& y, const ffi::Buffer<ffi::F32>& workspace,
-                             double theta, int64_t rotary_dim, RopeDims* d) {
+                             double theta, int64_t rotary_dim, RopeShape* d) {
   const std::string op = "jaxops_rope";
   auto dims = x.dimensions();
   if (dims.size() != 4) {

@@ -16,27 +16,18 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
   return dispatch_float<float, cpu::bfloat16, cpu::float16>(op, dtype, std::forward<Fn>(fn));
 }
 
-template <typename T>
-cpu::BroadcastOperand<T> broadcast_view(const ffi::AnyBuffer& operand, const ffi::AnyBuffer& x) {
-  cpu::BroadcastOperand<T> view;
-  if (operand.element_count() == 0) return view;
-  BroadcastLayout layout = broadcast_layout(operand, x);
-  view.data = reinterpret_cast<const T*>(operand.untyped_data());
-  view.row_sizes = std::move(layout.row_sizes);
-  view.row_strides = std::move(layout.row_strides);
-  view.col_stride = layout.col_stride;
-  return view;
-}
-
 ffi::Error masked_softmax_fwd(const std::string& op, cpu::SoftmaxOutput output,
                               const ffi::AnyBuffer& x, const ffi::AnyBuffer& where,
                               const ffi::AnyBuffer& bias, ffi::AnyBuffer& y) {
-  RowsCols s;
+  SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::softmax_fwd<T>(data<const T>(x), broadcast_view<uint8_t>(where, x),
-                        broadcast_view<T>(bias, x), data<T>(y), {s.rows, s.cols}, output, {});
+    BroadcastOperand<uint8_t> where_view;
+    BroadcastOperand<T> bias_view;
+    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "where", where, x, &where_view));
+    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "bias", bias, x, &bias_view));
+    cpu::softmax_fwd<T>(data<const T>(x), where_view, bias_view, data<T>(y), s, output, {});
     return ffi::Error::Success();
   });
 }
@@ -55,13 +46,13 @@ ffi::Error LogSoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer 
 
 ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t query_offset) {
-  RowsCols s;
-  int64_t queries = 0;  // set by the check; initialised for -Wmaybe-uninitialized
-  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, &s, &queries));
+  SoftmaxShape s;
+  CausalLimit causal;
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, query_offset, &s, &causal));
   return dispatch("jaxops_causal_softmax_fwd", x.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::softmax_fwd<T>(data<const T>(x), {}, {}, data<T>(*y), {s.rows, s.cols},
-                        cpu::SoftmaxOutput::kProbabilities, {queries, query_offset});
+    cpu::softmax_fwd<T>(data<const T>(x), {}, {}, data<T>(*y), s,
+                        cpu::SoftmaxOutput::kProbabilities, causal);
     return ffi::Error::Success();
   });
 }
@@ -69,14 +60,14 @@ ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
 template <bool kLog>
 ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx) {
   const std::string op = kLog ? "jaxops_log_softmax_bwd" : "jaxops_softmax_bwd";
-  RowsCols s;
+  SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (kLog) {
-      cpu::log_softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(*dx), {s.rows, s.cols});
+      cpu::log_softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(*dx), s);
     } else {
-      cpu::softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(*dx), {s.rows, s.cols});
+      cpu::softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(*dx), s);
     }
     return ffi::Error::Success();
   });
@@ -86,13 +77,14 @@ template <bool kLog>
 ffi::Error SoftmaxJvp(ffi::AnyBuffer y, ffi::AnyBuffer dx, ffi::AnyBuffer dbias,
                       ffi::Result<ffi::AnyBuffer> dy) {
   const std::string op = kLog ? "jaxops_log_softmax_jvp" : "jaxops_softmax_jvp";
-  RowsCols s;
+  SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, y, dx, dbias, *dy, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const auto jvp = kLog ? cpu::log_softmax_jvp<T> : cpu::softmax_jvp<T>;
-    jvp(data<const T>(y), data_or_null<const T>(dx), broadcast_view<T>(dbias, y), data<T>(*dy),
-        {s.rows, s.cols});
+    BroadcastOperand<T> dbias_view;
+    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "dbias", dbias, y, &dbias_view));
+    jvp(data<const T>(y), data_or_null<const T>(dx), dbias_view, data<T>(*dy), s);
     return ffi::Error::Success();
   });
 }

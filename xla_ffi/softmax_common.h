@@ -1,26 +1,30 @@
 // What the CPU and CUDA handlers of the softmax family share, so the two
 // platforms bind the same signatures and accept exactly the same calls: the FFI
 // bindings (each takes the platform's binding prefix: nothing for the CPU, the
-// stream for CUDA), the validation of every buffer, and the broadcast layout of
-// an optional mask or bias.
+// stream for CUDA), the validation of every buffer, and the kernels' view
+// (params/softmax.h) of an optional mask or bias.
 #pragma once
 
 #include <string>
 #include <utility>
-#include <vector>
 
+#include "params/softmax.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::softmax_common {
 
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
+using ::jaxops::params::BroadcastOperand;
+using ::jaxops::params::CausalLimit;
+using ::jaxops::params::kMaxBroadcastAxes;
+using ::jaxops::params::SoftmaxShape;
 
 // x and an output (or a second input) shaped like it.
 inline ffi::Error check_rows(const std::string& op, const char* x_name, const ffi::AnyBuffer& x,
                              const ffi::AnyBuffer& other, const char* other_name,
-                             RowsCols* shape) {
-  JAXOPS_RETURN_IF_ERROR(rows_cols(op, x_name, x, shape));
+                             SoftmaxShape* shape) {
+  JAXOPS_RETURN_IF_ERROR(rows_cols(op, x_name, x, &shape->rows, &shape->cols));
   JAXOPS_RETURN_IF_ERROR(same_dims(op, x_name, x, other_name, other));
   return same_dtype(op, x_name, x, other_name, other);
 }
@@ -47,69 +51,81 @@ inline ffi::Error check_broadcast_operand(const std::string& op, const char* nam
   return ffi::Error::Success();
 }
 
-// Where row `row` of x finds its elements in a broadcast operand: at
+// The kernels' view of a broadcast operand that passed check_broadcast_operand
+// (absent: a null view): row `row` of x finds its elements at
 // sum_i ((row / prod(row_sizes[i+1:])) % row_sizes[i]) * row_strides[i], then
 // column c at c * col_stride. x's leading axes are merged where the operand
-// broadcasts alike along them, so the usual masks need one or two axes.
-struct BroadcastLayout {
-  std::vector<int64_t> row_sizes;    // outermost first
-  std::vector<int64_t> row_strides;  // 0 where the operand broadcasts
-  int64_t col_stride = 1;            // 0 when the operand's last axis has size 1
-};
-
-// For a present operand that passed check_broadcast_operand.
-inline BroadcastLayout broadcast_layout(const ffi::AnyBuffer& operand, const ffi::AnyBuffer& x) {
+// broadcasts alike along them, so the usual masks need one or two groups; more
+// than kMaxBroadcastAxes groups is an error on every platform.
+template <typename T>
+ffi::Error broadcast_operand(const std::string& op, const char* name,
+                             const ffi::AnyBuffer& operand, const ffi::AnyBuffer& x,
+                             BroadcastOperand<T>* view) {
+  *view = {};
+  if (operand.element_count() == 0) return ffi::Error::Success();
   auto dims = operand.dimensions();
   auto x_dims = x.dimensions();
   const size_t rank = dims.size();
-  BroadcastLayout out;
-  out.col_stride = dims[rank - 1] == 1 ? 0 : 1;
+  int64_t sizes[kMaxBroadcastAxes], strides[kMaxBroadcastAxes];  // innermost first
+  int axes = 0;
   int64_t stride = dims[rank - 1];
-  std::vector<int64_t> sizes, strides;  // innermost first while building
   for (size_t axis = rank - 1; axis-- > 0;) {
     const int64_t size = x_dims[axis];
     const int64_t axis_stride = dims[axis] == 1 ? 0 : stride;
     stride *= dims[axis];
     if (size == 1) continue;
     const bool merges =
-        !sizes.empty() && ((axis_stride == 0 && strides.back() == 0) ||
-                           (axis_stride != 0 && strides.back() != 0 &&
-                            axis_stride == strides.back() * sizes.back()));
+        axes > 0 && ((axis_stride == 0 && strides[axes - 1] == 0) ||
+                     (axis_stride != 0 && strides[axes - 1] != 0 &&
+                      axis_stride == strides[axes - 1] * sizes[axes - 1]));
     if (merges) {
-      sizes.back() *= size;
-    } else {
-      sizes.push_back(size);
-      strides.push_back(axis_stride);
+      sizes[axes - 1] *= size;
+      continue;
     }
+    if (axes == kMaxBroadcastAxes) {
+      return invalid(op, std::string(name) + " broadcasts along more than " +
+                             std::to_string(kMaxBroadcastAxes) +
+                             " alternating groups of axes, which the kernels do not support");
+    }
+    sizes[axes] = size;
+    strides[axes] = axis_stride;
+    ++axes;
   }
-  out.row_sizes.assign(sizes.rbegin(), sizes.rend());
-  out.row_strides.assign(strides.rbegin(), strides.rend());
-  return out;
+  view->data = reinterpret_cast<const T*>(operand.untyped_data());
+  view->axes = axes;
+  for (int i = 0; i < axes; ++i) {
+    view->row_sizes[i] = sizes[axes - 1 - i];
+    view->row_strides[i] = strides[axes - 1 - i];
+  }
+  view->col_stride = dims[rank - 1] == 1 ? 0 : 1;
+  return ffi::Error::Success();
 }
 
 // -- whole-call validation, one per handler kind ----------------------------------------
 
 inline ffi::Error check_masked_softmax_fwd(const std::string& op, const ffi::AnyBuffer& x,
                                            const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
-                                           const ffi::AnyBuffer& y, RowsCols* s) {
+                                           const ffi::AnyBuffer& y, SoftmaxShape* s) {
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
   JAXOPS_RETURN_IF_ERROR(
       check_broadcast_operand(op, "where", where, "x", x, ffi::DataType::PRED, "bool"));
   return check_broadcast_operand(op, "bias", bias, "x", x, x.element_type(), "x's dtype");
 }
 
+// The causal limit: the queries are x's second-to-last axis.
 inline ffi::Error check_causal_softmax_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
-                                           RowsCols* s, int64_t* queries) {
+                                           int64_t query_offset, SoftmaxShape* s,
+                                           CausalLimit* causal) {
   const std::string op = "jaxops_causal_softmax_fwd";
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
   if (x.dimensions().size() < 2) return invalid(op, "x must have rank >= 2 (queries, keys)");
-  *queries = x.dimensions()[x.dimensions().size() - 2];
+  *causal = {x.dimensions()[x.dimensions().size() - 2], query_offset};
   return ffi::Error::Success();
 }
 
 inline ffi::Error check_softmax_bwd(const std::string& op, const ffi::AnyBuffer& dy,
                                     const ffi::AnyBuffer& y, const ffi::AnyBuffer& dx,
-                                    RowsCols* s) {
+                                    SoftmaxShape* s) {
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "y", y, dy, "dy", s));
   return check_rows(op, "y", y, dx, "dx", s);
 }
@@ -118,7 +134,7 @@ inline ffi::Error check_softmax_bwd(const std::string& op, const ffi::AnyBuffer&
 // dbias (broadcast against y as the forward's bias) sum to the input's tangent.
 inline ffi::Error check_softmax_jvp(const std::string& op, const ffi::AnyBuffer& y,
                                     const ffi::AnyBuffer& dx, const ffi::AnyBuffer& dbias,
-                                    const ffi::AnyBuffer& dy, RowsCols* s) {
+                                    const ffi::AnyBuffer& dy, SoftmaxShape* s) {
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "y", y, dy, "dy", s));
   JAXOPS_RETURN_IF_ERROR(check_optional_like(op, "y", y, "dx", dx));
   return check_broadcast_operand(op, "dbias", dbias, "y", y, y.element_type(), "y's dtype");

@@ -37,7 +37,7 @@ struct Case {
   std::string name;
   int64_t B, T, S, N, K, H;
   bool causal = false;
-  int64_t offset = 0;
+  int32_t offset = 0;
   int64_t wl = -1, wr = -1;
   bool q_lengths = false, kv_lengths = false;
   // Broadcast shape of mask / bias over [B, N, T, S]: 1 = broadcast, 0 = full; empty = absent.
@@ -50,7 +50,8 @@ struct Case {
 
 struct Problem {
   AttentionParams p;
-  std::vector<int32_t> q_len, kv_len;
+  // The operands p points to; on the heap, so they stay put when a Problem moves.
+  std::vector<int32_t> query_offset, q_len, kv_len;
   std::vector<uint8_t> mask;
   std::vector<float> bias;
   std::vector<int64_t> bias_shape;  // per dim extent of the bias buffer
@@ -84,7 +85,8 @@ Problem make_problem(const Case& c, std::mt19937& rng, int threads) {
   p.head_dim = c.H;
   p.scale = c.scale != 0 ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.H));
   p.is_causal = c.causal;
-  p.query_offset = c.offset;
+  pr.query_offset = {c.offset};
+  p.query_offset = pr.query_offset.data();
   p.window_left = c.wl;
   p.window_right = c.wr;
   p.num_threads = threads;
@@ -117,7 +119,7 @@ Problem make_problem(const Case& c, std::mt19937& rng, int threads) {
 }
 
 bool attended(const AttentionParams& p, int64_t b, int64_t n, int64_t t, int64_t j) {
-  const int64_t pos = t + p.query_offset;
+  const int64_t pos = t + *p.query_offset;
   if (p.is_causal && j > pos) return false;
   if (p.window_left >= 0 && j < pos - p.window_left) return false;
   if (p.window_right >= 0 && j > pos + p.window_right) return false;
@@ -760,7 +762,8 @@ void bench_case(int64_t B, int64_t T_len, int64_t S, int64_t N, int64_t K, int64
   p.head_dim = H;
   p.scale = 1.0f / std::sqrt(static_cast<float>(H));
   p.is_causal = causal;
-  p.query_offset = causal ? S - T_len : 0;
+  const int32_t query_offset = static_cast<int32_t>(causal ? S - T_len : 0);
+  p.query_offset = &query_offset;
   p.num_threads = omp_get_max_threads();
   std::mt19937 rng(1);
   std::vector<double> tmp;
@@ -810,7 +813,9 @@ void bench_case(int64_t B, int64_t T_len, int64_t S, int64_t N, int64_t K, int64
   // Attended (query, key) pairs: under a causal mask, those of the lower
   // triangle (query t of S - T + t + 1 keys).
   double pairs = 0;
-  for (int64_t t = 0; t < T_len; ++t) pairs += causal ? std::min<int64_t>(S, t + p.query_offset + 1) : S;
+  for (int64_t t = 0; t < T_len; ++t) {
+    pairs += causal ? std::min<int64_t>(S, t + query_offset + 1) : S;
+  }
   std::vector<double> medians, cpu_medians;
   for (size_t i = 0; i < timed.size(); ++i) {
     std::sort(times[i].begin(), times[i].end());

@@ -29,6 +29,7 @@
 namespace {
 
 namespace cuda = jaxops::cuda;
+namespace params = jaxops::params;  // the parameter structs cuda/ shares
 
 struct Shape {
   int64_t B, T, S, N, K, H;
@@ -159,7 +160,7 @@ struct Problem {
   Tensor<T> q, k, v;
   std::vector<uint8_t> mask;
   std::vector<int32_t> q_lengths, kv_lengths, offset;
-  cuda::AttentionParams p;
+  params::AttentionParams p;
   std::string name;
 };
 
@@ -169,7 +170,7 @@ void run_fwd_bwd(const Problem<T>& pr, std::mt19937& rng) {
   const size_t nq = pr.nq, nk = pr.nk;
   Tensor<T> dout(nq, rng);
   Tensor<float> bias(s.B * s.N * s.T * s.S, rng);
-  cuda::AttentionParams p = pr.p;
+  params::AttentionParams p = pr.p;
   p.bias = bias.data.data();
   p.bias_strides[0] = s.N * s.T * s.S;
   p.bias_strides[1] = s.T * s.S;
@@ -260,7 +261,7 @@ void run_fwd_jvp(const Problem<T>& pr, int present, std::mt19937& rng) {
   zero_unless(kKey, &dk.value);
   zero_unless(kValue, &dv.value);
   zero_unless(kBias, &dbias.value);
-  cuda::AttentionParams p = pr.p;
+  params::AttentionParams p = pr.p;
   p.bias = bias.data.data();
   p.bias_strides[1] = s.T * s.S;
   p.bias_strides[2] = s.S;

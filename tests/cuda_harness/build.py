@@ -63,7 +63,7 @@ def _ffi_include() -> str:
 @functools.lru_cache(maxsize=None)
 def _build_dir() -> Path:
   digest = hashlib.sha256()
-  inputs = [p for d in ("cuda", "xla_ffi", "tests/cuda_harness") for p in (REPO / d).rglob("*")
+  inputs = [p for d in ("cuda", "params", "xla_ffi", "tests/cuda_harness") for p in (REPO / d).rglob("*")
             if p.is_file() and p.suffix in (".h", ".cc", ".cu", ".cuh", ".py")]
   for path in sorted(inputs):
     digest.update(str(path.relative_to(REPO)).encode())

@@ -30,6 +30,7 @@
 namespace {
 
 namespace cuda = jaxops::cuda;
+namespace params = jaxops::params;  // the parameter structs cuda/ shares
 
 // Tolerance of one rounding to T (plus float32 math) relative to 1 + |expected|.
 template <typename T>
@@ -66,10 +67,10 @@ void fill(Buffer<T>& b, std::vector<double>& rounded, std::mt19937& rng, float s
 // ---------------------------------------------------------------- activations
 
 // Value and derivative in double.
-void activation_ref(cuda::Activation act, double x, double* value, double* derivative) {
+void activation_ref(params::Activation act, double x, double* value, double* derivative) {
   const double kInvSqrt2Pi = 0.3989422804014327;
   switch (act) {
-    case cuda::Activation::kGeluTanh: {
+    case params::Activation::kGeluTanh: {
       const double k = std::sqrt(2.0 / M_PI);
       const double inner = k * (x + 0.044715 * x * x * x);
       const double t = std::tanh(inner);
@@ -77,13 +78,13 @@ void activation_ref(cuda::Activation act, double x, double* value, double* deriv
       *derivative = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * x * x);
       return;
     }
-    case cuda::Activation::kGeluErf: {
+    case params::Activation::kGeluErf: {
       const double cdf = 0.5 * std::erfc(-x / std::sqrt(2.0));
       *value = x * cdf;
       *derivative = cdf + x * std::exp(-0.5 * x * x) * kInvSqrt2Pi;
       return;
     }
-    case cuda::Activation::kSilu: {
+    case params::Activation::kSilu: {
       const double s = 1.0 / (1.0 + std::exp(-x));
       *value = x * s;
       *derivative = s * (1.0 + x * (1.0 - s));
@@ -92,13 +93,13 @@ void activation_ref(cuda::Activation act, double x, double* value, double* deriv
   }
 }
 
-const char* activation_name(cuda::Activation act) {
+const char* activation_name(params::Activation act) {
   switch (act) {
-    case cuda::Activation::kGeluTanh:
+    case params::Activation::kGeluTanh:
       return "gelu_tanh";
-    case cuda::Activation::kGeluErf:
+    case params::Activation::kGeluErf:
       return "gelu_erf";
-    case cuda::Activation::kSilu:
+    case params::Activation::kSilu:
       return "silu";
   }
   return "?";
@@ -108,8 +109,8 @@ template <typename T>
 void run_activations(int64_t n, std::mt19937& rng) {
   const size_t size = static_cast<size_t>(n);
   const double tol = tolerance<T>();
-  for (cuda::Activation act :
-       {cuda::Activation::kGeluTanh, cuda::Activation::kGeluErf, cuda::Activation::kSilu}) {
+  for (params::Activation act :
+       {params::Activation::kGeluTanh, params::Activation::kGeluErf, params::Activation::kSilu}) {
     const std::string name = std::string(activation_name(act)) + " " + type_name<T>() + " n=" +
                              std::to_string(n);
     Buffer<T> x(size), up(size), dy(size), y(size), dx(size), gy(size), dgate(size), dup(size),
@@ -151,7 +152,7 @@ void run_activations(int64_t n, std::mt19937& rng) {
 // ----------------------------------------------------------------------- rope
 
 template <typename T>
-void run_rope(const cuda::RopeShape& s, std::mt19937& rng) {
+void run_rope(const params::RopeShape& s, std::mt19937& rng) {
   const size_t total = static_cast<size_t>(s.batch * s.seq * s.heads * s.head_dim);
   const size_t rows = static_cast<size_t>(s.position_rows * s.seq);
   const int64_t half = s.rotary_dim / 2;
@@ -204,7 +205,7 @@ void run_rope(const cuda::RopeShape& s, std::mt19937& rng) {
 // ------------------------------------------------------------------ embedding
 
 template <typename T>
-void run_embedding(const cuda::EmbeddingShape& s, std::mt19937& rng) {
+void run_embedding(const params::EmbeddingShape& s, std::mt19937& rng) {
   const std::string name = std::string(type_name<T>()) + " vocab " + std::to_string(s.vocab) +
                            " dim " + std::to_string(s.dim) + " tokens " +
                            std::to_string(s.tokens);
@@ -276,9 +277,10 @@ void run_adamw(int64_t n, std::mt19937& rng) {
       const std::string name = std::string(type_name<T>()) + " n=" + std::to_string(n) +
                                " weight_decay " + std::to_string(weight_decay) +
                                (apply ? " fused step" : " update");
-      const cuda::AdamWHyperparameters h{static_cast<float>(b1), static_cast<float>(1.0 - b1),
-                                         static_cast<float>(b2), static_cast<float>(1.0 - b2),
-                                         1e-8f, weight_decay};
+      // Qualified in full: `params` is the parameter buffer here.
+      const jaxops::params::AdamWHyperparameters h{
+          static_cast<float>(b1), static_cast<float>(1.0 - b1), static_cast<float>(b2),
+          static_cast<float>(1.0 - b2), 1e-8f, weight_decay};
       std::vector<double> out_ref(size), m_ref(size), v_ref(size);
       for (size_t i = 0; i < size; ++i) {
         const double g = gr[i], p = pr[i];
@@ -328,11 +330,11 @@ struct Activations {
 };
 template <typename T>
 struct Rope {
-  void operator()(const cuda::RopeShape& s, std::mt19937& rng) { run_rope<T>(s, rng); }
+  void operator()(const params::RopeShape& s, std::mt19937& rng) { run_rope<T>(s, rng); }
 };
 template <typename T>
 struct Embedding {
-  void operator()(const cuda::EmbeddingShape& s, std::mt19937& rng) { run_embedding<T>(s, rng); }
+  void operator()(const params::EmbeddingShape& s, std::mt19937& rng) { run_embedding<T>(s, rng); }
 };
 template <typename T>
 struct AdamW {
@@ -356,10 +358,10 @@ bool run_case(const char* text, std::mt19937& rng) {
   } else if (std::sscanf(text, "rope=%lldx%lldx%lldx%lldx%lld/%lld", &a, &b, &c, &d, &e, &f) == 6 &&
              a >= 1 && b >= 1 && c >= 1 && e >= 2 && e % 2 == 0 && e <= d &&
              (f == 1 || f == a)) {
-    all_types<Rope>(cuda::RopeShape{a, b, c, d, e, f}, rng);
+    all_types<Rope>(params::RopeShape{a, b, c, d, e, f}, rng);
   } else if (std::sscanf(text, "emb=%lldx%lldx%lld", &a, &b, &c) == 3 && a >= 1 && b >= 1 &&
              c >= 0) {
-    all_types<Embedding>(cuda::EmbeddingShape{a, b, c}, rng);
+    all_types<Embedding>(params::EmbeddingShape{a, b, c}, rng);
   } else {
     return false;
   }

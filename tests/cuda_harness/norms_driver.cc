@@ -19,8 +19,8 @@
 
 namespace {
 
-using jaxops::cuda::NormShape;
-using jaxops::cuda::WeightGradLayout;
+using jaxops::params::NormShape;
+using jaxops::params::WeightGradLayout;
 
 template <typename T>
 double tolerance() {

@@ -24,6 +24,7 @@
 namespace {
 
 namespace cuda = jaxops::cuda;
+namespace params = jaxops::params;  // the parameter structs cuda/ shares
 
 template <typename T>
 double tolerance() {
@@ -87,7 +88,7 @@ void softmax_row(const double* z, int64_t n, double* p, double* logp) {
 // result) or [rows, 1].
 template <typename T>
 void run_softmax_jvp(const Buffer<T>& y, const Buffer<T>& logy, const Buffer<uint8_t>& where,
-                     cuda::SoftmaxShape shape, const std::string& name, std::mt19937& rng) {
+                     params::SoftmaxShape shape, const std::string& name, std::mt19937& rng) {
   const int64_t rows = shape.rows, cols = shape.cols;
   const size_t n = static_cast<size_t>(rows * cols);
   Buffer<T> dx(n), col_dbias(cols), row_dbias(rows), dy(n);
@@ -101,18 +102,18 @@ void run_softmax_jvp(const Buffer<T>& y, const Buffer<T>& logy, const Buffer<uin
       col_r[c] = INFINITY;
     }
   }
-  cuda::BroadcastOperand<T> by_col;  // [1, cols]
+  params::BroadcastOperand<T> by_col;  // [1, cols]
   by_col.data = col_dbias.data;
   by_col.axes = 1;
   by_col.row_sizes[0] = rows;
   by_col.row_strides[0] = 0;
-  cuda::BroadcastOperand<T> by_row;  // [rows, 1]
+  params::BroadcastOperand<T> by_row;  // [rows, 1]
   by_row.data = row_dbias.data;
   by_row.axes = 1;
   by_row.row_sizes[0] = rows;
   by_row.row_strides[0] = 1;
   by_row.col_stride = 0;
-  const cuda::BroadcastOperand<T> dbias_cases[] = {{}, by_col, by_row};
+  const params::BroadcastOperand<T> dbias_cases[] = {{}, by_col, by_row};
   const char* dbias_names[] = {"no dbias", "dbias [1, cols]", "dbias [rows, 1]"};
 
   for (int log = 0; log < 2; ++log) {
@@ -160,9 +161,9 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
   fill(bias, br, rng, 1.f);
   for (int64_t c = 0; c < cols; ++c) where.data[c] = (c * 7) % 3 != 0;
   // A mask of shape [1, cols] and a bias of shape [rows, 1].
-  cuda::BroadcastOperand<uint8_t> where_view;
+  params::BroadcastOperand<uint8_t> where_view;
   where_view.data = where.data;
-  cuda::BroadcastOperand<T> bias_view;
+  params::BroadcastOperand<T> bias_view;
   bias_view.data = bias.data;
   bias_view.axes = 1;
   bias_view.row_sizes[0] = rows;
@@ -180,18 +181,18 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
     softmax_row(&xr[r * cols], visible, &causal_p[r * cols], &causal_logp[r * cols]);
     for (int64_t c = visible; c < cols; ++c) causal_p[r * cols + c] = 0.0;
   }
-  const cuda::SoftmaxShape shape{rows, cols};
+  const params::SoftmaxShape shape{rows, cols};
   const double tol = tolerance<T>();
   check(cuda::softmax_fwd<T>(nullptr, x.data, where_view, bias_view, y.data, shape,
-                             cuda::SoftmaxOutput::kProbabilities, {}),
+                             params::SoftmaxOutput::kProbabilities, {}),
         "softmax_fwd " + name);
   compare("softmax_fwd " + name, y.data, p, tol);
   check(cuda::softmax_fwd<T>(nullptr, x.data, where_view, bias_view, logy.data, shape,
-                             cuda::SoftmaxOutput::kLogProbabilities, {}),
+                             params::SoftmaxOutput::kLogProbabilities, {}),
         "log_softmax_fwd " + name);
   compare("log_softmax_fwd " + name, logy.data, logp, tol * 4);
   check(cuda::softmax_fwd<T>(nullptr, x.data, {}, {}, causal.data, shape,
-                             cuda::SoftmaxOutput::kProbabilities, {rows, 0}),
+                             params::SoftmaxOutput::kProbabilities, {rows, 0}),
         "causal_softmax_fwd " + name);
   compare("causal_softmax_fwd " + name, causal.data, causal_p, tol);
 
@@ -225,7 +226,7 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
 template <typename T>
 void run_cross_entropy_jvp(const Buffer<T>& logits, const std::vector<double>& xr,
                            const Buffer<int32_t>& labels, const Buffer<float>& lse,
-                           cuda::CrossEntropyShape shape, cuda::CrossEntropyOptions options,
+                           params::CrossEntropyShape shape, params::CrossEntropyOptions options,
                            const std::string& name, std::mt19937& rng) {
   const int64_t rows = shape.rows, vocab = shape.vocab;
   const double eps = options.label_smoothing, z_loss = options.z_loss;
@@ -264,7 +265,7 @@ void run_cross_entropy(int64_t rows, int64_t vocab, std::mt19937& rng) {
   const std::string name = std::string(type_name<T>()) + " " + std::to_string(rows) + "x" +
                            std::to_string(vocab);
   const size_t n = static_cast<size_t>(rows * vocab);
-  const cuda::CrossEntropyOptions options{-100, 0.1f, 1e-3f};
+  const params::CrossEntropyOptions options{-100, 0.1f, 1e-3f};
   const double eps = options.label_smoothing, z_loss = options.z_loss;
   Buffer<T> logits(n), dlogits(n), in_place(n);
   Buffer<int32_t> labels(rows);
@@ -300,7 +301,7 @@ void run_cross_entropy(int64_t rows, int64_t vocab, std::mt19937& rng) {
       d_ref[r * vocab + c] = unit * static_cast<double>(dloss.data[r]);
     }
   }
-  const cuda::CrossEntropyShape shape{rows, vocab};
+  const params::CrossEntropyShape shape{rows, vocab};
   const double tol = tolerance<T>();
   check(cuda::cross_entropy_fwd<T, int32_t>(nullptr, logits.data, labels.data, loss.data, lse.data,
                                             shape, options),

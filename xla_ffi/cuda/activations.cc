@@ -19,17 +19,12 @@ namespace {
 namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace activations_common;
-using cuda::Activation;
 using ffi_cuda::cuda_binding;
 using ffi_cuda::launch_status;
 
 template <typename Fn>
 ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
   return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
-}
-
-Activation gelu_kind(bool approximate) {
-  return approximate ? Activation::kGeluTanh : Activation::kGeluErf;
 }
 
 ffi::Error UnaryFwd(cudaStream_t stream, const std::string& op, Activation activation,
@@ -79,12 +74,12 @@ ffi::Error GatedBwd(cudaStream_t stream, const std::string& op, Activation activ
 
 ffi::Error GeluFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                    bool approximate) {
-  return UnaryFwd(stream, "jaxops_gelu_fwd", gelu_kind(approximate), x, *y);
+  return UnaryFwd(stream, "jaxops_gelu_fwd", gelu_activation(approximate), x, *y);
 }
 
 ffi::Error GeluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                    ffi::Result<ffi::AnyBuffer> dx, bool approximate) {
-  return UnaryBwd(stream, "jaxops_gelu_bwd", gelu_kind(approximate), dy, x, *dx);
+  return UnaryBwd(stream, "jaxops_gelu_bwd", gelu_activation(approximate), dy, x, *dx);
 }
 
 ffi::Error SiluFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
@@ -109,13 +104,13 @@ ffi::Error SwigluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer gate
 
 ffi::Error GegluFwd(cudaStream_t stream, ffi::AnyBuffer gate, ffi::AnyBuffer up,
                     ffi::Result<ffi::AnyBuffer> y, bool approximate) {
-  return GatedFwd(stream, "jaxops_geglu_fwd", gelu_kind(approximate), gate, up, *y);
+  return GatedFwd(stream, "jaxops_geglu_fwd", gelu_activation(approximate), gate, up, *y);
 }
 
 ffi::Error GegluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer gate,
                     ffi::AnyBuffer up, ffi::Result<ffi::AnyBuffer> dgate,
                     ffi::Result<ffi::AnyBuffer> dup, bool approximate) {
-  return GatedBwd(stream, "jaxops_geglu_bwd", gelu_kind(approximate), dy, gate, up, *dgate,
+  return GatedBwd(stream, "jaxops_geglu_bwd", gelu_activation(approximate), dy, gate, up, *dgate,
                   *dup);
 }
 

@@ -29,8 +29,9 @@ ffi::Error AdamW(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer param
                  float b2, float one_minus_b2, float eps, float weight_decay,
                  bool apply_updates) {
   const std::string op = "jaxops_adamw";
-  JAXOPS_RETURN_IF_ERROR(check_adamw(grads, params, m, v, scalars, *out, *m_out, *v_out));
-  const cuda::AdamWHyperparameters hyper{b1, one_minus_b1, b2, one_minus_b2, eps, weight_decay};
+  AdamWHyperparameters hyper;
+  JAXOPS_RETURN_IF_ERROR(check_adamw(grads, params, m, v, scalars, *out, *m_out, *v_out, b1,
+                                     one_minus_b1, b2, one_minus_b2, eps, weight_decay, &hyper));
   return dispatch_float<float, __nv_bfloat16, __half>(
       op, params.element_type(), [&](auto tag) {
         using T = decltype(tag);

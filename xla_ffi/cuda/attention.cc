@@ -27,21 +27,21 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
   return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
 }
 
+// The shared decoding (xla_ffi/attention_common.h) plus the CUDA kernels' own
+// limit: their tiles hold whole head vectors in shared memory.
 ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                          const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
                          const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
                          const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
                          float scale, bool is_causal, int64_t window_left,
-                         int64_t window_right, AttentionShape* s, cuda::AttentionParams* p) {
+                         int64_t window_right, AttentionParams* p) {
   JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                       query_offset, scale, is_causal, window_left, window_right,
-                                      s));
-  if (s->head_dim > cuda::kAttentionMaxHeadDim) {
+                                      p));
+  if (p->head_dim > params::kCudaAttentionMaxHeadDim) {
     return invalid(op, "the CUDA kernel supports head_dim <= " +
-                           str(cuda::kAttentionMaxHeadDim) + ", got " + str(s->head_dim));
+                           str(params::kCudaAttentionMaxHeadDim) + ", got " + str(p->head_dim));
   }
-  copy_shape(*s, p);
-  p->query_offset = s->query_offset;
   return ffi::Error::Success();
 }
 
@@ -52,12 +52,11 @@ ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
                         int64_t window_left, int64_t window_right) {
   const std::string op = "jaxops_attention_fwd";
-  AttentionShape s;
-  cuda::AttentionParams p;
+  AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
-                                       &s, &p));
-  JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, s));
+                                       &p));
+  JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, p));
   return dispatch(op, q.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(op, cuda::attention_fwd<T>(stream, p, data<const T>(q),
@@ -76,15 +75,14 @@ ffi::Error AttentionBwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         float scale, bool is_causal, int64_t window_left, int64_t window_right,
                         bool with_dbias) {
   const std::string op = "jaxops_attention_bwd";
-  AttentionShape s;
-  cuda::AttentionParams p;
+  AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
-                                       &s, &p));
+                                       &p));
   JAXOPS_RETURN_IF_ERROR(check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv,
                                    *dbias, *workspace, with_dbias,
                                    static_cast<int64_t>(cuda::attention_bwd_workspace_bytes(p)),
-                                   s));
+                                   p));
   return dispatch(op, q.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -107,13 +105,12 @@ ffi::Error AttentionFwdJvp(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            float scale, bool is_causal, int64_t window_left,
                            int64_t window_right) {
   const std::string op = "jaxops_attention_fwd_jvp";
-  AttentionShape s;
-  cuda::AttentionParams p;
+  AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
-                                       &s, &p));
+                                       &p));
   JAXOPS_RETURN_IF_ERROR(
-      check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, s));
+      check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, p));
   // An absent tangent ([0]) is null, and so is a present one with no elements
   // (an empty head dim), whose products are zero.
   return dispatch(op, q.element_type(), [&](auto tag) {

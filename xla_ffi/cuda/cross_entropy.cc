@@ -33,16 +33,17 @@ ffi::Error CrossEntropyFwd(cudaStream_t stream, ffi::AnyBuffer logits, ffi::AnyB
                            ffi::Result<ffi::Buffer<ffi::F32>> lse, int64_t ignore_index,
                            float label_smoothing, float z_loss) {
   const std::string op = "jaxops_cross_entropy_fwd";
-  RowsCols s;
+  CrossEntropyShape s;
+  CrossEntropyOptions options;
   JAXOPS_RETURN_IF_ERROR(
-      check_cross_entropy_fwd(logits, labels, *loss, *lse, label_smoothing, z_loss, &s));
+      check_cross_entropy_fwd(logits, labels, *loss, *lse, ignore_index, label_smoothing, z_loss,
+                              &s, &options));
   return dispatch(op, logits, labels, [&](auto tag, auto label_tag) {
     using T = decltype(tag);
     using Label = decltype(label_tag);
     return launch_status(op, cuda::cross_entropy_fwd<T, Label>(
                                  stream, data<const T>(logits), data<const Label>(labels),
-                                 loss->typed_data(), lse->typed_data(), {s.rows, s.cols},
-                                 {ignore_index, label_smoothing, z_loss}));
+                                 loss->typed_data(), lse->typed_data(), s, options));
   });
 }
 
@@ -51,16 +52,18 @@ ffi::Error CrossEntropyBwd(cudaStream_t stream, ffi::AnyBuffer logits, ffi::AnyB
                            ffi::Result<ffi::AnyBuffer> dlogits, int64_t ignore_index,
                            float label_smoothing, float z_loss) {
   const std::string op = "jaxops_cross_entropy_bwd";
-  RowsCols s;
+  CrossEntropyShape s;
+  CrossEntropyOptions options;
   JAXOPS_RETURN_IF_ERROR(check_cross_entropy_bwd(logits, labels, lse, dloss, *dlogits,
-                                                 label_smoothing, z_loss, &s));
+                                                 ignore_index, label_smoothing, z_loss, &s,
+                                                 &options));
   return dispatch(op, logits, labels, [&](auto tag, auto label_tag) {
     using T = decltype(tag);
     using Label = decltype(label_tag);
     return launch_status(op, cuda::cross_entropy_bwd<T, Label>(
                                  stream, data<const T>(logits), data<const Label>(labels),
                                  lse.typed_data(), dloss.typed_data(), data<T>(*dlogits),
-                                 {s.rows, s.cols}, {ignore_index, label_smoothing, z_loss}));
+                                 s, options));
   });
 }
 
@@ -69,16 +72,17 @@ ffi::Error CrossEntropyFwdGrad(cudaStream_t stream, ffi::AnyBuffer logits, ffi::
                                ffi::Result<ffi::AnyBuffer> dlogits, int64_t ignore_index,
                                float label_smoothing, float z_loss) {
   const std::string op = "jaxops_cross_entropy_fwd_grad";
-  RowsCols s;
+  CrossEntropyShape s;
+  CrossEntropyOptions options;
   JAXOPS_RETURN_IF_ERROR(check_cross_entropy_fwd_grad(logits, labels, *loss, *dlogits,
-                                                      label_smoothing, z_loss, &s));
+                                                      ignore_index, label_smoothing, z_loss, &s,
+                                                 &options));
   return dispatch(op, logits, labels, [&](auto tag, auto label_tag) {
     using T = decltype(tag);
     using Label = decltype(label_tag);
     return launch_status(op, cuda::cross_entropy_fwd_grad<T, Label>(
                                  stream, data<const T>(logits), data<const Label>(labels),
-                                 loss->typed_data(), data<T>(*dlogits), {s.rows, s.cols},
-                                 {ignore_index, label_smoothing, z_loss}));
+                                 loss->typed_data(), data<T>(*dlogits), s, options));
   });
 }
 
@@ -87,16 +91,18 @@ ffi::Error CrossEntropyJvp(cudaStream_t stream, ffi::AnyBuffer logits, ffi::AnyB
                            ffi::Result<ffi::Buffer<ffi::F32>> dloss, int64_t ignore_index,
                            float label_smoothing, float z_loss) {
   const std::string op = "jaxops_cross_entropy_jvp";
-  RowsCols s;
+  CrossEntropyShape s;
+  CrossEntropyOptions options;
   JAXOPS_RETURN_IF_ERROR(check_cross_entropy_jvp(logits, labels, lse, dlogits, *dloss,
-                                                 label_smoothing, z_loss, &s));
+                                                 ignore_index, label_smoothing, z_loss, &s,
+                                                 &options));
   return dispatch(op, logits, labels, [&](auto tag, auto label_tag) {
     using T = decltype(tag);
     using Label = decltype(label_tag);
     return launch_status(op, cuda::cross_entropy_jvp<T, Label>(
                                  stream, data<const T>(logits), data<const Label>(labels),
                                  lse.typed_data(), data<const T>(dlogits), dloss->typed_data(),
-                                 {s.rows, s.cols}, {ignore_index, label_smoothing, z_loss}));
+                                 s, options));
   });
 }
 

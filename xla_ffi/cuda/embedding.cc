@@ -30,13 +30,13 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
 ffi::Error EmbeddingFwd(cudaStream_t stream, ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::AnyBuffer> out) {
   const std::string op = "jaxops_embedding_fwd";
-  EmbeddingDims d;
+  EmbeddingShape d;
   JAXOPS_RETURN_IF_ERROR(check_embedding_fwd(table, ids, *out, &d));
   return dispatch(op, table.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(op, cuda::embedding_fwd<T>(stream, data<const T>(table),
                                                     ids.typed_data(), data<T>(*out),
-                                                    {d.vocab, d.dim, d.tokens}));
+                                                    d));
   });
 }
 
@@ -44,14 +44,14 @@ ffi::Error EmbeddingBwd(cudaStream_t stream, ffi::AnyBuffer dout, ffi::Buffer<ff
                         ffi::Result<ffi::AnyBuffer> dtable,
                         ffi::Result<ffi::Buffer<ffi::S32>> workspace, int64_t vocab) {
   const std::string op = "jaxops_embedding_bwd";
-  EmbeddingDims d;
+  EmbeddingShape d;
   JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab, &d));
   return dispatch(op, dout.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(op, cuda::embedding_bwd<T>(stream, data<const T>(dout),
                                                     ids.typed_data(), data<T>(*dtable),
                                                     workspace->typed_data(),
-                                                    {d.vocab, d.dim, d.tokens}));
+                                                    d));
   });
 }
 

@@ -30,14 +30,14 @@ ffi::Error LayerNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer we
                         ffi::Result<ffi::Buffer<ffi::F32>> mean,
                         ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
   const std::string op = "jaxops_layer_norm_fwd";
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_fwd(x, weight, bias, *y, *mean, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
         op, cuda::layer_norm_fwd<T>(stream, data<const T>(x), data_or_null<const T>(weight),
                                     data_or_null<const T>(bias), data<T>(*y), mean->typed_data(),
-                                    rstd->typed_data(), {s.rows, s.cols}, epsilon));
+                                    rstd->typed_data(), s, epsilon));
   });
 }
 
@@ -47,10 +47,10 @@ ffi::Error LayerNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x
                         ffi::Result<ffi::AnyBuffer> dweight, ffi::Result<ffi::AnyBuffer> dbias,
                         ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
   const std::string op = "jaxops_layer_norm_bwd";
-  RowsCols s;
-  int64_t parts;
+  NormShape s;
+  WeightGradLayout layout;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_bwd(dy, x, weight, bias, mean, rstd, *dx, *dweight, *dbias,
-                                              *workspace, groups, &s, &parts));
+                                              *workspace, groups, &s, &layout));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -58,7 +58,7 @@ ffi::Error LayerNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x
                                     data_or_null<const T>(weight), mean.typed_data(),
                                     rstd.typed_data(), data<T>(*dx), data_or_null<T>(*dweight),
                                     data_or_null<T>(*dbias), workspace->typed_data(),
-                                    {s.rows, s.cols}, {groups, parts}));
+                                    s, layout));
   });
 }
 
@@ -66,13 +66,13 @@ ffi::Error RmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weig
                       ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> rstd,
                       float epsilon) {
   const std::string op = "jaxops_rms_norm_fwd";
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_fwd(x, weight, *y, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
         op, cuda::rms_norm_fwd<T>(stream, data<const T>(x), data_or_null<const T>(weight),
-                                  data<T>(*y), rstd->typed_data(), {s.rows, s.cols}, epsilon));
+                                  data<T>(*y), rstd->typed_data(), s, epsilon));
   });
 }
 
@@ -81,10 +81,10 @@ ffi::Error RmsNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                       ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dweight,
                       ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
   const std::string op = "jaxops_rms_norm_bwd";
-  RowsCols s;
-  int64_t parts;
+  NormShape s;
+  WeightGradLayout layout;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_bwd(dy, x, weight, rstd, dresidual, *dx, *dweight,
-                                            *workspace, groups, &s, &parts));
+                                            *workspace, groups, &s, &layout));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -92,7 +92,7 @@ ffi::Error RmsNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                                   data_or_null<const T>(weight), rstd.typed_data(),
                                   data_or_null<const T>(dresidual), data<T>(*dx),
                                   data_or_null<T>(*dweight), workspace->typed_data(),
-                                  {s.rows, s.cols}, {groups, parts}));
+                                  s, layout));
   });
 }
 
@@ -101,14 +101,14 @@ ffi::Error AddRmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer r
                          ffi::Result<ffi::AnyBuffer> h, ffi::Result<ffi::Buffer<ffi::F32>> rstd,
                          float epsilon) {
   const std::string op = "jaxops_add_rms_norm_fwd";
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_add_rms_norm_fwd(x, residual, weight, *y, *h, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
         op, cuda::add_rms_norm_fwd<T>(stream, data<const T>(x), data<const T>(residual),
                                       data_or_null<const T>(weight), data<T>(*y), data<T>(*h),
-                                      rstd->typed_data(), {s.rows, s.cols}, epsilon));
+                                      rstd->typed_data(), s, epsilon));
   });
 }
 
@@ -117,7 +117,7 @@ ffi::Error LayerNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer we
                         ffi::AnyBuffer dweight, ffi::AnyBuffer dbias,
                         ffi::Result<ffi::AnyBuffer> dy) {
   const std::string op = "jaxops_layer_norm_jvp";
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_jvp(x, weight, mean, rstd, dx, dweight, dbias, *dy, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
@@ -126,7 +126,7 @@ ffi::Error LayerNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer we
                                     mean.typed_data(), rstd.typed_data(),
                                     data_or_null<const T>(dx), data_or_null<const T>(dweight),
                                     data_or_null<const T>(dbias), data<T>(*dy),
-                                    {s.rows, s.cols}));
+                                    s));
   });
 }
 
@@ -134,14 +134,14 @@ ffi::Error RmsNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weig
                       ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dx, ffi::AnyBuffer dweight,
                       ffi::Result<ffi::AnyBuffer> dy) {
   const std::string op = "jaxops_rms_norm_jvp";
-  RowsCols s;
+  NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_jvp(x, weight, rstd, dx, dweight, *dy, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
         op, cuda::rms_norm_jvp<T>(stream, data<const T>(x), data_or_null<const T>(weight),
                                   rstd.typed_data(), data_or_null<const T>(dx),
-                                  data_or_null<const T>(dweight), data<T>(*dy), {s.rows, s.cols}));
+                                  data_or_null<const T>(dweight), data<T>(*dy), s));
   });
 }
 

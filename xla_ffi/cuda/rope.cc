@@ -26,13 +26,12 @@ ffi::Error Rope(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> pos
                 ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> workspace,
                 double theta, int64_t rotary_dim, bool interleaved, bool inverse) {
   const std::string op = "jaxops_rope";
-  RopeDims d;
+  RopeShape d;
   JAXOPS_RETURN_IF_ERROR(check_rope(x, positions, *y, *workspace, theta, rotary_dim, &d));
-  const cuda::RopeShape shape{d.batch, d.seq, d.heads, d.head_dim, d.rotary_dim, d.position_rows};
   return dispatch_float<float, __nv_bfloat16, __half>(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(op, cuda::rope<T>(stream, data<const T>(x), positions.typed_data(),
-                                           data<T>(*y), workspace->typed_data(), shape, theta,
+                                           data<T>(*y), workspace->typed_data(), d, theta,
                                            interleaved, inverse));
   });
 }

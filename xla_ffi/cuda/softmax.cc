@@ -23,42 +23,20 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
   return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
 }
 
-// The kernel's fixed-size view of a mask or bias, or an error when its axes do
-// not merge into cuda::kMaxBroadcastAxes groups.
-template <typename T>
-ffi::Error broadcast_view(const std::string& op, const char* name, const ffi::AnyBuffer& operand,
-                          const ffi::AnyBuffer& x, cuda::BroadcastOperand<T>* view) {
-  if (operand.element_count() == 0) return ffi::Error::Success();
-  const BroadcastLayout layout = broadcast_layout(operand, x);
-  if (layout.row_sizes.size() > static_cast<size_t>(cuda::kMaxBroadcastAxes)) {
-    return invalid(op, std::string(name) + " broadcasts along more than " +
-                           std::to_string(cuda::kMaxBroadcastAxes) +
-                           " alternating groups of axes, which the CUDA kernel does not support");
-  }
-  view->data = reinterpret_cast<const T*>(operand.untyped_data());
-  view->axes = static_cast<int>(layout.row_sizes.size());
-  for (int i = 0; i < view->axes; ++i) {
-    view->row_sizes[i] = layout.row_sizes[i];
-    view->row_strides[i] = layout.row_strides[i];
-  }
-  view->col_stride = layout.col_stride;
-  return ffi::Error::Success();
-}
-
 ffi::Error masked_softmax_fwd(const std::string& op, cuda::SoftmaxOutput output,
                               cudaStream_t stream, const ffi::AnyBuffer& x,
                               const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
                               ffi::AnyBuffer& y) {
-  RowsCols s;
+  SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    cuda::BroadcastOperand<uint8_t> where_view;
-    cuda::BroadcastOperand<T> bias_view;
-    JAXOPS_RETURN_IF_ERROR(broadcast_view(op, "where", where, x, &where_view));
-    JAXOPS_RETURN_IF_ERROR(broadcast_view(op, "bias", bias, x, &bias_view));
+    BroadcastOperand<uint8_t> where_view;
+    BroadcastOperand<T> bias_view;
+    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "where", where, x, &where_view));
+    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "bias", bias, x, &bias_view));
     return launch_status(op, cuda::softmax_fwd<T>(stream, data<const T>(x), where_view, bias_view,
-                                                  data<T>(y), {s.rows, s.cols}, output, {}));
+                                                  data<T>(y), s, output, {}));
   });
 }
 
@@ -77,14 +55,14 @@ ffi::Error LogSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w
 ffi::Error CausalSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t query_offset) {
   const std::string op = "jaxops_causal_softmax_fwd";
-  RowsCols s;
-  int64_t queries = 0;  // set by the check; initialised for -Wmaybe-uninitialized
-  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, &s, &queries));
+  SoftmaxShape s;
+  CausalLimit causal;
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, query_offset, &s, &causal));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
-        op, cuda::softmax_fwd<T>(stream, data<const T>(x), {}, {}, data<T>(*y), {s.rows, s.cols},
-                                 cuda::SoftmaxOutput::kProbabilities, {queries, query_offset}));
+        op, cuda::softmax_fwd<T>(stream, data<const T>(x), {}, {}, data<T>(*y), s,
+                                 cuda::SoftmaxOutput::kProbabilities, causal));
   });
 }
 
@@ -92,17 +70,16 @@ template <bool kLog>
 ffi::Error SoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
                       ffi::Result<ffi::AnyBuffer> dx) {
   const std::string op = kLog ? "jaxops_log_softmax_bwd" : "jaxops_softmax_bwd";
-  RowsCols s;
+  SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    const cuda::SoftmaxShape shape{s.rows, s.cols};
     if constexpr (kLog) {
       return launch_status(op, cuda::log_softmax_bwd<T>(stream, data<const T>(dy),
-                                                        data<const T>(y), data<T>(*dx), shape));
+                                                        data<const T>(y), data<T>(*dx), s));
     } else {
       return launch_status(op, cuda::softmax_bwd<T>(stream, data<const T>(dy), data<const T>(y),
-                                                    data<T>(*dx), shape));
+                                                    data<T>(*dx), s));
     }
   });
 }
@@ -111,15 +88,15 @@ template <bool kLog>
 ffi::Error SoftmaxJvp(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer dx,
                       ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> dy) {
   const std::string op = kLog ? "jaxops_log_softmax_jvp" : "jaxops_softmax_jvp";
-  RowsCols s;
+  SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, y, dx, dbias, *dy, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    cuda::BroadcastOperand<T> dbias_view;
-    JAXOPS_RETURN_IF_ERROR(broadcast_view(op, "dbias", dbias, y, &dbias_view));
+    BroadcastOperand<T> dbias_view;
+    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "dbias", dbias, y, &dbias_view));
     const auto jvp = kLog ? cuda::log_softmax_jvp<T> : cuda::softmax_jvp<T>;
     return launch_status(op, jvp(stream, data<const T>(y), data_or_null<const T>(dx), dbias_view,
-                                 data<T>(*dy), {s.rows, s.cols}));
+                                 data<T>(*dy), s));
   });
 }
 
