@@ -45,6 +45,7 @@ def cpu_variant(isa, isa_copts, tags = []):
         additional_linker_inputs = [_MAP],
         deps = [
             ":cpu_kernels_" + isa,
+            ":params",
             "@xla_ffi//:ffi",
         ],
         tags = tags,
