@@ -14,10 +14,15 @@
 # CPU and dlopen()s exactly one of them (RTLD_LOCAL).
 #
 # Variants, widest first, and their flags. x86-64 builds three; elsewhere one,
-# with the compiler's default flags.
+# with the compiler's default flags. -mtune=znver3 for avx512: with GCC's
+# generic tuning the norms' forward+backward ran 13-55% slower (minima of 4
+# alternating rounds, Zen 4, BENCHMARKS.md) than the same source built with
+# -march=native; tuning alone recovers it (0.90-1.01x). Tuning selects and
+# schedules instructions, it never adds any, so the variant still runs on every
+# x86-64-v4 CPU; Intel AVX-512 CPUs have not been measured.
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   set(JAXOPS_CPU_ALL_ISAS avx512 avx2 generic)
-  set(JAXOPS_CPU_ISA_FLAGS_avx512 -march=x86-64-v4)
+  set(JAXOPS_CPU_ISA_FLAGS_avx512 -march=x86-64-v4 -mtune=znver3)
   set(JAXOPS_CPU_ISA_FLAGS_avx2 -march=x86-64-v3)
   set(JAXOPS_CPU_ISA_FLAGS_generic -march=x86-64-v2)
   set(JAXOPS_CPU_BASELINE_FLAGS -march=x86-64-v2)
