@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -83,17 +84,24 @@ def _compile(source: pathlib.Path) -> pathlib.Path:
   return out
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel_objects() -> tuple[pathlib.Path, ...]:
-  """Every cpu/ kernel, compiled two at a time (the CI machine's cores)."""
+def _kernel_sources(test_source: pathlib.Path) -> list[pathlib.Path]:
+  """The kernels a test links: cpu/<family>*.cc for each cpu/<family>.h it
+  includes (attention.h -> attention.cc, attention_jvp.cc), so a test of one
+  family does not wait for every other family to compile."""
+  families = re.findall(r'#include "cpu/(\w+)\.h"', test_source.read_text())
+  return sorted({source for family in families for source in (REPO / "cpu").glob(f"{family}*.cc")})
+
+
+def _kernel_objects(test_source: pathlib.Path) -> list[pathlib.Path]:
+  """The test's kernels, compiled two at a time (the CI machine's cores)."""
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    return tuple(pool.map(_compile, sorted((REPO / "cpu").glob("*.cc"))))
+    return list(pool.map(_compile, _kernel_sources(test_source)))
 
 
 def _executable(test_source: pathlib.Path) -> pathlib.Path:
   out = _build_dir() / test_source.stem
   if not out.exists():
-    objects = [_compile(test_source), *_kernel_objects()]
+    objects = [_compile(test_source), *_kernel_objects(test_source)]
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     command = [_compiler(), "-fopenmp", "-o", str(tmp), *map(str, objects)]
     result = subprocess.run(command, capture_output=True, text=True)
