@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxops
-from jaxops.bench.timing import machine_line, time_jitted
+from jaxops.bench.timing import (comparison_columns, forward_or_backward, machine_line,
+                                  time_against_xla)
 
 # op -> (function of (x, up, implementation), x-shaped arrays moved forward,
 #        x-shaped arrays moved forward+backward)
@@ -57,19 +58,9 @@ def main(argv=()):
         dy = jnp.ones(shape, dtype)
         array_bytes = x.size * dtype.itemsize
         for pass_name, arrays in (("fwd", fwd_arrays), ("fwd+bwd", fwd_bwd_arrays)):
-          results = {}
-          for impl in (None, "xla"):
-            if pass_name == "fwd":
-              f = lambda x, u, dy, impl=impl: fn(x, u, impl)
-            else:
-              def f(x, u, dy, impl=impl):
-                _, vjp = jax.vjp(lambda x, u: fn(x, u, impl), x, u)
-                return vjp(dy)
-            results[impl] = time_jitted(f, x, u, dy, runs=args.runs)
-          ours, xla = results[None], results["xla"]
-          gbs = lambda t: arrays * array_bytes / (t.median_ms * 1e-3) / 1e9
+          ours, xla = time_against_xla(
+              lambda impl: forward_or_backward(pass_name, lambda x, u: fn(x, u, impl)),
+              x, u, dy, runs=args.runs)
           print(f"{op:<9} {shape_text:<11} {dtype_name:<9} {pass_name:<8} "
-                f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
-                f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
-                f"{xla.median_ms / ours.median_ms:>7.2f}x", flush=True)
+                f"{comparison_columns(ours, xla, arrays * array_bytes)}", flush=True)
   return 0

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxops
-from jaxops.bench.timing import machine_line, time_jitted
+from jaxops.bench.timing import (comparison_columns, forward_or_backward, machine_line,
+                                  time_against_xla)
 
 
 def _parse(argv):
@@ -46,19 +47,11 @@ def main(argv=()):
         rows_bytes = dout.size * dtype.itemsize
         moved = {"fwd": 2 * rows_bytes, "fwd+bwd": 3 * rows_bytes + table.size * dtype.itemsize}
         for pass_name in ("fwd", "fwd+bwd"):
-          results = {}
-          for impl in (None, "xla"):
-            if pass_name == "fwd":
-              f = lambda t, i, d, impl=impl: jaxops.embedding(t, i, implementation=impl)
-            else:
-              def f(t, i, d, impl=impl):
-                _, vjp = jax.vjp(lambda t: jaxops.embedding(t, i, implementation=impl), t)
-                return vjp(d)
-            results[impl] = time_jitted(f, table, ids, dout, runs=args.runs)
-          ours, xla = results[None], results["xla"]
-          gbs = lambda t: moved[pass_name] / (t.median_ms * 1e-3) / 1e9
+          # The gradient is the table's only (ids are integers).
+          ours, xla = time_against_xla(
+              lambda impl: forward_or_backward(
+                  pass_name, lambda t, i: jaxops.embedding(t, i, implementation=impl), wrt=(0,)),
+              table, ids, dout, runs=args.runs)
           print(f"{table_text:<11} {ids_text:<9} {dtype_name:<9} {pass_name:<8} "
-                f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
-                f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
-                f"{xla.median_ms / ours.median_ms:>7.2f}x", flush=True)
+                f"{comparison_columns(ours, xla, moved[pass_name])}", flush=True)
   return 0

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxops
-from jaxops.bench.timing import machine_line, time_jitted
+from jaxops.bench.timing import (comparison_columns, forward_or_backward, machine_line,
+                                  time_against_xla)
 
 # op -> (function, number of x-shaped inputs, x-shaped arrays moved forward,
 #        forward+backward, and jvp)
@@ -70,23 +71,16 @@ def main(argv=()):
         for pass_name, arrays, donate in passes:
           if pass_name not in args.passes:
             continue
-          results = {}
-          for impl in (None, "xla"):
+
+          def make(impl):
             if pass_name == "jvp":
               # x's tangent is dy, the residual's r: arrays already in memory.
-              def f(x, r, w, b, dy, impl=impl):
-                return jax.jvp(lambda x, r: fn(x, r, w, b, impl), (x, r), (dy, r))
-            elif pass_name.startswith("fwd") and "bwd" not in pass_name:
-              f = lambda x, r, w, b, dy, impl=impl: fn(x, r, w, b, impl)
-            else:
-              def f(x, r, w, b, dy, impl=impl):
-                out, vjp = jax.vjp(lambda x, r, w, b: fn(x, r, w, b, impl), x, r, w, b)
-                return vjp(jax.tree.map(lambda o: dy, out))
-            results[impl] = time_jitted(f, x, r, w, b, dy, runs=args.runs, donate_argnums=donate)
-          ours, xla = results[None], results["xla"]
-          gbs = lambda t: arrays * array_bytes / (t.median_ms * 1e-3) / 1e9
+              return lambda x, r, w, b, dy: jax.jvp(lambda x, r: fn(x, r, w, b, impl),
+                                                    (x, r), (dy, r))
+            return forward_or_backward(pass_name, lambda x, r, w, b: fn(x, r, w, b, impl))
+
+          ours, xla = time_against_xla(make, x, r, w, b, dy, runs=args.runs,
+                                       donate_argnums=donate)
           print(f"{op:<13} {shape_text:<11} {dtype_name:<9} {pass_name:<8} "
-                f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
-                f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
-                f"{xla.median_ms / ours.median_ms:>7.2f}x", flush=True)
+                f"{comparison_columns(ours, xla, arrays * array_bytes)}", flush=True)
   return 0

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxops
-from jaxops.bench.timing import machine_line, time_jitted
+from jaxops.bench.timing import (comparison_columns, forward_or_backward, machine_line,
+                                  time_against_xla)
 
 
 def _parse(argv):
@@ -54,19 +55,9 @@ def main(argv=()):
                              implementation=impl)
 
         for pass_name, arrays in (("fwd", 2), ("fwd+bwd", 2)):
-          results = {}
-          for impl in (None, "xla"):
-            if pass_name == "fwd":
-              f = lambda x, dy, impl=impl: fn(x, impl)
-            else:
-              def f(x, dy, impl=impl):
-                _, vjp = jax.vjp(lambda x: fn(x, impl), x)
-                return vjp(dy)
-            results[impl] = time_jitted(f, x, dy, runs=args.runs)
-          ours, xla = results[None], results["xla"]
-          gbs = lambda t: arrays * array_bytes / (t.median_ms * 1e-3) / 1e9
+          ours, xla = time_against_xla(
+              lambda impl: forward_or_backward(pass_name, lambda x: fn(x, impl)),
+              x, dy, runs=args.runs)
           print(f"{style:<6} {shape_text:<15} {dtype_name:<9} {pass_name:<8} "
-                f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
-                f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
-                f"{xla.median_ms / ours.median_ms:>7.2f}x", flush=True)
+                f"{comparison_columns(ours, xla, arrays * array_bytes)}", flush=True)
   return 0

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 
 import jaxops
 from jaxops import reference
-from jaxops.bench.timing import machine_line, time_jitted
+from jaxops.bench.timing import (comparison_columns, forward_or_backward, machine_line,
+                                  time_against_xla)
 
 _OPS = {
     "softmax": lambda x, mask, impl: jaxops.softmax(x, implementation=impl),
@@ -65,21 +66,14 @@ def main(argv=()):
         array_bytes = x.size * dtype.itemsize
         for pass_name in args.passes:
           arrays = _ARRAYS[pass_name]
-          results = {}
-          for impl in (None, "xla"):
-            if pass_name == "fwd":
-              f = lambda x, dy, impl=impl: fn(x, mask, impl)
-            elif pass_name == "jvp":
-              f = lambda x, dy, impl=impl: jax.jvp(lambda x: fn(x, mask, impl), (x,), (dy,))
-            else:
-              def f(x, dy, impl=impl):
-                _, vjp = jax.vjp(lambda x: fn(x, mask, impl), x)
-                return vjp(dy)
-            results[impl] = time_jitted(f, x, dy, runs=args.runs)
-          ours, xla = results[None], results["xla"]
-          gbs = lambda t: arrays * array_bytes / (t.median_ms * 1e-3) / 1e9
+
+          def make(impl):
+            of_x = lambda x: fn(x, mask, impl)
+            if pass_name == "jvp":
+              return lambda x, dy: jax.jvp(of_x, (x,), (dy,))
+            return forward_or_backward(pass_name, of_x)
+
+          ours, xla = time_against_xla(make, x, dy, runs=args.runs)
           print(f"{op:<12} {shape_text:<13} {dtype_name:<9} {pass_name:<8} "
-                f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
-                f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
-                f"{xla.median_ms / ours.median_ms:>7.2f}x", flush=True)
+                f"{comparison_columns(ours, xla, arrays * array_bytes)}", flush=True)
   return 0

@@ -88,3 +88,45 @@ def machine_line() -> str:
   tunables = os.environ.get("GLIBC_TUNABLES", "")
   return (f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__}, backend {jax.default_backend()}, "
           f"GLIBC_TUNABLES={tunables or '(unset)'}")
+
+
+def forward_or_backward(pass_name: str, fn, wrt=None):
+  """``fn``'s forward pass, or forward+backward, as a function of ``(*args, dy)``.
+
+  ``"fwd"`` (and ``"fwd don."``, the same call with donated inputs) calls
+  ``fn(*args)``; a pass containing ``"bwd"`` runs a VJP with respect to the
+  arguments ``wrt`` (all by default), ``dy`` the cotangent of every output.
+  """
+  if "bwd" not in pass_name:
+    return lambda *args_dy: fn(*args_dy[:-1])
+
+  def forward_backward(*args_dy):
+    *args, dy = args_dy
+    positions = range(len(args)) if wrt is None else wrt
+
+    def of_differentiated(*diff):
+      full = list(args)
+      for i, d in zip(positions, diff):
+        full[i] = d
+      return fn(*full)
+
+    out, vjp = jax.vjp(of_differentiated, *(args[i] for i in positions))
+    return vjp(jax.tree.map(lambda o: dy, out))
+
+  return forward_backward
+
+
+def time_against_xla(make_fn, *args, runs: int, donate_argnums=()) -> tuple[Timing, Timing]:
+  """Timings of ``make_fn(implementation)(*args)`` for jaxops' kernels (None)
+  and for the jnp reference ("xla"), in the same process, one after the other."""
+  return tuple(time_jitted(make_fn(impl), *args, runs=runs, donate_argnums=donate_argnums)
+               for impl in (None, "xla"))
+
+
+def comparison_columns(ours: Timing, xla: Timing, moved_bytes: float) -> str:
+  """The result columns every family prints: ms, GB/s and system share of each
+  implementation, then the speed-up (GB/s from the bytes the pass moves)."""
+  gbs = lambda t: moved_bytes / (t.median_ms * 1e-3) / 1e9
+  return (f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
+          f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
+          f"{xla.median_ms / ours.median_ms:>7.2f}x")
