@@ -98,6 +98,9 @@ nanobind_add_module(_jaxops_cpu NB_STATIC
   "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/cpu_dispatch/python_module.cc"
   "${CMAKE_CURRENT_SOURCE_DIR}/xla_ffi/cpu_dispatch/dispatcher.cc")
 target_include_directories(_jaxops_cpu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
+# The contract it exports (xla_ffi/python_contract.h) is declared next to the
+# handlers' bindings, which name XLA FFI types.
+target_include_directories(_jaxops_cpu SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
 target_compile_options(_jaxops_cpu PRIVATE ${JAXOPS_CPU_BASELINE_FLAGS})
 target_link_libraries(_jaxops_cpu PRIVATE ${CMAKE_DL_LIBS})
 foreach(isa ${JAXOPS_CPU_ISAS})

@@ -3,6 +3,7 @@
 // them (xla_ffi/rope_common.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace jaxops::params {
@@ -18,8 +19,8 @@ struct RopeShape {
 };
 
 // The workspace holds the cos/sin table: [position_rows * seq, rotary_dim] floats.
-inline int64_t rope_workspace_floats(const RopeShape& s) {
-  return s.position_rows * s.seq * s.rotary_dim;
+inline std::array<int64_t, 2> rope_workspace_dims(const RopeShape& s) {
+  return {s.position_rows * s.seq, s.rotary_dim};
 }
 
 }  // namespace jaxops::params

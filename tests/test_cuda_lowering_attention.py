@@ -2,8 +2,9 @@
 
 ``lower(lowering_platforms=("cuda",))`` must name the CUDA handlers' targets
 with operands, results and attributes of the types those handlers bind
-(xla_ffi/attention_common.h), and size the backward's hidden workspace as the
-CUDA handler checks it (float32 D rows, [B, N, T]).
+(xla_ffi/attention_common.h, whose contract gives the attribute types), and
+size the backward's hidden workspace as the CUDA handler checks it (float32 D
+rows, [B, N, T]).
 """
 
 import jax
@@ -12,15 +13,15 @@ import numpy as np
 import pytest
 
 import jaxops
-from test_cuda_lowering import DTYPES, T, _custom_calls
+from jaxops._src import ffi_targets
+from support.lowering import DTYPES, T, check_binding, custom_calls
 
-ATTRS = {"scale": "f32", "is_causal": "i1", "window_left": "i64", "window_right": "i64"}
 OPERANDS = (T, T, T, "f32", "i1", "i32", "i32", "i32")
-BINDINGS = {
-    "jaxops_attention_fwd": (OPERANDS, (T, "f32"), ATTRS),
-    "jaxops_attention_bwd": ((*OPERANDS, T, "f32", T, "f32"), (T, T, T, "f32", "ui8"),
-                             {**ATTRS, "with_dbias": "i1"}),
-    "jaxops_attention_fwd_jvp": ((*OPERANDS, T, T, T, "f32"), (T, "f32", T, "f32"), ATTRS),
+# target -> (operand dtypes, result dtypes); the attributes come from the contract.
+BUFFERS = {
+    "jaxops_attention_fwd": (OPERANDS, (T, "f32")),
+    "jaxops_attention_bwd": ((*OPERANDS, T, "f32", T, "f32"), (T, T, T, "f32", "ui8")),
+    "jaxops_attention_fwd_jvp": ((*OPERANDS, T, T, T, "f32"), (T, "f32", T, "f32")),
 }
 B, TQ, S, N, K, H = 2, 5, 7, 4, 2, 16
 
@@ -46,15 +47,11 @@ def test_attention_lowers_to_the_cuda_targets(dtype):
                            query_offset=offset, implementation="ffi")
     return out.astype(jnp.float32).sum()
 
-  calls = _custom_calls(jax.grad(loss, (0, 1, 2, 3)), q, k, v, bias, jnp.int32(2))
+  calls = custom_calls(jax.grad(loss, (0, 1, 2, 3)), q, k, v, bias, jnp.int32(2))
   assert [c[0] for c in calls] == ["jaxops_attention_fwd", "jaxops_attention_bwd"]
-  element = DTYPES[dtype]
-  for target, operands, results, attrs, text in calls:
-    want_operands, want_results, want_attrs = BINDINGS[target]
-    resolve = lambda kinds: [element if kind == T else kind for kind in kinds]
-    assert [d for _, d in operands] == resolve(want_operands), target
-    assert [d for _, d in results] == resolve(want_results), target
-    assert attrs == want_attrs, target
+  for call in calls:
+    check_binding(call, dtype, BUFFERS)
+    operands, text = call.operands, call.text
     # The traced query_offset is a scalar operand; bias and mask arrive unbroadcast.
     assert [shape for shape, _ in operands[3:8]] == [(1, N, TQ, S), (B, 1, 1, S), (B,), (B,), ()]
     assert "window_left = 3 : i64" in text and "window_right = 1 : i64" in text
@@ -65,7 +62,7 @@ def test_attention_lowers_to_the_cuda_targets(dtype):
 
 def test_absent_operands_and_no_dbias():
   q, k, v, _ = _inputs("float32")
-  calls = _custom_calls(jax.grad(lambda q: jaxops.attention(q, k, v, implementation="ffi").sum()),
+  calls = custom_calls(jax.grad(lambda q: jaxops.attention(q, k, v, implementation="ffi").sum()),
                         q)
   fwd, bwd = calls
   assert [shape for shape, _ in fwd[1][3:7]] == [(0,), (0,), (0,), (0,)]
@@ -86,11 +83,13 @@ def test_head_dims_above_the_cuda_limit_take_the_reference_on_cuda(monkeypatch):
   from jaxops._src import primitive
 
   monkeypatch.setattr(primitive, "current_platform", lambda: "cuda")
-  q = jnp.ones((1, 3, 1, 264))
-  assert "jaxops_attention_fwd" in str(jax.make_jaxpr(jaxops.attention)(q[..., :256], q[..., :256],
-                                                                          q[..., :256]))
+  limit = ffi_targets.limit("cuda_attention_max_head_dim")
+  q = jnp.ones((1, 3, 1, limit + 8))
+  at_limit = q[..., :limit]
+  assert "jaxops_attention_fwd" in str(jax.make_jaxpr(jaxops.attention)(at_limit, at_limit,
+                                                                          at_limit))
   assert "jaxops_" not in str(jax.make_jaxpr(jaxops.attention)(q, q, q))
-  with pytest.raises(ValueError, match="head dims up to 256"):
+  with pytest.raises(ValueError, match=f"head dims up to {limit}"):
     jaxops.attention(q, q, q, implementation="ffi")
 
 
@@ -104,15 +103,10 @@ def test_forward_mode_lowers_to_the_one_fused_cuda_kernel(dtype):
 
   jvp = lambda q, k, v, b, o: jax.jvp(lambda q, k, v, b: f(q, k, v, b, o), (q, k, v, b),
                                       (q, k, v, b))
-  (call,) = _custom_calls(jvp, q, k, v, bias, jnp.int32(2))
-  target, operands, results, attrs, _ = call
-  assert target == "jaxops_attention_fwd_jvp"
-  want_operands, want_results, want_attrs = BINDINGS[target]
-  resolve = lambda kinds: [DTYPES[dtype] if kind == T else kind for kind in kinds]
-  assert [d for _, d in operands] == resolve(want_operands)
-  assert [d for _, d in results] == resolve(want_results)
-  assert attrs == want_attrs
+  (call,) = custom_calls(jvp, q, k, v, bias, jnp.int32(2))
+  assert call.target == "jaxops_attention_fwd_jvp"
+  check_binding(call, dtype, BUFFERS)
   # The bias tangent is bias-shaped; a zero tangent (none of v here) is absent.
-  (call,) = _custom_calls(lambda q, b: jax.jvp(lambda q, b: f(q, k, v, b, 0), (q, b), (q, b)),
+  (call,) = custom_calls(lambda q, b: jax.jvp(lambda q, b: f(q, k, v, b, 0), (q, b), (q, b)),
                           q, bias)
   assert [shape for shape, _ in call[1][8:]] == [q.shape, (0,), (0,), bias.shape]

@@ -16,38 +16,28 @@ import jax.numpy as jnp
 import pytest
 
 import jaxops
-from test_cuda_lowering import DTYPES, _custom_calls
+from support.lowering import DTYPES, T, check_binding, custom_calls
 
-T = "T"  # a buffer in the dtype of the op's floating input
-
-# target -> (operand dtypes, result dtypes, {attribute: type}), as bound in C++;
-# "i1" is a bool attribute (printed without a type).
-BINDINGS = {
-    "jaxops_gelu_fwd": ((T,), (T,), {"approximate": "i1"}),
-    "jaxops_gelu_bwd": ((T, T), (T,), {"approximate": "i1"}),
-    "jaxops_silu_fwd": ((T,), (T,), {}),
-    "jaxops_silu_bwd": ((T, T), (T,), {}),
-    "jaxops_swiglu_fwd": ((T, T), (T,), {}),
-    "jaxops_swiglu_bwd": ((T, T, T), (T, T), {}),
-    "jaxops_geglu_fwd": ((T, T), (T,), {"approximate": "i1"}),
-    "jaxops_geglu_bwd": ((T, T, T), (T, T), {"approximate": "i1"}),
-    "jaxops_rope": ((T, "i32"), (T, "f32"),
-                    {"theta": "f64", "rotary_dim": "i64", "interleaved": "i1", "inverse": "i1"}),
-    "jaxops_embedding_fwd": ((T, "i32"), (T,), {}),
-    "jaxops_embedding_bwd": ((T, "i32"), (T, "i32"), {"vocab": "i64"}),
-    "jaxops_adamw": ((T, T, "f32", "f32", "f32"), (T, "f32", "f32"),
-                     {"b1": "f32", "one_minus_b1": "f32", "b2": "f32", "one_minus_b2": "f32",
-                      "eps": "f32", "weight_decay": "f32", "apply_updates": "i1"}),
+# target -> (operand dtypes, result dtypes), as bound in C++; the attributes
+# come from the targets' contract.
+BUFFERS = {
+    "jaxops_gelu_fwd": ((T,), (T,)),
+    "jaxops_gelu_bwd": ((T, T), (T,)),
+    "jaxops_silu_fwd": ((T,), (T,)),
+    "jaxops_silu_bwd": ((T, T), (T,)),
+    "jaxops_swiglu_fwd": ((T, T), (T,)),
+    "jaxops_swiglu_bwd": ((T, T, T), (T, T)),
+    "jaxops_geglu_fwd": ((T, T), (T,)),
+    "jaxops_geglu_bwd": ((T, T, T), (T, T)),
+    "jaxops_rope": ((T, "i32"), (T, "f32")),
+    "jaxops_embedding_fwd": ((T, "i32"), (T,)),
+    "jaxops_embedding_bwd": ((T, "i32"), (T, "i32")),
+    "jaxops_adamw": ((T, T, "f32", "f32", "f32"), (T, "f32", "f32")),
 }
 
+
 def _check_binding(call, dtype):
-  target, operands, results, attrs, _ = call
-  want_operands, want_results, want_attrs = BINDINGS[target]
-  element = DTYPES[dtype]
-  resolve = lambda kinds: [element if k == T else k for k in kinds]
-  assert [d for _, d in operands] == resolve(want_operands), target
-  assert [d for _, d in results] == resolve(want_results), target
-  assert attrs == want_attrs, target
+  check_binding(call, dtype, BUFFERS)
 
 
 def _activation_vjp(op):
@@ -67,7 +57,7 @@ def _activation_vjp(op):
 @pytest.mark.parametrize("op", ["gelu", "silu", "swiglu", "geglu"])
 def test_activations_lower_to_the_cuda_targets(op, dtype):
   x = jnp.ones((3, 5, 7), dtype)
-  calls = _custom_calls(_activation_vjp(op), x, x)
+  calls = custom_calls(_activation_vjp(op), x, x)
   assert [c[0] for c in calls] == [f"jaxops_{op}_fwd", f"jaxops_{op}_bwd"]
   for call in calls:
     _check_binding(call, dtype)
@@ -85,7 +75,7 @@ def test_rope_lowers_with_its_table_workspace(dtype, per_batch):
                                            implementation="ffi"), x)
     return y, vjp(y)
 
-  forward, backward = _custom_calls(fwd_bwd, x)
+  forward, backward = custom_calls(fwd_bwd, x)
   for call in (forward, backward):
     _check_binding(call, dtype)
     assert call[1][1][0] == ((2, 5) if per_batch else (1, 5))
@@ -103,7 +93,7 @@ def test_embedding_lowers_with_its_sort_workspace(dtype):
     y, vjp = jax.vjp(lambda t: jaxops.embedding(t, ids, implementation="ffi"), table)
     return y, vjp(y)
 
-  forward, backward = _custom_calls(fwd_bwd, table)
+  forward, backward = custom_calls(fwd_bwd, table)
   _check_binding(forward, dtype)
   _check_binding(backward, dtype)
   assert forward[2][0][0] == (2, 7, 6)
@@ -119,7 +109,7 @@ def test_adamw_lowers_per_leaf_with_aliases(dtype, fused):
     fn = lambda g, s, p: tx.step(g, s, p)
   else:
     fn = tx.update
-  calls = _custom_calls(fn, params, tx.init(params), params)
+  calls = custom_calls(fn, params, tx.init(params), params)
   assert [c[0] for c in calls] == ["jaxops_adamw"] * 2
   for call in calls:
     _check_binding(call, dtype)
@@ -139,4 +129,4 @@ def _built_with_cuda():
 def test_cuda_module_registers_these_targets():
   import jaxops._jaxops_cuda as cuda_module
 
-  assert set(BINDINGS) <= set(cuda_module.registrations())
+  assert set(BUFFERS) <= set(cuda_module.registrations())

@@ -10,34 +10,29 @@ import jax.numpy as jnp
 import pytest
 
 import jaxops
-from test_cuda_lowering import DTYPES, T, _custom_calls
+from support.lowering import DTYPES, T, check_binding, custom_calls
 
-# target -> (operand dtypes, result dtypes, attribute types), as bound in C++.
-OPTIONS = {"ignore_index": "i64", "label_smoothing": "f32", "z_loss": "f32"}
-BINDINGS = {
-    "jaxops_softmax_fwd": ((T, "i1", T), (T,), {}),
-    "jaxops_log_softmax_fwd": ((T, "i1", T), (T,), {}),
-    "jaxops_causal_softmax_fwd": ((T,), (T,), {"query_offset": "i64"}),
-    "jaxops_softmax_bwd": ((T, T), (T,), {}),
-    "jaxops_log_softmax_bwd": ((T, T), (T,), {}),
-    "jaxops_cross_entropy_fwd": ((T, "i32"), ("f32", "f32"), OPTIONS),
-    "jaxops_cross_entropy_bwd": ((T, "i32", "f32", "f32"), (T,), OPTIONS),
-    "jaxops_cross_entropy_fwd_grad": ((T, "i32"), ("f32", T), OPTIONS),
-    "jaxops_softmax_jvp": ((T, T, T), (T,), {}),
-    "jaxops_log_softmax_jvp": ((T, T, T), (T,), {}),
-    "jaxops_cross_entropy_jvp": ((T, "i32", "f32", T), ("f32",), OPTIONS),
+# target -> (operand dtypes, result dtypes), as bound in C++; the attributes
+# come from the targets' contract.
+BUFFERS = {
+    "jaxops_softmax_fwd": ((T, "i1", T), (T,)),
+    "jaxops_log_softmax_fwd": ((T, "i1", T), (T,)),
+    "jaxops_causal_softmax_fwd": ((T,), (T,)),
+    "jaxops_softmax_bwd": ((T, T), (T,)),
+    "jaxops_log_softmax_bwd": ((T, T), (T,)),
+    "jaxops_cross_entropy_fwd": ((T, "i32"), ("f32", "f32")),
+    "jaxops_cross_entropy_bwd": ((T, "i32", "f32", "f32"), (T,)),
+    "jaxops_cross_entropy_fwd_grad": ((T, "i32"), ("f32", T)),
+    "jaxops_softmax_jvp": ((T, T, T), (T,)),
+    "jaxops_log_softmax_jvp": ((T, T, T), (T,)),
+    "jaxops_cross_entropy_jvp": ((T, "i32", "f32", T), ("f32",)),
 }
 
 
 def _check(calls, targets, dtype):
-  assert [c[0] for c in calls] == targets
-  element = DTYPES[dtype]
-  for target, operands, results, attrs, _ in calls:
-    want_operands, want_results, want_attrs = BINDINGS[target]
-    resolve = lambda kinds: [element if k == T else k for k in kinds]
-    assert [d for _, d in operands] == resolve(want_operands), target
-    assert [d for _, d in results] == resolve(want_results), target
-    assert attrs == want_attrs, target
+  assert [c.target for c in calls] == targets
+  for call in calls:
+    check_binding(call, dtype, BUFFERS)
 
 
 def _x(dtype, shape=(2, 6, 40)):
@@ -51,7 +46,7 @@ def test_masked_softmax_lowers_to_the_cuda_targets(name, dtype):
   where = jnp.arange(40) < 30
   bias = jnp.ones((6, 1), dtype)
   loss = lambda x, b: fn(x, where=where, bias=b, implementation="ffi").astype(jnp.float32).sum()
-  calls = _custom_calls(jax.grad(loss, (0, 1)), _x(dtype), bias)
+  calls = custom_calls(jax.grad(loss, (0, 1)), _x(dtype), bias)
   _check(calls, [f"jaxops_{name}_fwd", f"jaxops_{name}_bwd"], dtype)
   # The mask and the bias reach the kernel unbroadcast, at x's rank.
   fwd_operands = calls[0][1]
@@ -62,13 +57,13 @@ def test_masked_softmax_lowers_to_the_cuda_targets(name, dtype):
 def test_causal_softmax_lowers_to_the_cuda_targets(dtype):
   loss = lambda x: jaxops.causal_softmax(x, query_offset=3, implementation="ffi").astype(
       jnp.float32).sum()
-  calls = _custom_calls(jax.grad(loss), _x(dtype))
+  calls = custom_calls(jax.grad(loss), _x(dtype))
   _check(calls, ["jaxops_causal_softmax_fwd", "jaxops_softmax_bwd"], dtype)
   assert "query_offset = 3 : i64" in calls[0][4]
 
 
 def test_absent_mask_and_bias_are_zero_size_operands():
-  calls = _custom_calls(lambda x: jaxops.softmax(x, implementation="ffi"), _x("float32"))
+  calls = custom_calls(lambda x: jaxops.softmax(x, implementation="ffi"), _x("float32"))
   assert [shape for shape, _ in calls[0][1]] == [(2, 6, 40), (0,), (0,)]
 
 
@@ -76,7 +71,7 @@ def test_absent_mask_and_bias_are_zero_size_operands():
 def test_cross_entropy_lowers_to_the_cuda_targets(dtype):
   labels = jnp.arange(12).reshape(2, 6) % 40
   loss = lambda x: jaxops.cross_entropy(x, labels, label_smoothing=0.1, implementation="ffi")
-  calls = _custom_calls(jax.grad(loss), _x(dtype))
+  calls = custom_calls(jax.grad(loss), _x(dtype))
   _check(calls, ["jaxops_cross_entropy_fwd", "jaxops_cross_entropy_bwd"], dtype)
 
 
@@ -88,7 +83,7 @@ def test_linear_cross_entropy_runs_the_in_place_kernels(dtype, reduction):
   labels = jnp.arange(12) % 40
   loss = lambda x, w: jaxops.linear_cross_entropy(x, w, labels, reduction=reduction,
                                                   implementation="ffi").astype(jnp.float32).sum()
-  calls = _custom_calls(jax.grad(loss, (0, 1)), x, weight)
+  calls = custom_calls(jax.grad(loss, (0, 1)), x, weight)
   # Each block's logits are float32, whatever x's dtype.
   if reduction == "mean":
     # The gradients come from the forward's sweep: one kernel, logits aliased to dlogits.
@@ -105,12 +100,12 @@ def test_forward_mode_lowers_to_the_cuda_jvp_targets(name, dtype):
   fn = getattr(jaxops, name)
   bias = jnp.ones((6, 1), dtype)
   f = lambda x, b: fn(x, bias=b, implementation="ffi")
-  calls = _custom_calls(lambda x, b: jax.jvp(f, (x, b), (x, b)), _x(dtype), bias)
+  calls = custom_calls(lambda x, b: jax.jvp(f, (x, b), (x, b)), _x(dtype), bias)
   _check(calls, [f"jaxops_{name}_fwd", f"jaxops_{name}_jvp"], dtype)
   # The bias tangent reaches the kernel unbroadcast, like the bias.
   assert [shape for shape, _ in calls[1][1]] == [(2, 6, 40), (2, 6, 40), (1, 6, 1)]
   causal = lambda x: jaxops.causal_softmax(x, implementation="ffi")
-  calls = _custom_calls(lambda x: jax.jvp(causal, (x,), (x,)), _x(dtype))
+  calls = custom_calls(lambda x: jax.jvp(causal, (x,), (x,)), _x(dtype))
   _check(calls, ["jaxops_causal_softmax_fwd", "jaxops_softmax_jvp"], dtype)
   assert [shape for shape, _ in calls[1][1]] == [(2, 6, 40), (2, 6, 40), (0,)]
 
@@ -119,5 +114,5 @@ def test_forward_mode_lowers_to_the_cuda_jvp_targets(name, dtype):
 def test_cross_entropy_forward_mode_lowers_to_the_cuda_jvp_target(dtype):
   labels = jnp.arange(12).reshape(2, 6) % 40
   f = lambda x: jaxops.cross_entropy(x, labels, z_loss=1e-4, implementation="ffi")
-  calls = _custom_calls(lambda x: jax.jvp(f, (x,), (x,)), _x(dtype))
+  calls = custom_calls(lambda x: jax.jvp(f, (x,), (x,)), _x(dtype))
   _check(calls, ["jaxops_cross_entropy_fwd", "jaxops_cross_entropy_jvp"], dtype)

@@ -5,7 +5,6 @@
 #include "cpu/activations.h"
 #include "cpu/float_convert.h"
 #include "xla_ffi/activations_common.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -65,60 +64,51 @@ ffi::Error GatedBwd(const std::string& op, Activation activation, const ffi::Any
 }
 
 ffi::Error GeluFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, bool approximate) {
-  return UnaryFwd("jaxops_gelu_fwd", gelu_activation(approximate), x, *y);
+  return UnaryFwd(kGeluFwd.name, gelu_activation(approximate), x, *y);
 }
 
 ffi::Error GeluBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> dx,
                    bool approximate) {
-  return UnaryBwd("jaxops_gelu_bwd", gelu_activation(approximate), dy, x, *dx);
+  return UnaryBwd(kGeluBwd.name, gelu_activation(approximate), dy, x, *dx);
 }
 
 ffi::Error SiluFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
-  return UnaryFwd("jaxops_silu_fwd", Activation::kSilu, x, *y);
+  return UnaryFwd(kSiluFwd.name, Activation::kSilu, x, *y);
 }
 
 ffi::Error SiluBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> dx) {
-  return UnaryBwd("jaxops_silu_bwd", Activation::kSilu, dy, x, *dx);
+  return UnaryBwd(kSiluBwd.name, Activation::kSilu, dy, x, *dx);
 }
 
 ffi::Error SwigluFwd(ffi::AnyBuffer gate, ffi::AnyBuffer up, ffi::Result<ffi::AnyBuffer> y) {
-  return GatedFwd("jaxops_swiglu_fwd", Activation::kSilu, gate, up, *y);
+  return GatedFwd(kSwigluFwd.name, Activation::kSilu, gate, up, *y);
 }
 
 ffi::Error SwigluBwd(ffi::AnyBuffer dy, ffi::AnyBuffer gate, ffi::AnyBuffer up,
                      ffi::Result<ffi::AnyBuffer> dgate, ffi::Result<ffi::AnyBuffer> dup) {
-  return GatedBwd("jaxops_swiglu_bwd", Activation::kSilu, dy, gate, up, *dgate, *dup);
+  return GatedBwd(kSwigluBwd.name, Activation::kSilu, dy, gate, up, *dgate, *dup);
 }
 
 ffi::Error GegluFwd(ffi::AnyBuffer gate, ffi::AnyBuffer up, ffi::Result<ffi::AnyBuffer> y,
                     bool approximate) {
-  return GatedFwd("jaxops_geglu_fwd", gelu_activation(approximate), gate, up, *y);
+  return GatedFwd(kGegluFwd.name, gelu_activation(approximate), gate, up, *y);
 }
 
 ffi::Error GegluBwd(ffi::AnyBuffer dy, ffi::AnyBuffer gate, ffi::AnyBuffer up,
                     ffi::Result<ffi::AnyBuffer> dgate, ffi::Result<ffi::AnyBuffer> dup,
                     bool approximate) {
-  return GatedBwd("jaxops_geglu_bwd", gelu_activation(approximate), dy, gate, up, *dgate, *dup);
+  return GatedBwd(kGegluBwd.name, gelu_activation(approximate), dy, gate, up, *dgate, *dup);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGeluFwd, GeluFwd, bind_gelu_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGeluBwd, GeluBwd, bind_gelu_bwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSiluFwd, SiluFwd, bind_unary_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSiluBwd, SiluBwd, bind_unary_bwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSwigluFwd, SwigluFwd, bind_gated_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSwigluBwd, SwigluBwd, bind_gated_bwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGegluFwd, GegluFwd, bind_geglu_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGegluBwd, GegluBwd, bind_geglu_bwd(ffi::Ffi::Bind()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_gelu_fwd", kGeluFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_gelu_bwd", kGeluBwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_silu_fwd", kSiluFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_silu_bwd", kSiluBwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_swiglu_fwd", kSwigluFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_swiglu_bwd", kSwigluBwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_geglu_fwd", kGegluFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_geglu_bwd", kGegluBwd);
+JAXOPS_FFI_TARGET(kGeluFwd, kGeluFwdCpu, GeluFwd, bind_unary_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kGeluBwd, kGeluBwdCpu, GeluBwd, bind_unary_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kSiluFwd, kSiluFwdCpu, SiluFwd, bind_unary_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kSiluBwd, kSiluBwdCpu, SiluBwd, bind_unary_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kSwigluFwd, kSwigluFwdCpu, SwigluFwd, bind_gated_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kSwigluBwd, kSwigluBwdCpu, SwigluBwd, bind_gated_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kGegluFwd, kGegluFwdCpu, GegluFwd, bind_gated_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kGegluBwd, kGegluBwdCpu, GegluBwd, bind_gated_bwd(ffi::Ffi::Bind()));
 
 }  // namespace jaxops

@@ -7,8 +7,10 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "params/activations.h"
+#include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::activations_common {
@@ -16,6 +18,25 @@ namespace jaxops::activations_common {
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 using ::jaxops::params::Activation;
+
+// -- the targets' contract ------------------------------------------------------------
+
+// true: the tanh form of GELU.
+inline constexpr contract::Attribute<bool> kApproximate{"approximate"};
+
+inline constexpr auto kGeluFwd = contract::target("jaxops_gelu_fwd", kApproximate);
+inline constexpr auto kGeluBwd = contract::target("jaxops_gelu_bwd", kApproximate);
+inline constexpr auto kSiluFwd = contract::target("jaxops_silu_fwd");
+inline constexpr auto kSiluBwd = contract::target("jaxops_silu_bwd");
+inline constexpr auto kSwigluFwd = contract::target("jaxops_swiglu_fwd");
+inline constexpr auto kSwigluBwd = contract::target("jaxops_swiglu_bwd");
+inline constexpr auto kGegluFwd = contract::target("jaxops_geglu_fwd", kApproximate);
+inline constexpr auto kGegluBwd = contract::target("jaxops_geglu_bwd", kApproximate);
+
+inline std::vector<contract::TargetDescription> contracts() {
+  return {describe(kGeluFwd),   describe(kGeluBwd),   describe(kSiluFwd),  describe(kSiluBwd),
+          describe(kSwigluFwd), describe(kSwigluBwd), describe(kGegluFwd), describe(kGegluBwd)};
+}
 
 // gelu and geglu choose their form with the `approximate` attribute.
 inline Activation gelu_activation(bool approximate) {
@@ -85,40 +106,6 @@ auto bind_gated_bwd(Binding prefix) {
       .template Arg<ffi::AnyBuffer>()                      // up
       .template Ret<ffi::AnyBuffer>()                      // dgate
       .template Ret<ffi::AnyBuffer>();                     // dup
-}
-
-// gelu and geglu choose their GELU with a bool attribute (true: tanh form).
-template <typename Binding>
-auto bind_gelu_fwd(Binding prefix) {
-  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x
-      .template Ret<ffi::AnyBuffer>()                      // y
-      .template Attr<bool>("approximate");
-}
-
-template <typename Binding>
-auto bind_gelu_bwd(Binding prefix) {
-  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // dy
-      .template Arg<ffi::AnyBuffer>()                      // x
-      .template Ret<ffi::AnyBuffer>()                      // dx
-      .template Attr<bool>("approximate");
-}
-
-template <typename Binding>
-auto bind_geglu_fwd(Binding prefix) {
-  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // gate
-      .template Arg<ffi::AnyBuffer>()                      // up
-      .template Ret<ffi::AnyBuffer>()                      // y
-      .template Attr<bool>("approximate");
-}
-
-template <typename Binding>
-auto bind_geglu_bwd(Binding prefix) {
-  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // dy
-      .template Arg<ffi::AnyBuffer>()                      // gate
-      .template Arg<ffi::AnyBuffer>()                      // up
-      .template Ret<ffi::AnyBuffer>()                      // dgate
-      .template Ret<ffi::AnyBuffer>()                      // dup
-      .template Attr<bool>("approximate");
 }
 
 }  // namespace jaxops::activations_common

@@ -5,7 +5,6 @@
 #include "cpu/adamw.h"
 #include "cpu/float_convert.h"
 #include "xla_ffi/adamw_common.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -20,7 +19,7 @@ ffi::Error AdamW(ffi::AnyBuffer grads, ffi::AnyBuffer params, ffi::Buffer<ffi::F
                  ffi::Result<ffi::Buffer<ffi::F32>> v_out, float b1, float one_minus_b1,
                  float b2, float one_minus_b2, float eps, float weight_decay,
                  bool apply_updates) {
-  const std::string op = "jaxops_adamw";
+  const std::string op = kAdamW.name;
   AdamWHyperparameters hyper;
   JAXOPS_RETURN_IF_ERROR(check_adamw(grads, params, m, v, scalars, *out, *m_out, *v_out, b1,
                                      one_minus_b1, b2, one_minus_b2, eps, weight_decay, &hyper));
@@ -36,8 +35,6 @@ ffi::Error AdamW(ffi::AnyBuffer grads, ffi::AnyBuffer params, ffi::Buffer<ffi::F
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAdamW, AdamW, bind_adamw(ffi::Ffi::Bind()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_adamw", kAdamW);
+JAXOPS_FFI_TARGET(kAdamW, kAdamWCpu, AdamW, bind_adamw(ffi::Ffi::Bind()));
 
 }  // namespace jaxops

@@ -6,8 +6,10 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "params/adamw.h"
+#include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::adamw_common {
@@ -15,6 +17,16 @@ namespace jaxops::adamw_common {
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 using ::jaxops::params::AdamWHyperparameters;
+
+// -- the targets' contract ------------------------------------------------------------
+
+inline constexpr auto kAdamW = contract::target(
+    "jaxops_adamw", contract::Attribute<float>{"b1"}, contract::Attribute<float>{"one_minus_b1"},
+    contract::Attribute<float>{"b2"}, contract::Attribute<float>{"one_minus_b2"},
+    contract::Attribute<float>{"eps"}, contract::Attribute<float>{"weight_decay"},
+    contract::Attribute<bool>{"apply_updates"});  // out: the new params, else the update
+
+inline std::vector<contract::TargetDescription> contracts() { return {describe(kAdamW)}; }
 
 // The buffers, and the attributes gathered into the kernel's hyperparameters.
 inline ffi::Error check_adamw(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& params,
@@ -24,7 +36,7 @@ inline ffi::Error check_adamw(const ffi::AnyBuffer& grads, const ffi::AnyBuffer&
                               const ffi::Buffer<ffi::F32>& v_out, float b1, float one_minus_b1,
                               float b2, float one_minus_b2, float eps, float weight_decay,
                               AdamWHyperparameters* hyper) {
-  const std::string op = "jaxops_adamw";
+  const std::string op = kAdamW.name;
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "grads", grads));
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "params", params, "grads", grads));
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "out", out));
@@ -47,14 +59,7 @@ auto bind_adamw(Binding prefix) {
       .template Arg<ffi::Buffer<ffi::F32>>()               // scalars {lr, 1 - b1^t, 1 - b2^t}
       .template Ret<ffi::AnyBuffer>()                      // out: the update or the new params
       .template Ret<ffi::Buffer<ffi::F32>>()               // m_out
-      .template Ret<ffi::Buffer<ffi::F32>>()               // v_out
-      .template Attr<float>("b1")
-      .template Attr<float>("one_minus_b1")
-      .template Attr<float>("b2")
-      .template Attr<float>("one_minus_b2")
-      .template Attr<float>("eps")
-      .template Attr<float>("weight_decay")
-      .template Attr<bool>("apply_updates");
+      .template Ret<ffi::Buffer<ffi::F32>>();              // v_out
 }
 
 }  // namespace jaxops::adamw_common

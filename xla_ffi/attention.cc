@@ -12,7 +12,6 @@
 #include "cpu/fresh_memory.h"
 #include "xla_ffi/attention_common.h"
 #include "xla_ffi/ffi_common.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -67,7 +66,7 @@ ffi::Error AttentionFwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
                         int64_t window_left, int64_t window_right) {
   return run_attention(
-      "jaxops_attention_fwd", q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
+      kAttentionFwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
       is_causal, window_left, window_right,
       [&](const std::string& op, const AttentionParams& s) {
         return check_fwd(op, q, *out, *lse, s);
@@ -92,13 +91,14 @@ ffi::Error AttentionBwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         float scale, bool is_causal,
                         int64_t window_left, int64_t window_right, bool with_dbias) {
   return run_attention(
-      "jaxops_attention_bwd", q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
+      kAttentionBwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
       is_causal, window_left, window_right,
       // The CPU kernel sizes its scratch by its thread count and allocates it
       // here: the hidden workspace result is empty on this platform.
       [&](const std::string& op, const AttentionParams& s) {
         return check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv, *dbias,
-                         *workspace, with_dbias, 0, s);
+                         *workspace, with_dbias,
+                         bwd_workspace_bytes(s, contract::Platform::kCpu), s);
       },
       [&](auto tag, const AttentionParams& p) {
         return cpu::attention_bwd_workspace_bytes<decltype(tag)>(p, with_dbias);
@@ -127,7 +127,7 @@ ffi::Error AttentionFwdJvp(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::Result<ffi::AnyBuffer> dlse, float scale, bool is_causal,
                            int64_t window_left, int64_t window_right) {
   return run_attention(
-      "jaxops_attention_fwd_jvp", q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
+      kAttentionFwdJvp.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
       is_causal, window_left, window_right,
       [&](const std::string& op, const AttentionParams& s) {
         return check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, s);
@@ -149,13 +149,11 @@ ffi::Error AttentionFwdJvp(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwd, AttentionFwd, bind_attention_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionBwd, AttentionBwd, bind_attention_bwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwdJvp, AttentionFwdJvp,
-                              bind_attention_fwd_jvp(ffi::Ffi::Bind()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd", kAttentionFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_bwd", kAttentionBwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd_jvp", kAttentionFwdJvp);
+JAXOPS_FFI_TARGET(kAttentionFwd, kAttentionFwdCpu, AttentionFwd,
+                  bind_attention_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kAttentionBwd, kAttentionBwdCpu, AttentionBwd,
+                  bind_attention_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kAttentionFwdJvp, kAttentionFwdJvpCpu, AttentionFwdJvp,
+                  bind_attention_fwd_jvp(ffi::Ffi::Bind()));
 
 }  // namespace jaxops

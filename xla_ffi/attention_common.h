@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "params/attention.h"
+#include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::attention_common {
@@ -25,6 +27,44 @@ namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 
 using ::jaxops::params::AttentionParams;
+
+// -- the targets' contract ------------------------------------------------------------
+
+inline constexpr contract::Attribute<float> kScale{"scale"};
+inline constexpr contract::Attribute<bool> kIsCausal{"is_causal"};
+inline constexpr contract::Attribute<int64_t> kWindowLeft{"window_left"};    // -1: unbounded
+inline constexpr contract::Attribute<int64_t> kWindowRight{"window_right"};  // -1: unbounded
+inline constexpr contract::Attribute<bool> kWithDbias{"with_dbias"};
+
+// The backward's workspace: on CUDA the float32 rows D = rowsum(dout * out) -
+// dlogsumexp [B, N, T]; the CPU handler sizes its scratch by its thread count
+// and allocates it itself, so its workspace result is empty.
+inline int64_t bwd_workspace_bytes(const AttentionParams& p, contract::Platform platform) {
+  if (platform == contract::Platform::kCpu) return 0;
+  return p.batch * p.num_heads * p.q_len * static_cast<int64_t>(sizeof(float));
+}
+
+// The workspace for q [B, T, N, H] (operand 0), in bytes.
+inline contract::Workspace bwd_workspace(const contract::WorkspaceQuery& call) {
+  const auto& q = call.operand(0);
+  AttentionParams p;
+  p.batch = q.at(0);
+  p.q_len = q.at(1);
+  p.num_heads = q.at(2);
+  return {{bwd_workspace_bytes(p, call.platform)}, "uint8"};
+}
+
+inline constexpr auto kAttentionFwd = contract::target(
+    "jaxops_attention_fwd", kScale, kIsCausal, kWindowLeft, kWindowRight);
+inline constexpr auto kAttentionBwd = contract::target_with_workspace(
+    "jaxops_attention_bwd", bwd_workspace, kScale, kIsCausal, kWindowLeft, kWindowRight,
+    kWithDbias);
+inline constexpr auto kAttentionFwdJvp = contract::target(
+    "jaxops_attention_fwd_jvp", kScale, kIsCausal, kWindowLeft, kWindowRight);
+
+inline std::vector<contract::TargetDescription> contracts() {
+  return {describe(kAttentionFwd), describe(kAttentionBwd), describe(kAttentionFwdJvp)};
+}
 
 inline std::string str(int64_t v) { return std::to_string(v); }
 
@@ -140,7 +180,7 @@ inline ffi::Error check_fwd(const std::string& op, const ffi::AnyBuffer& q,
 }
 
 // The backward's buffers; `workspace_bytes` is the platform's size of the
-// hidden workspace result (jaxops/_src/attention.py computes the same).
+// hidden workspace result (bwd_workspace_bytes, which the Python side reads).
 inline ffi::Error check_bwd(const std::string& op, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                             const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out,
@@ -219,50 +259,38 @@ auto bind_attention_operands(Binding&& prefix) {
       .template Arg<ffi::AnyBuffer>();                     // query_offset s32 []
 }
 
-// The attributes every attention target ends with.
-template <typename Binding>
-auto bind_attention_attributes(Binding&& binding) {
-  return std::move(binding).template Attr<float>("scale")
-      .template Attr<bool>("is_causal")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right");
-}
-
 template <typename Binding>
 auto bind_attention_fwd(Binding prefix) {
-  return bind_attention_attributes(bind_attention_operands(std::move(prefix))
-                                       .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
-                                       .template Ret<ffi::AnyBuffer>());  // logsumexp f32 [B, N, T]
+  return bind_attention_operands(std::move(prefix))
+      .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>();  // logsumexp f32 [B, N, T]
 }
 
 template <typename Binding>
 auto bind_attention_bwd(Binding prefix) {
-  return bind_attention_attributes(
-             bind_attention_operands(std::move(prefix))
-                 .template Arg<ffi::AnyBuffer>()   // out
-                 .template Arg<ffi::AnyBuffer>()   // logsumexp
-                 .template Arg<ffi::AnyBuffer>()   // dout
-                 .template Arg<ffi::AnyBuffer>()   // dlogsumexp f32 [B, N, T] or [0]
-                 .template Ret<ffi::AnyBuffer>()   // dquery
-                 .template Ret<ffi::AnyBuffer>()   // dkey
-                 .template Ret<ffi::AnyBuffer>()   // dvalue
-                 .template Ret<ffi::AnyBuffer>()   // dbias f32, bias-shaped, or [0]
-                 .template Ret<ffi::AnyBuffer>())  // workspace (u8; [0] on the CPU)
-      .template Attr<bool>("with_dbias");
+  return bind_attention_operands(std::move(prefix))
+      .template Arg<ffi::AnyBuffer>()   // out
+      .template Arg<ffi::AnyBuffer>()   // logsumexp
+      .template Arg<ffi::AnyBuffer>()   // dout
+      .template Arg<ffi::AnyBuffer>()   // dlogsumexp f32 [B, N, T] or [0]
+      .template Ret<ffi::AnyBuffer>()   // dquery
+      .template Ret<ffi::AnyBuffer>()   // dkey
+      .template Ret<ffi::AnyBuffer>()   // dvalue
+      .template Ret<ffi::AnyBuffer>()   // dbias f32, bias-shaped, or [0]
+      .template Ret<ffi::AnyBuffer>();  // workspace (u8; [0] on the CPU)
 }
 
 template <typename Binding>
 auto bind_attention_fwd_jvp(Binding prefix) {
-  return bind_attention_attributes(
-      bind_attention_operands(std::move(prefix))
-          .template Arg<ffi::AnyBuffer>()   // dquery, query-shaped, or [0] (zero)
-          .template Arg<ffi::AnyBuffer>()   // dkey, key-shaped, or [0]
-          .template Arg<ffi::AnyBuffer>()   // dvalue, value-shaped, or [0]
-          .template Arg<ffi::AnyBuffer>()   // dbias f32, bias-shaped, or [0]
-          .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
-          .template Ret<ffi::AnyBuffer>()   // logsumexp f32 [B, N, T]
-          .template Ret<ffi::AnyBuffer>()   // dout [B, T, N, H]
-          .template Ret<ffi::AnyBuffer>());  // dlogsumexp f32 [B, N, T]
+  return bind_attention_operands(std::move(prefix))
+      .template Arg<ffi::AnyBuffer>()   // dquery, query-shaped, or [0] (zero)
+      .template Arg<ffi::AnyBuffer>()   // dkey, key-shaped, or [0]
+      .template Arg<ffi::AnyBuffer>()   // dvalue, value-shaped, or [0]
+      .template Arg<ffi::AnyBuffer>()   // dbias f32, bias-shaped, or [0]
+      .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>()   // logsumexp f32 [B, N, T]
+      .template Ret<ffi::AnyBuffer>()   // dout [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>();  // dlogsumexp f32 [B, N, T]
 }
 
 }  // namespace jaxops::attention_common

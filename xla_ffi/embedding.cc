@@ -5,7 +5,6 @@
 #include "cpu/embedding.h"
 #include "cpu/float_convert.h"
 #include "xla_ffi/embedding_common.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -21,7 +20,7 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
 
 ffi::Error EmbeddingFwd(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::AnyBuffer> out) {
-  const std::string op = "jaxops_embedding_fwd";
+  const std::string op = kEmbeddingFwd.name;
   EmbeddingShape d;
   JAXOPS_RETURN_IF_ERROR(check_embedding_fwd(table, ids, *out, &d));
   return dispatch(op, table.element_type(), [&](auto tag) {
@@ -35,7 +34,7 @@ ffi::Error EmbeddingFwd(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
 ffi::Error EmbeddingBwd(ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::AnyBuffer> dtable,
                         ffi::Result<ffi::Buffer<ffi::S32>> workspace, int64_t vocab) {
-  const std::string op = "jaxops_embedding_bwd";
+  const std::string op = kEmbeddingBwd.name;
   EmbeddingShape d;
   JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab, &d));
   return dispatch(op, dout.element_type(), [&](auto tag) {
@@ -48,10 +47,9 @@ ffi::Error EmbeddingBwd(ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> ids,
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kEmbeddingFwd, EmbeddingFwd, bind_embedding_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kEmbeddingBwd, EmbeddingBwd, bind_embedding_bwd(ffi::Ffi::Bind()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_embedding_fwd", kEmbeddingFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_embedding_bwd", kEmbeddingBwd);
+JAXOPS_FFI_TARGET(kEmbeddingFwd, kEmbeddingFwdCpu, EmbeddingFwd,
+                  bind_embedding_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kEmbeddingBwd, kEmbeddingBwdCpu, EmbeddingBwd,
+                  bind_embedding_bwd(ffi::Ffi::Bind()));
 
 }  // namespace jaxops

@@ -8,8 +8,10 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "params/embedding.h"
+#include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::embedding_common {
@@ -19,6 +21,27 @@ using namespace ::jaxops::ffi_common;
 
 using ::jaxops::params::embedding_bwd_workspace_ints;
 using ::jaxops::params::EmbeddingShape;
+
+// -- the targets' contract ------------------------------------------------------------
+
+inline constexpr contract::Attribute<int64_t> kVocab{"vocab"};
+
+// The backward's sort workspace for ids (operand 1) and the vocab attribute.
+inline contract::Workspace embedding_bwd_workspace(const contract::WorkspaceQuery& call) {
+  EmbeddingShape s{};
+  s.vocab = call.attribute(kVocab);
+  s.tokens = 1;
+  for (int64_t d : call.operand(1)) s.tokens *= d;
+  return {{embedding_bwd_workspace_ints(s)}, "int32"};
+}
+
+inline constexpr auto kEmbeddingFwd = contract::target("jaxops_embedding_fwd");
+inline constexpr auto kEmbeddingBwd =
+    contract::target_with_workspace("jaxops_embedding_bwd", embedding_bwd_workspace, kVocab);
+
+inline std::vector<contract::TargetDescription> contracts() {
+  return {describe(kEmbeddingFwd), describe(kEmbeddingBwd)};
+}
 
 // `rows` has shape ids.shape + [dim].
 inline ffi::Error check_rows(const std::string& op, const char* name, const ffi::AnyBuffer& rows,
@@ -55,7 +78,7 @@ inline ffi::Error check_table_and_ids(const std::string& op, const char* table_n
 inline ffi::Error check_embedding_fwd(const ffi::AnyBuffer& table,
                                       const ffi::Buffer<ffi::S32>& ids, const ffi::AnyBuffer& out,
                                       EmbeddingShape* d) {
-  const std::string op = "jaxops_embedding_fwd";
+  const std::string op = kEmbeddingFwd.name;
   JAXOPS_RETURN_IF_ERROR(check_table_and_ids(op, "table", table, ids, d));
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "out", out, ids, d->dim));
   return same_dtype(op, "table", table, "out", out);
@@ -66,7 +89,7 @@ inline ffi::Error check_embedding_bwd(const ffi::AnyBuffer& dout,
                                       const ffi::AnyBuffer& dtable,
                                       const ffi::Buffer<ffi::S32>& workspace, int64_t vocab,
                                       EmbeddingShape* d) {
-  const std::string op = "jaxops_embedding_bwd";
+  const std::string op = kEmbeddingBwd.name;
   JAXOPS_RETURN_IF_ERROR(check_table_and_ids(op, "dtable", dtable, ids, d));
   if (d->vocab != vocab) {
     return invalid(op, "dtable has " + std::to_string(d->vocab) + " rows, expected vocab=" +
@@ -89,8 +112,7 @@ auto bind_embedding_bwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // dout: ids.shape + [dim]
       .template Arg<ffi::Buffer<ffi::S32>>()               // ids
       .template Ret<ffi::AnyBuffer>()                      // dtable [vocab, dim]
-      .template Ret<ffi::Buffer<ffi::S32>>()               // workspace
-      .template Attr<int64_t>("vocab");
+      .template Ret<ffi::Buffer<ffi::S32>>();              // workspace
 }
 
 }  // namespace jaxops::embedding_common

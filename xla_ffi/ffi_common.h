@@ -59,6 +59,19 @@ inline ffi::Error same_dims(const std::string& op, const char* a_name, const A& 
   return ffi::Error::Success();
 }
 
+template <typename Buffer, typename Dims>
+inline ffi::Error dims_are(const std::string& op, const char* name, const Buffer& buffer,
+                           const Dims& expected) {
+  auto dims = buffer.dimensions();
+  bool same = dims.size() == expected.size();
+  for (size_t i = 0; same && i < dims.size(); ++i) same = dims[i] == expected[i];
+  if (!same) {
+    return invalid(op, std::string(name) + " has shape " + dims_string(dims) + ", expected " +
+                           dims_string(ffi::Span<const int64_t>(expected.data(), expected.size())));
+  }
+  return ffi::Error::Success();
+}
+
 template <typename Buffer>
 inline ffi::Error element_count_is(const std::string& op, const char* name, const Buffer& buffer,
                                    int64_t expected) {

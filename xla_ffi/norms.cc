@@ -2,7 +2,6 @@
 #include "cpu/float_convert.h"
 #include "cpu/norms.h"
 #include "xla_ffi/norms_common.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -19,7 +18,7 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
 ffi::Error LayerNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer bias,
                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> mean,
                         ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
-  const std::string op = "jaxops_layer_norm_fwd";
+  const std::string op = kLayerNormFwd.name;
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_fwd(x, weight, bias, *y, *mean, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
@@ -36,7 +35,7 @@ ffi::Error LayerNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weig
                         ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dweight,
                         ffi::Result<ffi::AnyBuffer> dbias,
                         ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
-  const std::string op = "jaxops_layer_norm_bwd";
+  const std::string op = kLayerNormBwd.name;
   NormShape s;
   WeightGradLayout layout;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_bwd(dy, x, weight, bias, mean, rstd, *dx, *dweight, *dbias,
@@ -53,7 +52,7 @@ ffi::Error LayerNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weig
 
 ffi::Error RmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Result<ffi::AnyBuffer> y,
                       ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
-  const std::string op = "jaxops_rms_norm_fwd";
+  const std::string op = kRmsNormFwd.name;
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_fwd(x, weight, *y, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
@@ -68,7 +67,7 @@ ffi::Error RmsNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weight
                       ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dresidual,
                       ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dweight,
                       ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
-  const std::string op = "jaxops_rms_norm_bwd";
+  const std::string op = kRmsNormBwd.name;
   NormShape s;
   WeightGradLayout layout;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_bwd(dy, x, weight, rstd, dresidual, *dx, *dweight,
@@ -86,7 +85,7 @@ ffi::Error RmsNormBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer weight
 ffi::Error AddRmsNormFwd(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer weight,
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> h,
                          ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
-  const std::string op = "jaxops_add_rms_norm_fwd";
+  const std::string op = kAddRmsNormFwd.name;
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_add_rms_norm_fwd(x, residual, weight, *y, *h, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
@@ -103,7 +102,7 @@ ffi::Error LayerNormJvp(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Buffer<ffi
                         ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> dy) {
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_jvp(x, weight, mean, rstd, dx, dweight, dbias, *dy, &s));
-  return dispatch("jaxops_layer_norm_jvp", x.element_type(), [&](auto tag) {
+  return dispatch(kLayerNormJvp.name, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::layer_norm_jvp<T>(data<const T>(x), data_or_null<const T>(weight), mean.typed_data(),
                            rstd.typed_data(), data_or_null<const T>(dx),
@@ -117,7 +116,7 @@ ffi::Error RmsNormJvp(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Buffer<ffi::
                       ffi::AnyBuffer dx, ffi::AnyBuffer dweight, ffi::Result<ffi::AnyBuffer> dy) {
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_jvp(x, weight, rstd, dx, dweight, *dy, &s));
-  return dispatch("jaxops_rms_norm_jvp", x.element_type(), [&](auto tag) {
+  return dispatch(kRmsNormJvp.name, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::rms_norm_jvp<T>(data<const T>(x), data_or_null<const T>(weight), rstd.typed_data(),
                          data_or_null<const T>(dx), data_or_null<const T>(dweight), data<T>(*dy),
@@ -128,20 +127,16 @@ ffi::Error RmsNormJvp(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::Buffer<ffi::
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormFwd, LayerNormFwd, bind_layer_norm_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwd, LayerNormBwd, bind_layer_norm_bwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwd, RmsNormFwd, bind_rms_norm_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwd, RmsNormBwd, bind_rms_norm_bwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwd, AddRmsNormFwd, bind_add_rms_norm_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormJvp, LayerNormJvp, bind_layer_norm_jvp(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormJvp, RmsNormJvp, bind_rms_norm_jvp(ffi::Ffi::Bind()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_fwd", kLayerNormFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_bwd", kLayerNormBwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_fwd", kRmsNormFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_bwd", kRmsNormBwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_add_rms_norm_fwd", kAddRmsNormFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_jvp", kLayerNormJvp);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_jvp", kRmsNormJvp);
+JAXOPS_FFI_TARGET(kLayerNormFwd, kLayerNormFwdCpu, LayerNormFwd,
+                  bind_layer_norm_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kLayerNormBwd, kLayerNormBwdCpu, LayerNormBwd,
+                  bind_layer_norm_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kRmsNormFwd, kRmsNormFwdCpu, RmsNormFwd, bind_rms_norm_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kRmsNormBwd, kRmsNormBwdCpu, RmsNormBwd, bind_rms_norm_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kAddRmsNormFwd, kAddRmsNormFwdCpu, AddRmsNormFwd,
+                  bind_add_rms_norm_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kLayerNormJvp, kLayerNormJvpCpu, LayerNormJvp,
+                  bind_layer_norm_jvp(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kRmsNormJvp, kRmsNormJvpCpu, RmsNormJvp, bind_rms_norm_jvp(ffi::Ffi::Bind()));
 
 }  // namespace jaxops

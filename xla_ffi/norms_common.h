@@ -4,10 +4,15 @@
 // and the validation of every buffer.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "params/norms.h"
+#include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::norms_common {
@@ -16,6 +21,55 @@ namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 using ::jaxops::params::NormShape;
 using ::jaxops::params::WeightGradLayout;
+
+// -- the targets' contract ------------------------------------------------------------
+
+inline constexpr contract::Attribute<float> kEpsilon{"epsilon"};
+// Rows are split into `groups` equal groups, one weight gradient each (vmap).
+inline constexpr contract::Attribute<int64_t> kGroups{"groups"};
+
+// Column sums each workspace part holds: layer_norm's dweight and dbias terms,
+// rms_norm's dweight term.
+inline constexpr int64_t kLayerNormWorkspaceSums = 2;
+inline constexpr int64_t kRmsNormWorkspaceSums = 1;
+
+// How many pieces the backward reduces a group's weight gradient in, at most:
+// about what the platform runs at once (the CPU's threads, the GPU's blocks).
+// Any count is correct and the sums are deterministic for each.
+inline int64_t weight_grad_tasks(contract::Platform platform) {
+  return platform == contract::Platform::kCuda ? 256 : 32;
+}
+
+// The backward's workspace [groups * parts, sums, cols] for x (operand 1).
+template <int64_t kSums>
+contract::Workspace weight_grad_workspace(const contract::WorkspaceQuery& call) {
+  const auto& x = call.operand(1);
+  const int64_t groups = call.attribute(kGroups);
+  if (x.empty() || groups < 1) throw std::invalid_argument("norm workspace: bad x or groups");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
+  const int64_t parts =
+      std::max<int64_t>(1, std::min(rows / groups, weight_grad_tasks(call.platform) / groups));
+  return {{groups * parts, kSums, x.back()}, "float32"};
+}
+
+inline constexpr auto kLayerNormFwd = contract::target("jaxops_layer_norm_fwd", kEpsilon);
+inline constexpr auto kLayerNormBwd = contract::target_with_workspace(
+    "jaxops_layer_norm_bwd", weight_grad_workspace<kLayerNormWorkspaceSums>, kGroups);
+inline constexpr auto kRmsNormFwd = contract::target("jaxops_rms_norm_fwd", kEpsilon);
+inline constexpr auto kRmsNormBwd = contract::target_with_workspace(
+    "jaxops_rms_norm_bwd", weight_grad_workspace<kRmsNormWorkspaceSums>, kGroups);
+inline constexpr auto kAddRmsNormFwd = contract::target("jaxops_add_rms_norm_fwd", kEpsilon);
+inline constexpr auto kLayerNormJvp = contract::target("jaxops_layer_norm_jvp");
+inline constexpr auto kRmsNormJvp = contract::target("jaxops_rms_norm_jvp");
+
+inline std::vector<contract::TargetDescription> contracts() {
+  return {describe(kLayerNormFwd), describe(kLayerNormBwd), describe(kRmsNormFwd),
+          describe(kRmsNormBwd),   describe(kAddRmsNormFwd), describe(kLayerNormJvp),
+          describe(kRmsNormJvp)};
+}
+
+// -- validation -----------------------------------------------------------------------
 
 // x and an output shaped like it, and an optional per-column parameter
 // (weight or bias: absent when it has no elements).
@@ -60,7 +114,7 @@ inline ffi::Error check_weight_grad(const std::string& op, const char* name,
 // give the backward's weight-gradient layout (its parts: the workspace's rows).
 inline ffi::Error check_groups_and_workspace(const std::string& op, int64_t groups,
                                              NormShape shape,
-                                             const ffi::Buffer<ffi::F32>& workspace, int sums,
+                                             const ffi::Buffer<ffi::F32>& workspace, int64_t sums,
                                              WeightGradLayout* layout) {
   if (groups < 1 || shape.rows % groups != 0) {
     return invalid(op, "groups=" + std::to_string(groups) + " must be >= 1 and divide the " +
@@ -82,7 +136,7 @@ inline ffi::Error check_layer_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBu
                                        const ffi::AnyBuffer& bias, const ffi::AnyBuffer& y,
                                        const ffi::Buffer<ffi::F32>& mean,
                                        const ffi::Buffer<ffi::F32>& rstd, NormShape* s) {
-  const std::string op = "jaxops_layer_norm_fwd";
+  const std::string op = kLayerNormFwd.name;
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, y, "y", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "bias", bias, x, s->cols));
@@ -97,14 +151,14 @@ inline ffi::Error check_layer_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyB
                                        const ffi::AnyBuffer& dweight, const ffi::AnyBuffer& dbias,
                                        const ffi::Buffer<ffi::F32>& workspace, int64_t groups,
                                        NormShape* s, WeightGradLayout* layout) {
-  const std::string op = "jaxops_layer_norm_bwd";
+  const std::string op = kLayerNormBwd.name;
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dx, "dx", s));
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "bias", bias, x, s->cols));
   JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "mean", mean, s->rows));
   JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s->rows));
-  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, *s, workspace, 2, layout));
+  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, *s, workspace, kLayerNormWorkspaceSums, layout));
   JAXOPS_RETURN_IF_ERROR(check_weight_grad(op, "dweight", dweight, weight, groups, s->cols));
   return check_weight_grad(op, "dbias", dbias, bias, groups, s->cols);
 }
@@ -112,7 +166,7 @@ inline ffi::Error check_layer_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyB
 inline ffi::Error check_rms_norm_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
                                      const ffi::AnyBuffer& y, const ffi::Buffer<ffi::F32>& rstd,
                                      NormShape* s) {
-  const std::string op = "jaxops_rms_norm_fwd";
+  const std::string op = kRmsNormFwd.name;
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, y, "y", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
   return check_row_stat(op, "rstd", rstd, s->rows);
@@ -125,7 +179,7 @@ inline ffi::Error check_rms_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuf
                                      const ffi::AnyBuffer& dweight,
                                      const ffi::Buffer<ffi::F32>& workspace, int64_t groups,
                                      NormShape* s, WeightGradLayout* layout) {
-  const std::string op = "jaxops_rms_norm_bwd";
+  const std::string op = kRmsNormBwd.name;
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dx, "dx", s));
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
@@ -133,7 +187,7 @@ inline ffi::Error check_rms_norm_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuf
   if (dresidual.element_count() != 0) {
     JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dresidual, "dresidual", s));
   }
-  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, *s, workspace, 1, layout));
+  JAXOPS_RETURN_IF_ERROR(check_groups_and_workspace(op, groups, *s, workspace, kRmsNormWorkspaceSums, layout));
   return check_weight_grad(op, "dweight", dweight, weight, groups, s->cols);
 }
 
@@ -141,7 +195,7 @@ inline ffi::Error check_add_rms_norm_fwd(const ffi::AnyBuffer& x, const ffi::Any
                                          const ffi::AnyBuffer& weight, const ffi::AnyBuffer& y,
                                          const ffi::AnyBuffer& h,
                                          const ffi::Buffer<ffi::F32>& rstd, NormShape* s) {
-  const std::string op = "jaxops_add_rms_norm_fwd";
+  const std::string op = kAddRmsNormFwd.name;
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, y, "y", s));
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, residual, "residual", s));
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, h, "h", s));
@@ -154,7 +208,7 @@ inline ffi::Error check_layer_norm_jvp(const ffi::AnyBuffer& x, const ffi::AnyBu
                                        const ffi::Buffer<ffi::F32>& rstd, const ffi::AnyBuffer& dx,
                                        const ffi::AnyBuffer& dweight, const ffi::AnyBuffer& dbias,
                                        const ffi::AnyBuffer& dy, NormShape* s) {
-  const std::string op = "jaxops_layer_norm_jvp";
+  const std::string op = kLayerNormJvp.name;
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
   JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "mean", mean, s->rows));
@@ -168,7 +222,7 @@ inline ffi::Error check_rms_norm_jvp(const ffi::AnyBuffer& x, const ffi::AnyBuff
                                      const ffi::Buffer<ffi::F32>& rstd, const ffi::AnyBuffer& dx,
                                      const ffi::AnyBuffer& dweight, const ffi::AnyBuffer& dy,
                                      NormShape* s) {
-  const std::string op = "jaxops_rms_norm_jvp";
+  const std::string op = kRmsNormJvp.name;
   JAXOPS_RETURN_IF_ERROR(check_row_major_io(op, x, dy, "dy", s));
   JAXOPS_RETURN_IF_ERROR(check_column_param(op, "weight", weight, x, s->cols));
   JAXOPS_RETURN_IF_ERROR(check_row_stat(op, "rstd", rstd, s->rows));
@@ -185,8 +239,7 @@ auto bind_layer_norm_fwd(Binding prefix) {
       .template Arg<ffi::AnyBuffer>()                    // bias ([0]: absent)
       .template Ret<ffi::AnyBuffer>()                    // y
       .template Ret<ffi::Buffer<ffi::F32>>()             // mean
-      .template Ret<ffi::Buffer<ffi::F32>>()             // rstd
-      .template Attr<float>("epsilon");
+      .template Ret<ffi::Buffer<ffi::F32>>();            // rstd
 }
 
 template <typename Binding>
@@ -200,8 +253,7 @@ auto bind_layer_norm_bwd(Binding prefix) {
       .template Ret<ffi::AnyBuffer>()                    // dx
       .template Ret<ffi::AnyBuffer>()                    // dweight [groups, cols]
       .template Ret<ffi::AnyBuffer>()                    // dbias [groups, cols]
-      .template Ret<ffi::Buffer<ffi::F32>>()             // workspace
-      .template Attr<int64_t>("groups");
+      .template Ret<ffi::Buffer<ffi::F32>>();            // workspace
 }
 
 template <typename Binding>
@@ -209,8 +261,7 @@ auto bind_rms_norm_fwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()           // x
       .template Arg<ffi::AnyBuffer>()                    // weight
       .template Ret<ffi::AnyBuffer>()                    // y
-      .template Ret<ffi::Buffer<ffi::F32>>()             // rstd
-      .template Attr<float>("epsilon");
+      .template Ret<ffi::Buffer<ffi::F32>>();            // rstd
 }
 
 template <typename Binding>
@@ -222,8 +273,7 @@ auto bind_rms_norm_bwd(Binding prefix) {
       .template Arg<ffi::AnyBuffer>()                    // dresidual ([0]: absent)
       .template Ret<ffi::AnyBuffer>()                    // dx
       .template Ret<ffi::AnyBuffer>()                    // dweight [groups, cols]
-      .template Ret<ffi::Buffer<ffi::F32>>()             // workspace
-      .template Attr<int64_t>("groups");
+      .template Ret<ffi::Buffer<ffi::F32>>();            // workspace
 }
 
 template <typename Binding>
@@ -233,8 +283,7 @@ auto bind_add_rms_norm_fwd(Binding prefix) {
       .template Arg<ffi::AnyBuffer>()                    // weight
       .template Ret<ffi::AnyBuffer>()                    // y
       .template Ret<ffi::AnyBuffer>()                    // h (aliases residual when donated)
-      .template Ret<ffi::Buffer<ffi::F32>>()             // rstd
-      .template Attr<float>("epsilon");
+      .template Ret<ffi::Buffer<ffi::F32>>();            // rstd
 }
 
 // The tangent primitives: the absent tangents ([0]) are zero.

@@ -1,7 +1,9 @@
-// The nanobind module that hands this platform's FFI handlers to Python.
+// The nanobind module that hands this platform's FFI handlers and the targets'
+// contract (xla_ffi/python_contract.h) to Python.
 // Built once per platform with JAXOPS_MODULE_NAME set (_jaxops_cpu, _jaxops_cuda).
 #include <nanobind/nanobind.h>
 
+#include "xla_ffi/python_contract.h"
 #include "xla_ffi/registry.h"
 
 namespace nb = nanobind;
@@ -17,4 +19,5 @@ NB_MODULE(JAXOPS_MODULE_NAME, m) {
         return out;
       },
       "Map of custom-call target name -> PyCapsule of the XLA FFI handler.");
+  jaxops::python_contract::define(m);
 }

@@ -4,7 +4,6 @@
 
 #include "cpu/float_convert.h"
 #include "cpu/rope.h"
-#include "xla_ffi/registry.h"
 #include "xla_ffi/rope_common.h"
 
 namespace jaxops {
@@ -17,7 +16,7 @@ using namespace rope_common;
 ffi::Error Rope(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions, ffi::Result<ffi::AnyBuffer> y,
                 ffi::Result<ffi::Buffer<ffi::F32>> workspace, double theta, int64_t rotary_dim,
                 bool interleaved, bool inverse) {
-  const std::string op = "jaxops_rope";
+  const std::string op = kRope.name;
   RopeShape d;
   JAXOPS_RETURN_IF_ERROR(check_rope(x, positions, *y, *workspace, theta, rotary_dim, &d));
   return dispatch_float<float, cpu::bfloat16, cpu::float16>(op, x.element_type(), [&](auto tag) {
@@ -30,8 +29,6 @@ ffi::Error Rope(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions, ffi::Result<f
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRope, Rope, bind_rope(ffi::Ffi::Bind()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_rope", kRope);
+JAXOPS_FFI_TARGET(kRope, kRopeCpu, Rope, bind_rope(ffi::Ffi::Bind()));
 
 }  // namespace jaxops

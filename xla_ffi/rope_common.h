@@ -1,13 +1,15 @@
-// What the CPU and CUDA handlers of rope share: the validation of every buffer
-// and attribute, and the FFI binding (`prefix`: nothing for the CPU, the stream
-// for CUDA).
+// What the CPU and CUDA handlers of rope share: the target's contract, the
+// validation of every buffer and attribute, and the FFI binding (`prefix`:
+// nothing for the CPU, the stream for CUDA).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "params/rope.h"
+#include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::rope_common {
@@ -15,13 +17,34 @@ namespace jaxops::rope_common {
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 
-using ::jaxops::params::rope_workspace_floats;
+using ::jaxops::params::rope_workspace_dims;
 using ::jaxops::params::RopeShape;
+
+inline constexpr contract::Attribute<int64_t> kRotaryDim{"rotary_dim"};
+
+// The cos/sin table of the rows of positions [1 or batch, seq] (operand 1).
+inline contract::Workspace rope_workspace(const contract::WorkspaceQuery& call) {
+  const auto& positions = call.operand(1);
+  RopeShape s{};
+  s.position_rows = positions.at(0);
+  s.seq = positions.at(1);
+  s.rotary_dim = call.attribute(kRotaryDim);
+  const auto dims = rope_workspace_dims(s);
+  return {{dims.begin(), dims.end()}, "float32"};
+}
+
+inline constexpr auto kRope = contract::target_with_workspace(
+    "jaxops_rope", rope_workspace, contract::Attribute<double>{"theta"},
+    kRotaryDim,
+    contract::Attribute<bool>{"interleaved"},  // "gptj" pairs (2i, 2i + 1)
+    contract::Attribute<bool>{"inverse"});     // rotate by minus the angle
+
+inline std::vector<contract::TargetDescription> contracts() { return {describe(kRope)}; }
 
 inline ffi::Error check_rope(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& positions,
                              const ffi::AnyBuffer& y, const ffi::Buffer<ffi::F32>& workspace,
                              double theta, int64_t rotary_dim, RopeShape* d) {
-  const std::string op = "jaxops_rope";
+  const std::string op = kRope.name;
   auto dims = x.dimensions();
   if (dims.size() != 4) {
     return invalid(op, "x must have rank 4 [batch, seq, heads, head_dim], got shape " +
@@ -42,7 +65,7 @@ inline ffi::Error check_rope(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32
   d->position_rows = pdims[0];
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "x", x, "y", y));
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "x", x, "y", y));
-  JAXOPS_RETURN_IF_ERROR(element_count_is(op, "workspace", workspace, rope_workspace_floats(*d)));
+  JAXOPS_RETURN_IF_ERROR(dims_are(op, "workspace", workspace, rope_workspace_dims(*d)));
   if (!(theta > 0.0)) return invalid(op, "theta must be > 0, got " + std::to_string(theta));
   return ffi::Error::Success();
 }
@@ -52,11 +75,7 @@ auto bind_rope(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x [batch, seq, heads, head_dim]
       .template Arg<ffi::Buffer<ffi::S32>>()               // positions [1 or batch, seq]
       .template Ret<ffi::AnyBuffer>()                      // y
-      .template Ret<ffi::Buffer<ffi::F32>>()               // workspace: the cos/sin table
-      .template Attr<double>("theta")
-      .template Attr<int64_t>("rotary_dim")
-      .template Attr<bool>("interleaved")                  // "gptj" pairs (2i, 2i + 1)
-      .template Attr<bool>("inverse");                     // rotate by minus the angle
+      .template Ret<ffi::Buffer<ffi::F32>>();              // workspace: the cos/sin table
 }
 
 }  // namespace jaxops::rope_common

@@ -1,7 +1,6 @@
 // CPU FFI handlers of the softmax family: decode and validate, then call cpu/softmax.
 #include "cpu/float_convert.h"
 #include "cpu/softmax.h"
-#include "xla_ffi/registry.h"
 #include "xla_ffi/softmax_common.h"
 
 namespace jaxops {
@@ -34,13 +33,13 @@ ffi::Error masked_softmax_fwd(const std::string& op, cpu::SoftmaxOutput output,
 
 ffi::Error SoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
                       ffi::Result<ffi::AnyBuffer> y) {
-  return masked_softmax_fwd("jaxops_softmax_fwd", cpu::SoftmaxOutput::kProbabilities, x, where,
+  return masked_softmax_fwd(kSoftmaxFwd.name, cpu::SoftmaxOutput::kProbabilities, x, where,
                             bias, *y);
 }
 
 ffi::Error LogSoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
                          ffi::Result<ffi::AnyBuffer> y) {
-  return masked_softmax_fwd("jaxops_log_softmax_fwd", cpu::SoftmaxOutput::kLogProbabilities, x,
+  return masked_softmax_fwd(kLogSoftmaxFwd.name, cpu::SoftmaxOutput::kLogProbabilities, x,
                             where, bias, *y);
 }
 
@@ -49,7 +48,7 @@ ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
   SoftmaxShape s;
   CausalLimit causal;
   JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, query_offset, &s, &causal));
-  return dispatch("jaxops_causal_softmax_fwd", x.element_type(), [&](auto tag) {
+  return dispatch(kCausalSoftmaxFwd.name, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::softmax_fwd<T>(data<const T>(x), {}, {}, data<T>(*y), s,
                         cpu::SoftmaxOutput::kProbabilities, causal);
@@ -59,7 +58,7 @@ ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
 
 template <bool kLog>
 ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx) {
-  const std::string op = kLog ? "jaxops_log_softmax_bwd" : "jaxops_softmax_bwd";
+  const std::string op = kLog ? kLogSoftmaxBwd.name : kSoftmaxBwd.name;
   SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
@@ -76,7 +75,7 @@ ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyB
 template <bool kLog>
 ffi::Error SoftmaxJvp(ffi::AnyBuffer y, ffi::AnyBuffer dx, ffi::AnyBuffer dbias,
                       ffi::Result<ffi::AnyBuffer> dy) {
-  const std::string op = kLog ? "jaxops_log_softmax_jvp" : "jaxops_softmax_jvp";
+  const std::string op = kLog ? kLogSoftmaxJvp.name : kSoftmaxJvp.name;
   SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, y, dx, dbias, *dy, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
@@ -91,23 +90,19 @@ ffi::Error SoftmaxJvp(ffi::AnyBuffer y, ffi::AnyBuffer dx, ffi::AnyBuffer dbias,
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxFwd, SoftmaxFwd, bind_masked_softmax_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxFwd, LogSoftmaxFwd,
-                              bind_masked_softmax_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kCausalSoftmaxFwd, CausalSoftmaxFwd,
-                              bind_causal_softmax_fwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxBwd, SoftmaxBwd<false>, bind_softmax_bwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxBwd, SoftmaxBwd<true>, bind_softmax_bwd(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxJvp, SoftmaxJvp<false>, bind_softmax_jvp(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxJvp, SoftmaxJvp<true>,
-                              bind_softmax_jvp(ffi::Ffi::Bind()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_fwd", kSoftmaxFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_fwd", kLogSoftmaxFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_causal_softmax_fwd", kCausalSoftmaxFwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_bwd", kSoftmaxBwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_bwd", kLogSoftmaxBwd);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_jvp", kSoftmaxJvp);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_jvp", kLogSoftmaxJvp);
+JAXOPS_FFI_TARGET(kSoftmaxFwd, kSoftmaxFwdCpu, SoftmaxFwd,
+                  bind_masked_softmax_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kLogSoftmaxFwd, kLogSoftmaxFwdCpu, LogSoftmaxFwd,
+                  bind_masked_softmax_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kCausalSoftmaxFwd, kCausalSoftmaxFwdCpu, CausalSoftmaxFwd,
+                  bind_causal_softmax_fwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kSoftmaxBwd, kSoftmaxBwdCpu, SoftmaxBwd<false>,
+                  bind_softmax_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kLogSoftmaxBwd, kLogSoftmaxBwdCpu, SoftmaxBwd<true>,
+                  bind_softmax_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kSoftmaxJvp, kSoftmaxJvpCpu, SoftmaxJvp<false>,
+                  bind_softmax_jvp(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kLogSoftmaxJvp, kLogSoftmaxJvpCpu, SoftmaxJvp<true>,
+                  bind_softmax_jvp(ffi::Ffi::Bind()));
 
 }  // namespace jaxops

@@ -7,8 +7,10 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "params/softmax.h"
+#include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 
 namespace jaxops::softmax_common {
@@ -19,6 +21,24 @@ using ::jaxops::params::BroadcastOperand;
 using ::jaxops::params::CausalLimit;
 using ::jaxops::params::kMaxBroadcastAxes;
 using ::jaxops::params::SoftmaxShape;
+
+// -- the targets' contract ------------------------------------------------------------
+
+inline constexpr auto kSoftmaxFwd = contract::target("jaxops_softmax_fwd");
+inline constexpr auto kLogSoftmaxFwd = contract::target("jaxops_log_softmax_fwd");
+// The position of the first query row along the keys.
+inline constexpr auto kCausalSoftmaxFwd = contract::target(
+    "jaxops_causal_softmax_fwd", contract::Attribute<int64_t>{"query_offset"});
+inline constexpr auto kSoftmaxBwd = contract::target("jaxops_softmax_bwd");
+inline constexpr auto kLogSoftmaxBwd = contract::target("jaxops_log_softmax_bwd");
+inline constexpr auto kSoftmaxJvp = contract::target("jaxops_softmax_jvp");
+inline constexpr auto kLogSoftmaxJvp = contract::target("jaxops_log_softmax_jvp");
+
+inline std::vector<contract::TargetDescription> contracts() {
+  return {describe(kSoftmaxFwd),    describe(kLogSoftmaxFwd), describe(kCausalSoftmaxFwd),
+          describe(kSoftmaxBwd),    describe(kLogSoftmaxBwd), describe(kSoftmaxJvp),
+          describe(kLogSoftmaxJvp)};
+}
 
 // x and an output (or a second input) shaped like it.
 inline ffi::Error check_rows(const std::string& op, const char* x_name, const ffi::AnyBuffer& x,
@@ -116,7 +136,7 @@ inline ffi::Error check_masked_softmax_fwd(const std::string& op, const ffi::Any
 inline ffi::Error check_causal_softmax_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
                                            int64_t query_offset, SoftmaxShape* s,
                                            CausalLimit* causal) {
-  const std::string op = "jaxops_causal_softmax_fwd";
+  const std::string op = kCausalSoftmaxFwd.name;
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
   if (x.dimensions().size() < 2) return invalid(op, "x must have rank >= 2 (queries, keys)");
   *causal = {x.dimensions()[x.dimensions().size() - 2], query_offset};
@@ -153,8 +173,7 @@ auto bind_masked_softmax_fwd(Binding prefix) {
 template <typename Binding>
 auto bind_causal_softmax_fwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x
-      .template Ret<ffi::AnyBuffer>()                      // y
-      .template Attr<int64_t>("query_offset");
+      .template Ret<ffi::AnyBuffer>();                     // y
 }
 
 template <typename Binding>

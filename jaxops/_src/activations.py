@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive, validation
@@ -68,24 +67,22 @@ def _jvp_of(forward):
   return tangent
 
 
-def _make(name, *, n_outputs, reference_fn, attributes=None, kernel=True, composite=None):
+def _make(name, *, n_outputs, reference_fn, kernel=True, composite=None):
   def abstract_eval(*avals, **params):
     # Every operand but a zero tangent's placeholder is shaped like the first.
     return tuple(_like(avals[0]) for _ in range(n_outputs))
 
   return FfiPrimitive(
       name=name, target=name if kernel else None, abstract_eval=abstract_eval,
-      reference=reference_fn, composite=composite, attributes=attributes or {},
+      reference=reference_fn, composite=composite,
       batch_rule=_elementwise_batch_rule, sharding=elementwise if kernel else None)
 
 
-_APPROXIMATE = {"approximate": np.bool_}
-
 gelu_fwd_p = _make(
-    "jaxops_gelu_fwd", n_outputs=1, attributes=_APPROXIMATE,
+    "jaxops_gelu_fwd", n_outputs=1,
     reference_fn=lambda x, *, approximate: (reference.gelu(x, approximate),))
 gelu_bwd_p = _make(
-    "jaxops_gelu_bwd", n_outputs=1, attributes=_APPROXIMATE,
+    "jaxops_gelu_bwd", n_outputs=1,
     reference_fn=_vjp_of(reference.gelu))
 gelu_jvp_p = _make(
     "jaxops_gelu_jvp", n_outputs=1, kernel=False, reference_fn=_jvp_of(reference.gelu),
@@ -102,10 +99,10 @@ swiglu_bwd_p = _make("jaxops_swiglu_bwd", n_outputs=2, reference_fn=_vjp_of(refe
 swiglu_jvp_p = _make("jaxops_swiglu_jvp", n_outputs=1, kernel=False,
                      reference_fn=_jvp_of(reference.swiglu))
 geglu_fwd_p = _make(
-    "jaxops_geglu_fwd", n_outputs=1, attributes=_APPROXIMATE,
+    "jaxops_geglu_fwd", n_outputs=1,
     reference_fn=lambda g, u, *, approximate: (reference.geglu(g, u, approximate),))
 geglu_bwd_p = _make(
-    "jaxops_geglu_bwd", n_outputs=2, attributes=_APPROXIMATE,
+    "jaxops_geglu_bwd", n_outputs=2,
     reference_fn=_vjp_of(reference.geglu))
 geglu_jvp_p = _make("jaxops_geglu_jvp", n_outputs=1, kernel=False,
                     reference_fn=_jvp_of(reference.geglu))

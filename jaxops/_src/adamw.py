@@ -20,7 +20,6 @@ from typing import Any, Callable, NamedTuple, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxops import reference
@@ -30,9 +29,6 @@ from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
 _OP = "jaxops.optim.adamw"
-_ATTRIBUTES = {"b1": np.float32, "one_minus_b1": np.float32, "b2": np.float32,
-               "one_minus_b2": np.float32, "eps": np.float32, "weight_decay": np.float32,
-               "apply_updates": np.bool_}
 
 
 def _abstract_eval(grads, params, m, v, scalars, **params_):
@@ -53,7 +49,7 @@ def _batch_rule(prim, args, dims, **params):
 def _make(name, aliases):
   return FfiPrimitive(
       name=name, target="jaxops_adamw", abstract_eval=_abstract_eval,
-      reference=reference.adamw_leaf, attributes=_ATTRIBUTES, batch_rule=_batch_rule,
+      reference=reference.adamw_leaf, batch_rule=_batch_rule,
       input_output_aliases=aliases,
       # A parameter sharded over a mesh (FSDP, tensor parallel) updates in place
       # on each shard: the update is elementwise; the scalars stay whole.

@@ -33,15 +33,8 @@ from jaxops._src.sharding import Factors
 _F32 = jnp.float32
 _I32 = jnp.int32
 
-# params::kCudaAttentionMaxHeadDim (params/attention.h), until the C++ limits are exported.
-_CUDA_MAX_HEAD_DIM = 256
-
-_ATTRIBUTES = {
-    "scale": np.float32,
-    "is_causal": np.bool_,
-    "window_left": np.int64,
-    "window_right": np.int64,
-}
+# The CUDA kernels hold whole head vectors in shared memory (params/attention.h).
+_CUDA_MAX_HEAD_DIM = ffi_targets.limit("cuda_attention_max_head_dim")
 
 
 def _optional(x):
@@ -249,38 +242,27 @@ def _sharding(extra_operands, results):
   return factors
 
 
-def _bwd_workspace(avals_in, params, platform):
-  """Scratch of the backward kernels: on CUDA the float32 rows D = rowsum(dout * out)
-  - dlogsumexp [B, N, T] (xla_ffi/cuda/attention.cc checks the same size); the CPU
-  handler allocates its own, sized by its thread count."""
-  if platform != "cuda":
-    return jax.core.ShapedArray((0,), jnp.uint8)
-  B, T, N, _ = avals_in[0].shape
-  return jax.core.ShapedArray((4 * B * N * T,), jnp.uint8)
-
-
 attention_fwd_p = FfiPrimitive(
     name="jaxops_attention_fwd", target="jaxops_attention_fwd",
-    abstract_eval=_fwd_abstract_eval, reference=_fwd_reference, attributes=_ATTRIBUTES,
+    abstract_eval=_fwd_abstract_eval, reference=_fwd_reference,
     batch_rule=_fwd_batch_rule, sharding=_sharding([], ["q", "bnt"]))
 
 attention_fwd_jvp_p = FfiPrimitive(
     name="jaxops_attention_fwd_jvp", target="jaxops_attention_fwd_jvp",
-    abstract_eval=_fwd_jvp_abstract_eval, reference=_fwd_jvp_reference, attributes=_ATTRIBUTES,
+    abstract_eval=_fwd_jvp_abstract_eval, reference=_fwd_jvp_reference,
     batch_rule=_fwd_batch_rule,
     sharding=_sharding(["q", "kv", "kv", "bnts"], ["q", "bnt", "q", "bnt"]))
 
 attention_jvp_p = FfiPrimitive(
     name="jaxops_attention_jvp", target=None,
     abstract_eval=lambda q, *operands, **params: _fwd_abstract_eval(q, *operands[:7], **params),
-    reference=_jvp_reference, composite=_jvp_with_fused_kernel, attributes=_ATTRIBUTES,
+    reference=_jvp_reference, composite=_jvp_with_fused_kernel,
     # Folding the primals too keeps the fused kernel's batch rule on its batched path.
     batch_rule=_fwd_batch_rule)
 
 attention_bwd_p = FfiPrimitive(
     name="jaxops_attention_bwd", target="jaxops_attention_bwd",
     abstract_eval=_bwd_abstract_eval, reference=_bwd_reference,
-    attributes={**_ATTRIBUTES, "with_dbias": np.bool_}, workspace=_bwd_workspace,
     batch_rule=_bwd_batch_rule,
     sharding=_sharding(["q", "bnt", "q", "bnt"], ["q", "kv", "kv", "bnts"]))
 

@@ -35,7 +35,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jaxops import reference
@@ -53,7 +52,6 @@ _REDUCTIONS = ("mean", "sum", "none")
 # gradient) while the whole program's temporaries stay at 16% of the logits.
 _LOGITS_BLOCK_BYTES = 32 << 20
 
-_ATTRIBUTES = {"ignore_index": np.int64, "label_smoothing": np.float32, "z_loss": np.float32}
 
 
 class Options(NamedTuple):
@@ -113,7 +111,7 @@ def _make(name, abstract_eval, reference_fn, roles, target=None, input_output_al
   # The mean over tokens is taken outside the primitive, where XLA reduces it.
   return FfiPrimitive(name=name, target=target or name,
                       abstract_eval=abstract_eval, reference=reference_fn,
-                      attributes=_ATTRIBUTES, batch_rule=_row_batch_rule,
+                      batch_rule=_row_batch_rule,
                       input_output_aliases=input_output_aliases or {},
                       sharding=leading_axes(roles))
 

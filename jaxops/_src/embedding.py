@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive, validation
@@ -51,11 +50,6 @@ def _embedding_bwd_batch_rule(prim, args, dims, *, vocab):
   (dout, ids), size = batch_to_front(args, dims, (0, 1))
   dtable = prim(dout, _offset_ids(ids, size, vocab), vocab=size * vocab)[0]
   return (dtable.reshape(size, vocab, dtable.shape[-1]),), (0,)
-
-
-def _bwd_workspace(avals_in, params, platform):
-  ids = avals_in[1]
-  return jax.core.ShapedArray((params["vocab"] + 1 + ids.size,), jnp.int32)
 
 
 def _ids_axes(ids):
@@ -90,8 +84,6 @@ embedding_bwd_p = FfiPrimitive(
     abstract_eval=lambda dout, ids, *, vocab: (
         jax.core.ShapedArray((vocab, dout.shape[-1]), dout.dtype),),
     reference=lambda dout, ids, *, vocab: (reference.embedding_grad(dout, ids, vocab),),
-    attributes={"vocab": np.int64},
-    workspace=_bwd_workspace,
     batch_rule=_embedding_bwd_batch_rule,
     sharding=_bwd_sharding)
 

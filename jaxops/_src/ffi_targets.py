@@ -1,8 +1,15 @@
-"""Loads the compiled handler modules and registers their FFI targets with JAX.
+"""Loads the compiled handler modules, registers their FFI targets with JAX and
+reads the targets' contract.
 
 One extension module per platform: ``_jaxops_cpu`` is always built;
 ``_jaxops_cuda`` only when the build found nvcc. Each exposes
-``registrations()`` (target name -> handler capsule).
+``registrations()`` (target name -> handler capsule) and the contract of every
+target, declared once in C++ (``xla_ffi/contract.h``, each family's
+``xla_ffi/<family>_common.h``) and bound by the handlers from that declaration:
+``contract()`` (the attributes, as name and type, and whether the target has a
+hidden workspace result), ``workspace(...)`` (its shape and dtype) and
+``limits()``. The Python side reads these facts from ``_jaxops_cpu`` instead
+of retyping them.
 
 ``_jaxops_cpu`` chooses, on that first call, which of the CPU kernel variants
 (``avx512``, ``avx2``, ``generic``) to load: the one the ``JAXOPS_CPU_ISA``
@@ -13,9 +20,13 @@ RuntimeError (a variant this CPU cannot run), never with SIGILL.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
+from typing import Mapping, Sequence
 
 import jax
+import numpy as np
 
 # module name -> the platform name jax.ffi.register_ffi_target expects
 _MODULES = {"_jaxops_cpu": "cpu", "_jaxops_cuda": "CUDA"}
@@ -43,6 +54,50 @@ def available(platform: str) -> bool:
 
 def targets(platform: str) -> tuple[str, ...]:
   return _registered.get(platform.lower(), ())
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetContract:
+  """What a custom-call target's handlers bind, as C++ declares it."""
+
+  name: str
+  # attribute name -> numpy scalar type the handlers decode it as, in binding order
+  attributes: Mapping[str, type]
+  has_workspace: bool
+
+
+@functools.cache
+def _contracts() -> dict[str, TargetContract]:
+  module = importlib.import_module("jaxops._jaxops_cpu")
+  return {name: TargetContract(name, {a: np.dtype(t).type for a, t in attributes}, workspace)
+          for name, (attributes, workspace) in module.contract().items()}
+
+
+def contract(target: str) -> TargetContract:
+  """The contract of ``target``; a KeyError names a target C++ does not declare."""
+  contracts = _contracts()
+  if target not in contracts:
+    raise KeyError(f"{target!r} is not a jaxops FFI target declared in C++ "
+                   f"(xla_ffi/<family>_common.h); declared: {sorted(contracts)}")
+  return contracts[target]
+
+
+def all_contracts() -> dict[str, TargetContract]:
+  return dict(_contracts())
+
+
+def workspace(target: str, operand_shapes: Sequence[Sequence[int]],
+              integer_attributes: Mapping[str, int], platform: str) -> jax.core.ShapedArray:
+  """The hidden workspace result of a call to ``target`` lowered for ``platform``,
+  sized by the C++ function its handlers check it with."""
+  dims, dtype = importlib.import_module("jaxops._jaxops_cpu").workspace(
+      target, [list(s) for s in operand_shapes], dict(integer_attributes), platform)
+  return jax.core.ShapedArray(tuple(dims), np.dtype(dtype))
+
+
+def limit(name: str) -> int:
+  """A limit of the kernels declared in C++ (params/), e.g. "cuda_attention_max_head_dim"."""
+  return importlib.import_module("jaxops._jaxops_cpu").limits()[name]
 
 
 def cpu_isa() -> str:

@@ -24,7 +24,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive, validation
@@ -34,12 +33,6 @@ from jaxops._src.primitive import (
 from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
-
-# Row pieces the backward reduces in parallel before summing them in a fixed
-# order (see cpu/norms.h). Enough for every thread of a CPU, and for the SMs of a
-# GPU; the sums are deterministic for any value.
-_WEIGHT_GRAD_TASKS = {"cpu": 32, "cuda": 256}
-
 
 def _rows(shape) -> int:
   return math.prod(shape[:-1])
@@ -51,16 +44,6 @@ def _stat_aval(x):
 
 def _grad_aval(param, groups, cols):
   return jax.core.ShapedArray((groups, cols if param.shape[0] else 0), param.dtype)
-
-
-def _workspace(sums):
-  def workspace(avals_in, params, platform):
-    x = avals_in[1]
-    rows_per_group = _rows(x.shape) // params["groups"]
-    parts = max(1, min(rows_per_group, _WEIGHT_GRAD_TASKS[platform] // params["groups"]))
-    return jax.core.ShapedArray((params["groups"] * parts, sums, x.shape[-1]), _F32)
-
-  return workspace
 
 
 def _param_or_none(param):
@@ -117,12 +100,12 @@ def _local_groups(params, avals_in, local_avals_in):
   return dict(params, groups=params["groups"] * local_x.shape[0] // x.shape[0])
 
 
-def _make(name, *, abstract_eval, reference_fn, attributes, batch_rule, roles,
-          workspace=None, input_output_aliases=None, composite=None):
+def _make(name, *, abstract_eval, reference_fn, batch_rule, roles, reference_params=(),
+          input_output_aliases=None, composite=None):
   return FfiPrimitive(
       name=name, target=None if composite else name, abstract_eval=abstract_eval,
-      reference=reference_fn, composite=composite, attributes=attributes,
-      batch_rule=batch_rule, workspace=workspace,
+      reference=reference_fn, composite=composite, reference_params=reference_params,
+      batch_rule=batch_rule,
       input_output_aliases=input_output_aliases or {},
       # Rows shard; the feature axis and weight/bias (and their gradients) stay whole.
       sharding=None if composite else leading_axes(roles, grouped_axes=_grouped_axes),
@@ -182,7 +165,6 @@ layer_norm_fwd_p = _make(
     "jaxops_layer_norm_fwd",
     abstract_eval=lambda x, w, b, *, epsilon: (_like(x), _stat_aval(x), _stat_aval(x)),
     reference_fn=_layer_norm_fwd_reference,
-    attributes={"epsilon": np.float32},
     batch_rule=_row_batch_rule(row_operands=(0,), column_operands=(1, 2)),
     roles="xpp -> xss")
 
@@ -190,7 +172,7 @@ layer_norm_jvp_p = _make(
     "jaxops_layer_norm_jvp",
     abstract_eval=lambda x, w, mean, rstd, dx, dw, db, *, epsilon: (_like(x),),
     reference_fn=_layer_norm_jvp_reference,
-    attributes={"epsilon": None},
+    reference_params=("epsilon",),
     batch_rule=_row_batch_rule(row_operands=(0, 2, 3, 4), column_operands=(1, 5, 6)),
     roles="xpssxpp -> x")
 
@@ -199,8 +181,7 @@ layer_norm_bwd_p = _make(
     abstract_eval=lambda dy, x, w, b, mean, rstd, *, groups, epsilon: (
         _like(x), _grad_aval(w, groups, x.shape[-1]), _grad_aval(b, groups, x.shape[-1])),
     reference_fn=_layer_norm_bwd_reference,
-    attributes={"groups": np.int64, "epsilon": None},
-    workspace=_workspace(sums=2),
+    reference_params=("epsilon",),
     batch_rule=_row_batch_rule(row_operands=(0, 1, 4, 5), column_operands=(2, 3),
                                grad_outputs=(1, 2)),
     roles="xxppss -> xgg")
@@ -286,7 +267,6 @@ rms_norm_fwd_p = _make(
     "jaxops_rms_norm_fwd",
     abstract_eval=lambda x, w, *, epsilon: (_like(x), _stat_aval(x)),
     reference_fn=_rms_norm_fwd_reference,
-    attributes={"epsilon": np.float32},
     batch_rule=_row_batch_rule(row_operands=(0,), column_operands=(1,)),
     roles="xp -> xs")
 
@@ -294,7 +274,7 @@ rms_norm_jvp_p = _make(
     "jaxops_rms_norm_jvp",
     abstract_eval=lambda x, w, rstd, dx, dw, *, epsilon: (_like(x),),
     reference_fn=_rms_norm_jvp_reference,
-    attributes={"epsilon": None},
+    reference_params=("epsilon",),
     batch_rule=_row_batch_rule(row_operands=(0, 2, 3), column_operands=(1, 4)),
     roles="xpsxp -> x")
 
@@ -311,8 +291,7 @@ rms_norm_bwd_p = _make(
     abstract_eval=lambda dy, x, w, rstd, dres, *, groups, epsilon: (
         _like(x), _grad_aval(w, groups, x.shape[-1])),
     reference_fn=_rms_norm_bwd_reference,
-    attributes={"groups": np.int64, "epsilon": None},
-    workspace=_workspace(sums=1),
+    reference_params=("epsilon",),
     batch_rule=_rms_norm_bwd_batch_rule,
     roles="xxpsx -> xg")
 
@@ -320,7 +299,6 @@ add_rms_norm_fwd_p = _make(
     "jaxops_add_rms_norm_fwd",
     abstract_eval=lambda x, r, w, *, epsilon: (_like(x), _like(x), _stat_aval(x)),
     reference_fn=_add_rms_norm_fwd_reference,
-    attributes={"epsilon": np.float32},
     batch_rule=_row_batch_rule(row_operands=(0, 1), column_operands=(2,)),
     roles="xxp -> xxs",
     # h is written over the residual's buffer when the caller donates it.
@@ -349,7 +327,6 @@ add_rms_norm_jvp_p = _make(
     "jaxops_add_rms_norm_jvp",
     abstract_eval=lambda w, h, rstd, dx, dr, dw, *, epsilon: (_like(h), _like(h)),
     reference_fn=_add_rms_norm_jvp_reference, composite=_add_rms_norm_tangent,
-    attributes={"epsilon": None},
     batch_rule=_row_batch_rule(row_operands=(1, 2, 3, 4), column_operands=(0, 5)),
     roles="pxsxxp -> xx")
 

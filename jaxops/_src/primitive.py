@@ -2,9 +2,12 @@
 
 Every jaxops kernel is reached through a :class:`FfiPrimitive`. A description
 names the primitive, what runs it on the platforms jaxops ships kernels for
-(an FFI custom-call target, or a composition of other primitives), the types of
-its static attributes, its abstract evaluation and a pure-``jnp`` reference with
-the same signature and outputs. From that, the mechanism registers:
+(an FFI custom-call target, or a composition of other primitives), its
+abstract evaluation and a pure-``jnp`` reference with the same signature and
+outputs. What the target's handlers bind (attribute names and types, the
+hidden workspace) is not written here: it is the target's contract, declared
+once in C++ and read from the extension module (:mod:`jaxops._src.ffi_targets`).
+From that, the mechanism registers:
 
 * abstract evaluation (``abstract_eval``);
 * lowering: an XLA FFI custom call on every platform that has a kernel (``cpu``
@@ -14,10 +17,11 @@ the same signature and outputs. From that, the mechanism registers:
   without a target of its own lowers its ``composite`` there (other primitives,
   e.g. a tangent computed by another op's kernel) or else its reference; on any
   other platform the reference is lowered, so a program still runs there;
-* an optional hidden workspace result: scratch memory the kernel needs, added to
-  the custom call in the lowering and dropped there, so JAX (abstract eval,
-  batching, AD) never sees it. Device kernels run asynchronously, so their
-  scratch must be an XLA-owned buffer that outlives the launch;
+* the hidden workspace result of a target that has one: scratch memory the
+  kernel needs, sized by the C++ contract, added to the custom call in the
+  lowering and dropped there, so JAX (abstract eval, batching, AD) never sees
+  it. Device kernels run asynchronously, so their scratch must be an XLA-owned
+  buffer that outlives the launch;
 * a batching rule: the op's own rule when it has one (``batch_rule``), else
   ``vmap`` of the composite or of the reference (correct for every op, but the
   reference leaves the kernel);
@@ -42,6 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -69,18 +74,18 @@ class FfiPrimitive:
   Attributes:
     name: primitive name (shown in jaxprs), e.g. ``"jaxops_layer_norm_fwd"``.
     target: custom-call target name registered by the C++ handlers, or None for
-      a primitive without a kernel of its own.
+      a primitive without a kernel of its own. Its contract (attribute types,
+      workspace) is read from C++ when the primitive is made: a target C++
+      does not declare is an error at import.
     composite: for a primitive without a target: ``(*arrays, **params) ->
       tuple`` computed from other primitives (whose kernels then run), lowered
       on the kernel platforms in place of the reference.
     abstract_eval: ``(*avals, **params) -> tuple[ShapedArray, ...]``.
     reference: ``(*arrays, **params) -> tuple[Array, ...]`` in pure ``jnp``,
       with the same outputs as the kernel (the specification of the primitive).
-    attributes: static parameter name -> numpy scalar type the handler binds
-      (``np.float32`` for ``Attr<float>``, ``np.int64`` for ``Attr<int64_t>``...),
-      or None for a parameter only the reference uses.
-    workspace: optional ``(avals_in, params, platform) -> ShapedArray`` of a
-      scratch result appended to the custom call and dropped after it.
+    reference_params: static parameters only the reference uses, which the
+      kernel does not bind (e.g. a norm's epsilon for its tangent kernel); every
+      other static parameter must be an attribute of the target's contract.
     batch_rule: optional ``(prim, args, dims, **params) -> (outs, out_dims) | None``;
       returning ``None`` falls back to ``vmap`` of the reference.
     input_output_aliases: ``{operand index: result index}`` the kernel may
@@ -98,17 +103,21 @@ class FfiPrimitive:
   abstract_eval: Callable[..., tuple]
   reference: Callable[..., tuple]
   composite: Callable[..., tuple] | None = None
-  attributes: Mapping[str, type | None] = dataclasses.field(default_factory=dict)
-  workspace: Callable[..., jax.core.ShapedArray] | None = None
+  reference_params: tuple[str, ...] = ()
   batch_rule: BatchRule | None = None
   input_output_aliases: Mapping[int, int] = dataclasses.field(default_factory=dict)
   sharding: Callable[..., Factors] | None = None
   local_params: Callable[..., dict] | None = None
   primitive: Primitive = dataclasses.field(init=False, repr=False, compare=False)
+  # What the target's handlers bind, from C++ (None without a target).
+  contract: ffi_targets.TargetContract | None = dataclasses.field(
+      init=False, repr=False, compare=False, default=None)
   # The same op on local shapes: what runs on each shard under a sharding rule.
   local_primitive: Primitive = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self):
+    if self.target is not None:
+      object.__setattr__(self, "contract", ffi_targets.contract(self.target))
     prim = Primitive(self.name)
     prim.multiple_results = True
     object.__setattr__(self, "primitive", prim)
@@ -172,8 +181,10 @@ class FfiPrimitive:
     def lowering(ctx, *operands, **params):
       attrs = self._kernel_attributes(params)
       workspace = None
-      if self.workspace is not None:
-        workspace = self.workspace(ctx.avals_in, params, platform)
+      if self.contract.has_workspace:
+        integers = {k: int(v) for k, v in attrs.items() if isinstance(v, np.integer)}
+        workspace = ffi_targets.workspace(
+            self.target, [aval.shape for aval in ctx.avals_in], integers, platform)
         ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
       rule = jax.ffi.ffi_lowering(
           target, operand_output_aliases=dict(self.input_output_aliases) or None)
@@ -211,15 +222,22 @@ class FfiPrimitive:
     return lowering
 
   def _kernel_attributes(self, params) -> dict:
-    """The parameters the kernel binds, typed; those declared None are the
-    reference's only (e.g. a norm's epsilon, which its tangent kernel does not
-    need but its reference uses to recompute the statistics)."""
+    """The parameters the kernel binds, each cast to the type its contract
+    declares; ``reference_params`` are the reference's only (e.g. a norm's
+    epsilon, which its tangent kernel does not need but its reference uses to
+    recompute the statistics)."""
+    declared = self.contract.attributes
     attrs = {}
     for key, value in params.items():
-      if key not in self.attributes:
-        raise TypeError(f"{self.name}: parameter {key!r} has no declared attribute type")
-      if self.attributes[key] is not None:
-        attrs[key] = self.attributes[key](value)
+      if key in declared:
+        attrs[key] = declared[key](value)
+      elif key not in self.reference_params:
+        raise TypeError(f"{self.name}: parameter {key!r} is not an attribute of {self.target} "
+                        f"(declared in C++: {list(declared)}) nor in reference_params")
+    missing = [key for key in declared if key not in attrs]
+    if missing:
+      raise TypeError(f"{self.name}: {self.target} binds the attributes {missing}, "
+                      "which the primitive was not given")
     return attrs
 
   def _batch(self, args, dims, **params):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive, validation
@@ -27,12 +26,6 @@ _STYLES = ("neox", "gptj")
 def _rope_reference(x, positions, *, theta, rotary_dim, interleaved, inverse):
   return (reference.rope(x, positions, theta=theta, style="gptj" if interleaved else "neox",
                          rotary_dim=rotary_dim, inverse=inverse),)
-
-
-def _rope_workspace(avals_in, params, platform):
-  positions = avals_in[1]
-  return jax.core.ShapedArray((positions.shape[0] * positions.shape[1], params["rotary_dim"]),
-                              jnp.float32)
 
 
 def _rope_batch_rule(prim, args, dims, **params):
@@ -67,9 +60,6 @@ rope_p = FfiPrimitive(
     name="jaxops_rope", target="jaxops_rope",
     abstract_eval=lambda x, positions, **params: (jax.core.ShapedArray(x.shape, x.dtype),),
     reference=_rope_reference,
-    attributes={"theta": np.float64, "rotary_dim": np.int64, "interleaved": np.bool_,
-                "inverse": np.bool_},
-    workspace=_rope_workspace,
     batch_rule=_rope_batch_rule,
     sharding=_rope_sharding)
 

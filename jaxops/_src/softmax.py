@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxops import reference
 from jaxops._src import primitive, validation
@@ -123,12 +122,11 @@ def _log_softmax_jvp_reference(y, dx, dbias):
   return (jnp.where(visible, t - total, 0.0).astype(y.dtype),)
 
 
-def _make(name, reference_fn, batch_rule, roles, attributes=None, whole_trailing=1,
-          composite=None):
+def _make(name, reference_fn, batch_rule, roles, whole_trailing=1, composite=None):
   # Rows shard; the softmax axis (both of causal_softmax's axes) stays whole.
   return FfiPrimitive(name=name, target=None if composite else name,
                       abstract_eval=_same_as_x, reference=reference_fn, composite=composite,
-                      attributes=attributes or {}, batch_rule=batch_rule,
+                      batch_rule=batch_rule,
                       sharding=None if composite else leading_axes(roles,
                                                                   whole_trailing=whole_trailing))
 
@@ -138,7 +136,7 @@ softmax_fwd_p = _make("jaxops_softmax_fwd", _softmax_fwd_reference, _masked_batc
 log_softmax_fwd_p = _make("jaxops_log_softmax_fwd", _log_softmax_fwd_reference,
                           _masked_batch_rule(1), "xxx -> x")
 causal_softmax_fwd_p = _make("jaxops_causal_softmax_fwd", _causal_softmax_fwd_reference,
-                             _row_batch_rule, "x -> x", attributes={"query_offset": np.int64},
+                             _row_batch_rule, "x -> x",
                              whole_trailing=2)
 softmax_jvp_p = _make("jaxops_softmax_jvp", _softmax_jvp_reference, _masked_batch_rule(2),
                       "xxx -> x")
@@ -149,7 +147,7 @@ causal_softmax_jvp_p = _make(
     "jaxops_causal_softmax_jvp",
     lambda y, dx, *, query_offset: _softmax_jvp_reference(y, dx, absent(y.dtype)),
     _row_batch_rule, "xx -> x",
-    attributes={"query_offset": None}, whole_trailing=2,
+    whole_trailing=2,
     composite=lambda y, dx, *, query_offset: softmax_jvp_p(y, dx, absent(y.dtype)))
 softmax_bwd_p = _make("jaxops_softmax_bwd", _softmax_bwd_reference, _row_batch_rule, "xx -> x")
 log_softmax_bwd_p = _make("jaxops_log_softmax_bwd", _log_softmax_bwd_reference, _row_batch_rule,

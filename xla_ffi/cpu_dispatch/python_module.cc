@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "xla_ffi/cpu_dispatch/dispatcher.h"
+#include "xla_ffi/python_contract.h"
 
 namespace nb = nanobind;
 namespace dispatch = jaxops::cpu_dispatch;
@@ -50,4 +51,5 @@ NB_MODULE(_jaxops_cpu, m) {
   m.def("best_cpu_isa", &dispatch::best_isa,
         "The widest CPU kernel variant this CPU runs ('' if none).");
   m.def("cpu_isas", &dispatch::isas, "The CPU kernel variants of this platform, widest first.");
+  jaxops::python_contract::define(m);
 }

@@ -10,8 +10,8 @@
 #include "cuda/activations.h"
 #include "xla_ffi/activations_common.h"
 #include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_dispatch.h"
 #include "xla_ffi/cuda/cuda_status.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -20,12 +20,8 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace activations_common;
 using ffi_cuda::cuda_binding;
+using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
-
-template <typename Fn>
-ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
-  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
-}
 
 ffi::Error UnaryFwd(cudaStream_t stream, const std::string& op, Activation activation,
                     const ffi::AnyBuffer& x, ffi::AnyBuffer& y) {
@@ -74,43 +70,43 @@ ffi::Error GatedBwd(cudaStream_t stream, const std::string& op, Activation activ
 
 ffi::Error GeluFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                    bool approximate) {
-  return UnaryFwd(stream, "jaxops_gelu_fwd", gelu_activation(approximate), x, *y);
+  return UnaryFwd(stream, kGeluFwd.name, gelu_activation(approximate), x, *y);
 }
 
 ffi::Error GeluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                    ffi::Result<ffi::AnyBuffer> dx, bool approximate) {
-  return UnaryBwd(stream, "jaxops_gelu_bwd", gelu_activation(approximate), dy, x, *dx);
+  return UnaryBwd(stream, kGeluBwd.name, gelu_activation(approximate), dy, x, *dx);
 }
 
 ffi::Error SiluFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
-  return UnaryFwd(stream, "jaxops_silu_fwd", Activation::kSilu, x, *y);
+  return UnaryFwd(stream, kSiluFwd.name, Activation::kSilu, x, *y);
 }
 
 ffi::Error SiluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                    ffi::Result<ffi::AnyBuffer> dx) {
-  return UnaryBwd(stream, "jaxops_silu_bwd", Activation::kSilu, dy, x, *dx);
+  return UnaryBwd(stream, kSiluBwd.name, Activation::kSilu, dy, x, *dx);
 }
 
 ffi::Error SwigluFwd(cudaStream_t stream, ffi::AnyBuffer gate, ffi::AnyBuffer up,
                      ffi::Result<ffi::AnyBuffer> y) {
-  return GatedFwd(stream, "jaxops_swiglu_fwd", Activation::kSilu, gate, up, *y);
+  return GatedFwd(stream, kSwigluFwd.name, Activation::kSilu, gate, up, *y);
 }
 
 ffi::Error SwigluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer gate,
                      ffi::AnyBuffer up, ffi::Result<ffi::AnyBuffer> dgate,
                      ffi::Result<ffi::AnyBuffer> dup) {
-  return GatedBwd(stream, "jaxops_swiglu_bwd", Activation::kSilu, dy, gate, up, *dgate, *dup);
+  return GatedBwd(stream, kSwigluBwd.name, Activation::kSilu, dy, gate, up, *dgate, *dup);
 }
 
 ffi::Error GegluFwd(cudaStream_t stream, ffi::AnyBuffer gate, ffi::AnyBuffer up,
                     ffi::Result<ffi::AnyBuffer> y, bool approximate) {
-  return GatedFwd(stream, "jaxops_geglu_fwd", gelu_activation(approximate), gate, up, *y);
+  return GatedFwd(stream, kGegluFwd.name, gelu_activation(approximate), gate, up, *y);
 }
 
 ffi::Error GegluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer gate,
                     ffi::AnyBuffer up, ffi::Result<ffi::AnyBuffer> dgate,
                     ffi::Result<ffi::AnyBuffer> dup, bool approximate) {
-  return GatedBwd(stream, "jaxops_geglu_bwd", gelu_activation(approximate), dy, gate, up, *dgate,
+  return GatedBwd(stream, kGegluBwd.name, gelu_activation(approximate), dy, gate, up, *dgate,
                   *dup);
 }
 
@@ -118,22 +114,13 @@ ffi::Error GegluBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer gate,
 
 // Distinct symbol names from the CPU module's handlers: both modules can be
 // loaded in one process.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGeluFwdCuda, GeluFwd, bind_gelu_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGeluBwdCuda, GeluBwd, bind_gelu_bwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSiluFwdCuda, SiluFwd, bind_unary_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSiluBwdCuda, SiluBwd, bind_unary_bwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSwigluFwdCuda, SwigluFwd, bind_gated_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSwigluBwdCuda, SwigluBwd, bind_gated_bwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGegluFwdCuda, GegluFwd, bind_geglu_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGegluBwdCuda, GegluBwd, bind_geglu_bwd(cuda_binding()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_gelu_fwd", kGeluFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_gelu_bwd", kGeluBwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_silu_fwd", kSiluFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_silu_bwd", kSiluBwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_swiglu_fwd", kSwigluFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_swiglu_bwd", kSwigluBwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_geglu_fwd", kGegluFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_geglu_bwd", kGegluBwdCuda);
+JAXOPS_FFI_TARGET(kGeluFwd, kGeluFwdCuda, GeluFwd, bind_unary_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kGeluBwd, kGeluBwdCuda, GeluBwd, bind_unary_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kSiluFwd, kSiluFwdCuda, SiluFwd, bind_unary_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kSiluBwd, kSiluBwdCuda, SiluBwd, bind_unary_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kSwigluFwd, kSwigluFwdCuda, SwigluFwd, bind_gated_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kSwigluBwd, kSwigluBwdCuda, SwigluBwd, bind_gated_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kGegluFwd, kGegluFwdCuda, GegluFwd, bind_gated_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kGegluBwd, kGegluBwdCuda, GegluBwd, bind_gated_bwd(cuda_binding()));
 
 }  // namespace jaxops

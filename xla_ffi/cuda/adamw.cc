@@ -10,8 +10,8 @@
 #include "cuda/adamw.h"
 #include "xla_ffi/adamw_common.h"
 #include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_dispatch.h"
 #include "xla_ffi/cuda/cuda_status.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -20,6 +20,7 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace adamw_common;
 using ffi_cuda::cuda_binding;
+using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
 
 ffi::Error AdamW(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer params,
@@ -28,11 +29,11 @@ ffi::Error AdamW(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer param
                  ffi::Result<ffi::Buffer<ffi::F32>> v_out, float b1, float one_minus_b1,
                  float b2, float one_minus_b2, float eps, float weight_decay,
                  bool apply_updates) {
-  const std::string op = "jaxops_adamw";
+  const std::string op = kAdamW.name;
   AdamWHyperparameters hyper;
   JAXOPS_RETURN_IF_ERROR(check_adamw(grads, params, m, v, scalars, *out, *m_out, *v_out, b1,
                                      one_minus_b1, b2, one_minus_b2, eps, weight_decay, &hyper));
-  return dispatch_float<float, __nv_bfloat16, __half>(
+  return dispatch(
       op, params.element_type(), [&](auto tag) {
         using T = decltype(tag);
         return launch_status(
@@ -45,8 +46,6 @@ ffi::Error AdamW(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer param
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAdamWCuda, AdamW, bind_adamw(cuda_binding()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_adamw", kAdamWCuda);
+JAXOPS_FFI_TARGET(kAdamW, kAdamWCuda, AdamW, bind_adamw(cuda_binding()));
 
 }  // namespace jaxops

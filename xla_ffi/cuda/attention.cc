@@ -1,7 +1,7 @@
 // CUDA FFI handlers of attention: the CPU handlers' targets, bindings and
 // validation (xla_ffi/attention_common.h), then a launch of cuda/attention on
 // the stream XLA hands over. The backward's scratch is the primitive's hidden
-// workspace result (jaxops/_src/attention.py sizes it), an XLA buffer that
+// workspace result (sized by the contract, bwd_workspace), an XLA buffer that
 // outlives the asynchronous kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -10,8 +10,8 @@
 #include "cuda/attention.h"
 #include "xla_ffi/attention_common.h"
 #include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_dispatch.h"
 #include "xla_ffi/cuda/cuda_status.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -20,12 +20,8 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace attention_common;
 using ffi_cuda::cuda_binding;
+using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
-
-template <typename Fn>
-ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
-  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
-}
 
 // The shared decoding (xla_ffi/attention_common.h) plus the CUDA kernels' own
 // limit: their tiles hold whole head vectors in shared memory.
@@ -51,7 +47,7 @@ ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
                         int64_t window_left, int64_t window_right) {
-  const std::string op = "jaxops_attention_fwd";
+  const std::string op = kAttentionFwd.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
@@ -74,15 +70,19 @@ ffi::Error AttentionBwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> workspace,
                         float scale, bool is_causal, int64_t window_left, int64_t window_right,
                         bool with_dbias) {
-  const std::string op = "jaxops_attention_bwd";
+  const std::string op = kAttentionBwd.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
                                        &p));
+  const int64_t workspace_bytes = bwd_workspace_bytes(p, contract::Platform::kCuda);
   JAXOPS_RETURN_IF_ERROR(check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv,
-                                   *dbias, *workspace, with_dbias,
-                                   static_cast<int64_t>(cuda::attention_bwd_workspace_bytes(p)),
-                                   p));
+                                   *dbias, *workspace, with_dbias, workspace_bytes, p));
+  // The contract sizes the workspace the Python side allocates; the kernel
+  // says what it uses. They are one formula today: this keeps them so.
+  if (static_cast<int64_t>(cuda::attention_bwd_workspace_bytes(p)) > workspace_bytes) {
+    return ffi::Error::Internal(op + ": the contract's workspace is smaller than the kernel's");
+  }
   return dispatch(op, q.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
@@ -104,7 +104,7 @@ ffi::Error AttentionFwdJvp(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            ffi::Result<ffi::AnyBuffer> dout, ffi::Result<ffi::AnyBuffer> dlse,
                            float scale, bool is_causal, int64_t window_left,
                            int64_t window_right) {
-  const std::string op = "jaxops_attention_fwd_jvp";
+  const std::string op = kAttentionFwdJvp.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
@@ -128,13 +128,11 @@ ffi::Error AttentionFwdJvp(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
 
 // Distinct symbol names from the CPU module's handlers: both modules can be
 // loaded in one process.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwdCuda, AttentionFwd, bind_attention_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionBwdCuda, AttentionBwd, bind_attention_bwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionFwdJvpCuda, AttentionFwdJvp,
-                              bind_attention_fwd_jvp(cuda_binding()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd", kAttentionFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_bwd", kAttentionBwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_attention_fwd_jvp", kAttentionFwdJvpCuda);
+JAXOPS_FFI_TARGET(kAttentionFwd, kAttentionFwdCuda, AttentionFwd,
+                  bind_attention_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kAttentionBwd, kAttentionBwdCuda, AttentionBwd,
+                  bind_attention_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kAttentionFwdJvp, kAttentionFwdJvpCuda, AttentionFwdJvp,
+                  bind_attention_fwd_jvp(cuda_binding()));
 
 }  // namespace jaxops

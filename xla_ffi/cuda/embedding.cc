@@ -9,9 +9,9 @@
 
 #include "cuda/embedding.h"
 #include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_dispatch.h"
 #include "xla_ffi/cuda/cuda_status.h"
 #include "xla_ffi/embedding_common.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -20,16 +20,12 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace embedding_common;
 using ffi_cuda::cuda_binding;
+using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
-
-template <typename Fn>
-ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
-  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
-}
 
 ffi::Error EmbeddingFwd(cudaStream_t stream, ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::AnyBuffer> out) {
-  const std::string op = "jaxops_embedding_fwd";
+  const std::string op = kEmbeddingFwd.name;
   EmbeddingShape d;
   JAXOPS_RETURN_IF_ERROR(check_embedding_fwd(table, ids, *out, &d));
   return dispatch(op, table.element_type(), [&](auto tag) {
@@ -43,7 +39,7 @@ ffi::Error EmbeddingFwd(cudaStream_t stream, ffi::AnyBuffer table, ffi::Buffer<f
 ffi::Error EmbeddingBwd(cudaStream_t stream, ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::AnyBuffer> dtable,
                         ffi::Result<ffi::Buffer<ffi::S32>> workspace, int64_t vocab) {
-  const std::string op = "jaxops_embedding_bwd";
+  const std::string op = kEmbeddingBwd.name;
   EmbeddingShape d;
   JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab, &d));
   return dispatch(op, dout.element_type(), [&](auto tag) {
@@ -57,10 +53,9 @@ ffi::Error EmbeddingBwd(cudaStream_t stream, ffi::AnyBuffer dout, ffi::Buffer<ff
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kEmbeddingFwdCuda, EmbeddingFwd, bind_embedding_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kEmbeddingBwdCuda, EmbeddingBwd, bind_embedding_bwd(cuda_binding()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_embedding_fwd", kEmbeddingFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_embedding_bwd", kEmbeddingBwdCuda);
+JAXOPS_FFI_TARGET(kEmbeddingFwd, kEmbeddingFwdCuda, EmbeddingFwd,
+                  bind_embedding_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kEmbeddingBwd, kEmbeddingBwdCuda, EmbeddingBwd,
+                  bind_embedding_bwd(cuda_binding()));
 
 }  // namespace jaxops

@@ -7,9 +7,9 @@
 
 #include "cuda/norms.h"
 #include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_dispatch.h"
 #include "xla_ffi/cuda/cuda_status.h"
 #include "xla_ffi/norms_common.h"
-#include "xla_ffi/registry.h"
 
 namespace jaxops {
 namespace {
@@ -18,18 +18,14 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace norms_common;
 using ffi_cuda::cuda_binding;
+using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
-
-template <typename Fn>
-ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
-  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
-}
 
 ffi::Error LayerNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
                         ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
                         ffi::Result<ffi::Buffer<ffi::F32>> mean,
                         ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon) {
-  const std::string op = "jaxops_layer_norm_fwd";
+  const std::string op = kLayerNormFwd.name;
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_fwd(x, weight, bias, *y, *mean, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
@@ -46,7 +42,7 @@ ffi::Error LayerNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x
                         ffi::Buffer<ffi::F32> rstd, ffi::Result<ffi::AnyBuffer> dx,
                         ffi::Result<ffi::AnyBuffer> dweight, ffi::Result<ffi::AnyBuffer> dbias,
                         ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
-  const std::string op = "jaxops_layer_norm_bwd";
+  const std::string op = kLayerNormBwd.name;
   NormShape s;
   WeightGradLayout layout;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_bwd(dy, x, weight, bias, mean, rstd, *dx, *dweight, *dbias,
@@ -65,7 +61,7 @@ ffi::Error LayerNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x
 ffi::Error RmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
                       ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> rstd,
                       float epsilon) {
-  const std::string op = "jaxops_rms_norm_fwd";
+  const std::string op = kRmsNormFwd.name;
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_fwd(x, weight, *y, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
@@ -80,7 +76,7 @@ ffi::Error RmsNormBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                       ffi::AnyBuffer weight, ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dresidual,
                       ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dweight,
                       ffi::Result<ffi::Buffer<ffi::F32>> workspace, int64_t groups) {
-  const std::string op = "jaxops_rms_norm_bwd";
+  const std::string op = kRmsNormBwd.name;
   NormShape s;
   WeightGradLayout layout;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_bwd(dy, x, weight, rstd, dresidual, *dx, *dweight,
@@ -100,7 +96,7 @@ ffi::Error AddRmsNormFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer r
                          ffi::AnyBuffer weight, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::AnyBuffer> h, ffi::Result<ffi::Buffer<ffi::F32>> rstd,
                          float epsilon) {
-  const std::string op = "jaxops_add_rms_norm_fwd";
+  const std::string op = kAddRmsNormFwd.name;
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_add_rms_norm_fwd(x, residual, weight, *y, *h, *rstd, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
@@ -116,7 +112,7 @@ ffi::Error LayerNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer we
                         ffi::Buffer<ffi::F32> mean, ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dx,
                         ffi::AnyBuffer dweight, ffi::AnyBuffer dbias,
                         ffi::Result<ffi::AnyBuffer> dy) {
-  const std::string op = "jaxops_layer_norm_jvp";
+  const std::string op = kLayerNormJvp.name;
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_layer_norm_jvp(x, weight, mean, rstd, dx, dweight, dbias, *dy, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
@@ -133,7 +129,7 @@ ffi::Error LayerNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer we
 ffi::Error RmsNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
                       ffi::Buffer<ffi::F32> rstd, ffi::AnyBuffer dx, ffi::AnyBuffer dweight,
                       ffi::Result<ffi::AnyBuffer> dy) {
-  const std::string op = "jaxops_rms_norm_jvp";
+  const std::string op = kRmsNormJvp.name;
   NormShape s;
   JAXOPS_RETURN_IF_ERROR(check_rms_norm_jvp(x, weight, rstd, dx, dweight, *dy, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
@@ -149,20 +145,16 @@ ffi::Error RmsNormJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weig
 
 // Distinct symbol names from the CPU module's handlers: both modules can be
 // loaded in one process.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormFwdCuda, LayerNormFwd, bind_layer_norm_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormBwdCuda, LayerNormBwd, bind_layer_norm_bwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormFwdCuda, RmsNormFwd, bind_rms_norm_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormBwdCuda, RmsNormBwd, bind_rms_norm_bwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNormFwdCuda, AddRmsNormFwd, bind_add_rms_norm_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLayerNormJvpCuda, LayerNormJvp, bind_layer_norm_jvp(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNormJvpCuda, RmsNormJvp, bind_rms_norm_jvp(cuda_binding()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_fwd", kLayerNormFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_bwd", kLayerNormBwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_fwd", kRmsNormFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_bwd", kRmsNormBwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_add_rms_norm_fwd", kAddRmsNormFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_layer_norm_jvp", kLayerNormJvpCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_rms_norm_jvp", kRmsNormJvpCuda);
+JAXOPS_FFI_TARGET(kLayerNormFwd, kLayerNormFwdCuda, LayerNormFwd,
+                  bind_layer_norm_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kLayerNormBwd, kLayerNormBwdCuda, LayerNormBwd,
+                  bind_layer_norm_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kRmsNormFwd, kRmsNormFwdCuda, RmsNormFwd, bind_rms_norm_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kRmsNormBwd, kRmsNormBwdCuda, RmsNormBwd, bind_rms_norm_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kAddRmsNormFwd, kAddRmsNormFwdCuda, AddRmsNormFwd,
+                  bind_add_rms_norm_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kLayerNormJvp, kLayerNormJvpCuda, LayerNormJvp,
+                  bind_layer_norm_jvp(cuda_binding()));
+JAXOPS_FFI_TARGET(kRmsNormJvp, kRmsNormJvpCuda, RmsNormJvp, bind_rms_norm_jvp(cuda_binding()));
 
 }  // namespace jaxops

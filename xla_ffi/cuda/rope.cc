@@ -9,8 +9,8 @@
 
 #include "cuda/rope.h"
 #include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_dispatch.h"
 #include "xla_ffi/cuda/cuda_status.h"
-#include "xla_ffi/registry.h"
 #include "xla_ffi/rope_common.h"
 
 namespace jaxops {
@@ -20,15 +20,16 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace rope_common;
 using ffi_cuda::cuda_binding;
+using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
 
 ffi::Error Rope(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions,
                 ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> workspace,
                 double theta, int64_t rotary_dim, bool interleaved, bool inverse) {
-  const std::string op = "jaxops_rope";
+  const std::string op = kRope.name;
   RopeShape d;
   JAXOPS_RETURN_IF_ERROR(check_rope(x, positions, *y, *workspace, theta, rotary_dim, &d));
-  return dispatch_float<float, __nv_bfloat16, __half>(op, x.element_type(), [&](auto tag) {
+  return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(op, cuda::rope<T>(stream, data<const T>(x), positions.typed_data(),
                                            data<T>(*y), workspace->typed_data(), d, theta,
@@ -38,8 +39,6 @@ ffi::Error Rope(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> pos
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kRopeCuda, Rope, bind_rope(cuda_binding()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_rope", kRopeCuda);
+JAXOPS_FFI_TARGET(kRope, kRopeCuda, Rope, bind_rope(cuda_binding()));
 
 }  // namespace jaxops

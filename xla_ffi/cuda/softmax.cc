@@ -6,8 +6,9 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/softmax.h"
+#include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_dispatch.h"
 #include "xla_ffi/cuda/cuda_status.h"
-#include "xla_ffi/registry.h"
 #include "xla_ffi/softmax_common.h"
 
 namespace jaxops {
@@ -16,12 +17,9 @@ namespace {
 namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace softmax_common;
+using ffi_cuda::cuda_binding;
+using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
-
-template <typename Fn>
-ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
-  return dispatch_float<float, __nv_bfloat16, __half>(op, dtype, std::forward<Fn>(fn));
-}
 
 ffi::Error masked_softmax_fwd(const std::string& op, cuda::SoftmaxOutput output,
                               cudaStream_t stream, const ffi::AnyBuffer& x,
@@ -42,19 +40,19 @@ ffi::Error masked_softmax_fwd(const std::string& op, cuda::SoftmaxOutput output,
 
 ffi::Error SoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer where,
                       ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y) {
-  return masked_softmax_fwd("jaxops_softmax_fwd", cuda::SoftmaxOutput::kProbabilities, stream, x,
+  return masked_softmax_fwd(kSoftmaxFwd.name, cuda::SoftmaxOutput::kProbabilities, stream, x,
                             where, bias, *y);
 }
 
 ffi::Error LogSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer where,
                          ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y) {
-  return masked_softmax_fwd("jaxops_log_softmax_fwd", cuda::SoftmaxOutput::kLogProbabilities,
+  return masked_softmax_fwd(kLogSoftmaxFwd.name, cuda::SoftmaxOutput::kLogProbabilities,
                             stream, x, where, bias, *y);
 }
 
 ffi::Error CausalSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t query_offset) {
-  const std::string op = "jaxops_causal_softmax_fwd";
+  const std::string op = kCausalSoftmaxFwd.name;
   SoftmaxShape s;
   CausalLimit causal;
   JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, query_offset, &s, &causal));
@@ -69,7 +67,7 @@ ffi::Error CausalSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<f
 template <bool kLog>
 ffi::Error SoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
                       ffi::Result<ffi::AnyBuffer> dx) {
-  const std::string op = kLog ? "jaxops_log_softmax_bwd" : "jaxops_softmax_bwd";
+  const std::string op = kLog ? kLogSoftmaxBwd.name : kSoftmaxBwd.name;
   SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
@@ -87,7 +85,7 @@ ffi::Error SoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
 template <bool kLog>
 ffi::Error SoftmaxJvp(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer dx,
                       ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> dy) {
-  const std::string op = kLog ? "jaxops_log_softmax_jvp" : "jaxops_softmax_jvp";
+  const std::string op = kLog ? kLogSoftmaxJvp.name : kSoftmaxJvp.name;
   SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, y, dx, dbias, *dy, &s));
   return dispatch(op, y.element_type(), [&](auto tag) {
@@ -100,36 +98,23 @@ ffi::Error SoftmaxJvp(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer dx,
   });
 }
 
-// Every CUDA handler takes the stream XLA launches on before its buffers. The
-// CPU harness of the tests (tests/cuda_harness) compiles this file unchanged as
-// CPU handlers, with a context of its own that provides the stream.
-#ifndef JAXOPS_CUDA_STREAM_CONTEXT
-#define JAXOPS_CUDA_STREAM_CONTEXT ffi::PlatformStream<cudaStream_t>
-#endif
-auto cuda_binding() { return ffi::Ffi::Bind().Ctx<JAXOPS_CUDA_STREAM_CONTEXT>(); }
-
 }  // namespace
 
 // Distinct symbol names from the CPU module's handlers: both modules can be
 // loaded in one process.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxFwdCuda, SoftmaxFwd, bind_masked_softmax_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxFwdCuda, LogSoftmaxFwd,
-                              bind_masked_softmax_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kCausalSoftmaxFwdCuda, CausalSoftmaxFwd,
-                              bind_causal_softmax_fwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxBwdCuda, SoftmaxBwd<false>, bind_softmax_bwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxBwdCuda, SoftmaxBwd<true>,
-                              bind_softmax_bwd(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kSoftmaxJvpCuda, SoftmaxJvp<false>, bind_softmax_jvp(cuda_binding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kLogSoftmaxJvpCuda, SoftmaxJvp<true>,
-                              bind_softmax_jvp(cuda_binding()));
-
-JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_fwd", kSoftmaxFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_fwd", kLogSoftmaxFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_causal_softmax_fwd", kCausalSoftmaxFwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_bwd", kSoftmaxBwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_bwd", kLogSoftmaxBwdCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_softmax_jvp", kSoftmaxJvpCuda);
-JAXOPS_REGISTER_FFI_TARGET("jaxops_log_softmax_jvp", kLogSoftmaxJvpCuda);
+JAXOPS_FFI_TARGET(kSoftmaxFwd, kSoftmaxFwdCuda, SoftmaxFwd,
+                  bind_masked_softmax_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kLogSoftmaxFwd, kLogSoftmaxFwdCuda, LogSoftmaxFwd,
+                  bind_masked_softmax_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kCausalSoftmaxFwd, kCausalSoftmaxFwdCuda, CausalSoftmaxFwd,
+                  bind_causal_softmax_fwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kSoftmaxBwd, kSoftmaxBwdCuda, SoftmaxBwd<false>,
+                  bind_softmax_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kLogSoftmaxBwd, kLogSoftmaxBwdCuda, SoftmaxBwd<true>,
+                  bind_softmax_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kSoftmaxJvp, kSoftmaxJvpCuda, SoftmaxJvp<false>,
+                  bind_softmax_jvp(cuda_binding()));
+JAXOPS_FFI_TARGET(kLogSoftmaxJvp, kLogSoftmaxJvpCuda, SoftmaxJvp<true>,
+                  bind_softmax_jvp(cuda_binding()));
 
 }  // namespace jaxops
