@@ -36,15 +36,15 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 _DTYPES = ("float32", "bfloat16", "float16")
 _MODES = ("vjp", "jvp")
 SUBSET = [
-    *(f"tests/test_norms.py::test_derivatives_match_reference[{mode}-(11, 257)-{dtype}-{op}]"
+    *(f"tests/test_norms.py::test_derivatives_match_reference[{op}-cpu-{mode}-(11, 257)-{dtype}]"
       for mode in _MODES for dtype in _DTYPES for op in ("layer_norm", "rms_norm", "add_rms_norm")),
-    *(f"tests/test_softmax.py::test_derivatives_match_reference[{mode}-(3, 2, 4099)-{dtype}-{op}]"
+    *(f"tests/test_softmax.py::test_derivatives_match_reference[{op}-cpu-{mode}-(3, 2, 4099)-{dtype}]"
       for mode in _MODES for dtype in _DTYPES for op in ("softmax", "log_softmax")),
-    "tests/test_softmax.py::test_causal_derivatives_match_reference[vjp-bfloat16]",
-    "tests/test_softmax.py::test_causal_derivatives_match_reference[jvp-float32]",
-    *(f"tests/test_cross_entropy.py::test_vjp_matches_reference[(11, 257)-mean-{dtype}]"
+    "tests/test_softmax.py::test_causal_derivatives_match_reference[cpu-vjp-bfloat16]",
+    "tests/test_softmax.py::test_causal_derivatives_match_reference[cpu-jvp-float32]",
+    *(f"tests/test_cross_entropy.py::test_vjp_matches_reference[cpu-(11, 257)-mean-{dtype}]"
       for dtype in _DTYPES),
-    *(f"tests/test_cross_entropy.py::test_jvp_matches_reference[{dtype}-{{}}]" for dtype in _DTYPES),
+    *(f"tests/test_cross_entropy.py::test_jvp_matches_reference[cpu-{dtype}-{{}}]" for dtype in _DTYPES),
     *(f"tests/test_activations.py::test_{mode}_matches_reference[(2, 4099)-{dtype}-{op}]"
       for mode in _MODES for dtype in _DTYPES
       for op in ("gelu_tanh", "gelu_erf", "silu", "swiglu", "geglu_tanh", "geglu_erf")),
