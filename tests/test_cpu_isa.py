@@ -49,11 +49,12 @@ SUBSET = [
       for mode in _MODES for dtype in _DTYPES
       for op in ("gelu_tanh", "gelu_erf", "silu", "swiglu", "geglu_tanh", "geglu_erf")),
     "tests/test_activations.py::test_float32_accuracy_in_ulps",
-    "tests/test_attention.py::test_dtypes_forward_and_derivatives",
+    *(f"tests/test_attention.py::test_dtypes_forward_and_derivatives[cpu-{mode}-{case}-{dtype}]"
+      for mode in _MODES for case in ("causal", "all") for dtype in _DTYPES),
     "tests/test_attention.py::test_grad_matches_reference[all]",
-    "tests/test_attention.py::test_shapes[(3, 1, 19, 4, 4, 32, True)]",
-    "tests/test_attention.py::test_shapes[(2, 5, 9, 3, 3, 7, False)]",
-    "tests/test_attention.py::test_shapes[(1, 67, 131, 2, 1, 80, True)]",
+    "tests/test_attention.py::test_shapes[cpu-(3, 1, 19, 4, 4, 32, True)-float32]",
+    "tests/test_attention.py::test_shapes[cpu-(2, 5, 9, 3, 3, 7, False)-float32]",
+    "tests/test_attention.py::test_shapes[cpu-(1, 67, 131, 2, 1, 80, True)-float32]",
     *(f"tests/test_rope.py::test_vjp_matches_reference[{dtype}-(3, 5, 1, 7)-{style}-rd2]"
       for dtype in _DTYPES for style in ("neox", "gptj")),
     *(f"tests/test_embedding.py::test_vjp_matches_reference[{dtype}-(257, 130)-(64, 3)]"
