@@ -249,8 +249,8 @@ def test_return_residual_is_differentiable():
   r = lambda *a: reference.attention(*a, is_causal=True, return_residual=True)
   vjp_against_reference(f, r, [q, k, v, bias], reduce_size=12)
   # only the log-sum-exp used: its gradient reaches q, k and the bias, not v
-  g = jax.grad(lambda *a: jnp.sum(f(*a)[1]), argnums=(0, 1, 2, 3))(q, k, v, bias)
-  g_ref = jax.grad(lambda *a: jnp.sum(r(*a)[1]), argnums=(0, 1, 2, 3))(q, k, v, bias)
+  g = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)[1]), argnums=(0, 1, 2, 3)))(q, k, v, bias)
+  g_ref = jax.jit(jax.grad(lambda *a: jnp.sum(r(*a)[1]), argnums=(0, 1, 2, 3)))(q, k, v, bias)
   assert_tree_close(g, g_ref)
   assert not np.any(np.asarray(g[2]))
 
@@ -270,14 +270,16 @@ def test_rows_without_keys_give_zero_and_finite_gradients(backend):
   assert np.all(np.asarray(out)[masked] == 0)
   assert np.all(np.isneginf(np.asarray(lse, np.float32)[masked]))
   assert np.all(np.isfinite(np.asarray(lse, np.float32)[~masked]))
-  grads = jax.grad(lambda *a: jnp.sum(f(*a)[0] ** 2) + jnp.sum(jnp.where(masked, 0, f(*a)[1])),
-                   argnums=(0, 1, 2))(q, k, v)
+  grads = jax.jit(jax.grad(
+      lambda *a: jnp.sum(f(*a)[0] ** 2) + jnp.sum(jnp.where(masked, 0, f(*a)[1])),
+      argnums=(0, 1, 2)))(q, k, v)
   assert all(np.all(np.isfinite(np.asarray(g))) for g in grads)
   assert np.all(np.asarray(grads[0])[masked] == 0)
-  ref_grads = jax.grad(
-      lambda *a: jnp.sum(reference.attention(*a, None, mask, **kwargs) ** 2), argnums=(0, 1, 2))(q, k, v)
-  assert_tree_close(jax.grad(lambda *a: jnp.sum(f(*a)[0] ** 2), argnums=(0, 1, 2))(q, k, v),
-                    ref_grads)
+  ref_grads = jax.jit(jax.grad(
+      lambda *a: jnp.sum(reference.attention(*a, None, mask, **kwargs) ** 2), argnums=(0, 1, 2)))(
+          q, k, v)
+  assert_tree_close(jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)[0] ** 2), argnums=(0, 1, 2)))(
+      q, k, v), ref_grads)
 
 
 @pytest.mark.parametrize("window", [(2**31 - 1, 0), (0, 2**31 - 1), (2**31 - 1, 2**31 - 1)])
@@ -444,12 +446,13 @@ def test_vmap_of_grad_and_grad_of_vmap():
   argnums = (0, 1, 2, 3)
   loss = lambda fn: lambda *a: jnp.sum(jnp.sin(fn(*a, is_causal=True)))
   # per-example gradients, including per-example bias and k/v gradients
-  per_example = jax.vmap(jax.grad(loss(jaxops.attention), argnums), in_axes)(qs, k, v, bias)
-  per_example_ref = jax.vmap(jax.grad(loss(reference.attention), argnums), in_axes)(qs, k, v, bias)
-  assert_tree_close(per_example, per_example_ref, atol=5e-5, rtol=5e-5)
+  per_example = jax.jit(jax.vmap(jax.grad(loss(jaxops.attention), argnums), in_axes))
+  per_example_ref = jax.jit(jax.vmap(jax.grad(loss(reference.attention), argnums), in_axes))
+  assert_tree_close(per_example(qs, k, v, bias), per_example_ref(qs, k, v, bias),
+                    atol=5e-5, rtol=5e-5)
   summed = lambda fn: lambda *a: jnp.sum(jax.vmap(loss(fn), in_axes)(*a))
-  assert_tree_close(jax.grad(summed(jaxops.attention), argnums)(qs, k, v, bias),
-                    jax.grad(summed(reference.attention), argnums)(qs, k, v, bias),
+  assert_tree_close(jax.jit(jax.grad(summed(jaxops.attention), argnums))(qs, k, v, bias),
+                    jax.jit(jax.grad(summed(reference.attention), argnums))(qs, k, v, bias),
                     atol=5e-5, rtol=5e-5)
 
 
