@@ -127,7 +127,8 @@ def vjp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, 
 
   The reference runs on float32 copies of the arguments, so a low-precision
   kernel is checked against the exact gradient rather than against another
-  low-precision computation. Returns (fn's outputs, fn's input gradients).
+  low-precision computation, under one jit (eagerly, each of its primitives
+  would be compiled on its own). Returns (fn's outputs, fn's input gradients).
   """
   argnums = tuple(range(len(args))) if argnums is None else tuple(argnums)
 
@@ -141,11 +142,16 @@ def vjp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, 
 
   diff_args = [args[i] for i in argnums]
   out, vjp = jax.vjp(restrict(fn, False), *diff_args)
-  ref_out, ref_vjp = jax.vjp(restrict(reference, True), *upcast(diff_args))
   keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(out))))
   cotangent = jax.tree.map(lambda o: random_normal(next(keys), o.shape, o.dtype), out)
   grads = vjp(cotangent)
-  ref_grads = ref_vjp(upcast(cotangent))
+
+  @jax.jit
+  def reference_vjp(primals, cotangent):
+    ref_out, ref_vjp = jax.vjp(restrict(reference, True), *primals)
+    return ref_out, ref_vjp(cotangent)
+
+  ref_out, ref_grads = reference_vjp(upcast(diff_args), upcast(cotangent))
   assert_tree_close(out, ref_out, name="outputs", **close_kwargs)
   assert_tree_close(grads, ref_grads, name="vjp", **close_kwargs)
   return out, grads
@@ -192,15 +198,15 @@ def jvp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, 
                           argnums: Sequence[int] | None = None, **close_kwargs):
   """Compares ``jax.jvp`` of ``fn`` and ``reference`` at ``args`` for random tangents.
 
-  As :func:`vjp_against_reference`, the reference runs on float32 copies.
+  As :func:`vjp_against_reference`, the reference runs on float32 copies, under one jit.
   Returns (fn's outputs, fn's output tangents).
   """
   argnums = tuple(range(len(args))) if argnums is None else tuple(argnums)
   primals = [args[i] for i in argnums]
   tangents = _random_like(seed, primals)
   out, tangent_out = jax.jvp(_restrict(fn, args, argnums, False), primals, tangents)
-  ref_out, ref_tangent = jax.jvp(_restrict(reference, args, argnums, True), upcast(primals),
-                                 upcast(tangents))
+  ref_out, ref_tangent = jax.jit(lambda p, t: jax.jvp(
+      _restrict(reference, args, argnums, True), p, t))(upcast(primals), upcast(tangents))
   assert_tree_close(out, ref_out, name="outputs", **close_kwargs)
   assert_tree_close(tangent_out, ref_tangent, name="jvp", **close_kwargs)
   return out, tangent_out

@@ -1,5 +1,5 @@
-"""Suite-wide set-up: host devices for the sharding tests, the GPU run switch,
-and the CUDA resource table.
+"""Suite-wide set-up: host devices for the sharding tests, the backends of the
+op tests (support/backends.py), the GPU run switch, and the CUDA resource table.
 
 The sharding tests need several devices. On the CPU, XLA makes them from
 `--xla_force_host_platform_device_count`, read once when the backend starts,
@@ -12,8 +12,15 @@ is the GPU they already call the CUDA kernels; the variable makes that a checked
 condition instead of a silent one: the session stops unless the default backend
 is "gpu" and jaxops registered its CUDA kernels (a build without nvcc would
 otherwise run the references on the GPU and pass without testing a kernel).
-The harness tests, which emulate the CUDA kernels on the CPU, are skipped then.
-Without the variable nothing changes. This path has never run on a GPU.
+The op tests' "gpu" backend is collected then, the "cpu" backend runs on the
+CPU device, and the harness (the CUDA kernels emulated on the CPU: the
+"cuda_harness" backend and the sanitizer files) is skipped. Without the
+variable the "gpu" backend is not collected. This path has never run on a GPU.
+
+An op test takes an argument ``backend`` to run on the backends
+(support/backends.py says how it chooses them); here each module's tests are
+ordered by backend and the backend is switched before each test that changes
+it, so that the harness is entered once per module.
 """
 
 import importlib.util
@@ -22,7 +29,6 @@ import pathlib
 
 import pytest
 
-GPU_VARIABLE = "JAXOPS_TEST_GPU"
 HARNESS_TEST_PREFIX = "test_cuda_harness"
 SHARDING_TEST_DEVICES = 8
 
@@ -31,12 +37,14 @@ if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (
       f"{_flags} --xla_force_host_platform_device_count={SHARDING_TEST_DEVICES}").strip()
 
-
-def gpu_requested() -> bool:
-  return os.environ.get(GPU_VARIABLE, "") not in ("", "0")
+from support import backends  # noqa: E402  (imports jax: after XLA_FLAGS)
+from support.backends import GPU_VARIABLE, gpu_requested  # noqa: E402
 
 
 def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "backends(*names): the backends a test taking `backend` runs on "
+      "(default: all; see tests/support/backends.py)")
   if not gpu_requested():
     return
   import jax
@@ -61,7 +69,33 @@ def pytest_report_header(config):
   return None
 
 
+def pytest_generate_tests(metafunc):
+  """`backend` not parametrised by the test itself: every backend, or the marked ones."""
+  if "backend" not in metafunc.fixturenames:
+    return
+  if any("backend" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")):
+    return
+  mark = metafunc.definition.get_closest_marker("backends")
+  chosen = mark.args if mark else backends.ORDER
+  unknown = set(chosen) - set(backends.ORDER)
+  if unknown:
+    raise pytest.UsageError(f"{metafunc.definition.nodeid}: unknown backends {sorted(unknown)}")
+  metafunc.parametrize("backend", [pytest.param(b, marks=backends.marks(b), id=b)
+                                   for b in chosen if b in backends.collected()])
+
+
+def _backend_of(item):
+  callspec = getattr(item, "callspec", None)
+  return callspec.params.get("backend") if callspec else None
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+  # Within each module, the tests of one backend together (stable otherwise).
+  modules = {}
+  for item in items:
+    modules.setdefault(item.path, len(modules))
+  items.sort(key=lambda item: (modules[item.path], backends.rank(_backend_of(item))))
   if not gpu_requested():
     return
   skip = pytest.mark.skip(
@@ -69,6 +103,31 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.path.name.startswith(HARNESS_TEST_PREFIX):
       item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _backend_in_use(request):
+  """Switches to the test's backend; on the harness, checks that a kernel launched."""
+  backend = _backend_of(request.node)
+  backends.use(backend)
+  if backend != backends.HARNESS:
+    yield
+    return
+  loaded = backends.harness()
+  before = loaded.launches()
+  yield
+  assert loaded.launches() > before, "no kernel ran in the harness"
+
+
+@pytest.fixture
+def harness(backend):
+  """The loaded harness library, for tests that change its scheduling (backend cuda_harness)."""
+  assert backend == backends.HARNESS, "the harness fixture needs backend cuda_harness"
+  return backends.harness()
+
+
+def pytest_sessionfinish(session):
+  backends.use(None)
 
 
 def installed_cuda_resource_table() -> str | None:

@@ -1,4 +1,10 @@
-"""gelu, silu, swiglu, geglu against their jnp references."""
+"""gelu, silu, swiglu, geglu against their jnp references.
+
+Tests taking `backend` run on the CPU kernels and on the CUDA kernels
+(cuda/activations.cu) in the harness (tests/support/backends.py), which runs
+every CUDA thread, so its shapes cover one and many blocks and stay small. The
+rest (rules, kernel selection, validation) are backend-independent.
+"""
 
 import functools
 
@@ -11,6 +17,7 @@ from scipy import special
 
 import jaxops
 from jaxops import reference
+from support import backends
 from jaxops.testing import (
     FLOAT_DTYPES,
     assert_close,
@@ -54,20 +61,22 @@ def _args(seed, shape, dtype, arity, scale=3.0):
   return random_inputs(seed, [shape] * arity, dtype, scale=scale)
 
 
-@pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_forward_matches_reference(name, fn, ref, arity, dtype, shape):
+@backends.parametrize("shape", {backends.CPU: SHAPES,
+                                backends.HARNESS: [(), (7,), (13, 127), (3, 4099)]})
+@pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
+def test_forward_matches_reference(name, fn, ref, arity, backend, shape, dtype):
   args = _args(0, shape, dtype, arity)
   out = jax.jit(fn)(*args)
   assert out.dtype == args[0].dtype and out.shape == shape
   assert_close(out, ref(*upcast(args)), dtype=dtype, name=name)
 
 
-@pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("shape", [(1,), (5, 3), (2, 4099), (70001,)], ids=str)
-def test_vjp_matches_reference(name, fn, ref, arity, dtype, shape):
+@backends.parametrize("shape", {backends.CPU: [(1,), (5, 3), (2, 4099), (70001,)],
+                                backends.HARNESS: [(1,), (5, 3), (2, 4099)]})
+@pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
+def test_vjp_matches_reference(name, fn, ref, arity, backend, shape, dtype):
   vjp_against_reference(jax.jit(fn), ref, _args(1, shape, dtype, arity), dtype=dtype)
 
 
@@ -79,9 +88,8 @@ def test_jvp_matches_reference(name, fn, ref, arity, dtype, shape):
 
 
 @pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
-def test_check_grads_orders_1_and_2(name, fn, ref, arity):
+def test_check_grads_order_2(name, fn, ref, arity):
   args = _args(2, (3, 5), jnp.float32, arity, scale=1.5)
-  check_grads(fn, args, order=1, atol=2e-2, rtol=2e-2)
   check_grads(fn, args, order=2, atol=2e-2, rtol=2e-2)
 
 
@@ -118,7 +126,7 @@ def test_grad_of_grad_matches_reference(name, fn, ref, arity):
 
 
 @pytest.mark.parametrize("name,fn,ref,arity", OPS, ids=OP_IDS)
-def test_vmap_in_axes(name, fn, ref, arity):
+def test_vmap_in_axes(name, fn, ref, arity, backend):
   batched = _args(4, (3, 4, 6), jnp.float32, arity)
   vmap_against_loop(fn, batched, (0,) * arity)
   vmap_against_loop(fn, [jnp.moveaxis(a, 0, 2) for a in batched], (2,) * arity)
@@ -205,7 +213,7 @@ def _condition(fn, x):
     ("gelu_erf", functools.partial(jaxops.gelu, approximate=False)),
     ("silu", jaxops.silu),
 ])
-def test_float32_accuracy_in_ulps(name, fn):
+def test_float32_accuracy_in_ulps(name, fn, backend):
   """The kernels' exp and normal CDF keep the activations and their derivatives
   within a few float32 ulps of the exact values, times the condition number of
   the function, including the negative tails (where 1 + tanh and 1 + erf
@@ -232,7 +240,7 @@ def test_float32_accuracy_in_ulps(name, fn):
         f"x={x[normal][worst]!r} ({actual[normal][worst]!r} vs {exact[normal][worst]!r})")
 
 
-def test_special_values():
+def test_special_values(backend):
   x = jnp.array([0.0, -0.0, 1e30, -1e30, 100.0, -100.0, 1e-30, np.nan], jnp.float32)
   for fn, ref in [(jaxops.gelu, reference.gelu), (jaxops.silu, reference.silu),
                   (functools.partial(jaxops.gelu, approximate=False),
@@ -241,6 +249,19 @@ def test_special_values():
     grad = jax.grad(lambda v: fn(v).sum())(x)
     assert np.isnan(grad[-1]) and np.all(np.isfinite(grad[:-1]))
   assert jaxops.gelu(jnp.float32(np.inf)) == np.inf
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_thread_order(harness, seed):
+  """Threads and blocks in a random order: a result that depends on it is a race."""
+  name, fn, ref, arity = OPS[3]
+  harness.configure("fibers", seed=seed)
+  try:
+    vjp_against_reference(jax.jit(fn), ref, _args(1, (3, 700), jnp.bfloat16, arity),
+                          dtype=jnp.bfloat16)
+  finally:
+    harness.configure()
 
 
 # -- bad input -------------------------------------------------------------------

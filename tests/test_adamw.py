@@ -1,4 +1,9 @@
-"""jaxops.optim.adamw against optax.adamw."""
+"""jaxops.optim.adamw against optax.adamw.
+
+Tests taking `backend` run on the CPU kernel and on the CUDA kernel
+(cuda/adamw.cu) in the harness (tests/support/backends.py). The rest (rules,
+kernel selection, validation) are backend-independent.
+"""
 
 import functools
 
@@ -9,6 +14,7 @@ import optax
 import pytest
 
 import jaxops
+from support import backends
 from jaxops.testing import assert_close, assert_tree_close, random_inputs
 
 
@@ -78,8 +84,8 @@ def test_state_layout():
     assert m.shape == v.shape == p.shape and m.dtype == v.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_low_precision_parameters(dtype):
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_low_precision_parameters(backend, dtype):
   """bfloat16/float16 parameters with float32 moments: the kernel agrees with
   the jnp path, and both track a float32 run to the dtype's precision."""
   steps = 10
@@ -169,6 +175,17 @@ def test_handles_none_leaves_like_optax():
   tx = jaxops.optim.adamw(0.1)
   updates, state = tx.update({"a": jnp.ones(3), "b": None}, tx.init(params), params)
   assert updates["b"] is None and state.mu["b"] is None
+
+
+@pytest.mark.backends(backends.HARNESS)
+def test_update_and_fused_step_match_optax(backend):
+  """12 steps with a schedule (the 100-step comparisons above are the CPU's)."""
+  kwargs = dict(b1=0.8, b2=0.99, eps=1e-7, weight_decay=0.1)
+  ours, _ = _train(jaxops.optim.adamw(SCHEDULE, **kwargs), _params(), 12)
+  theirs, _ = _train(optax.adamw(SCHEDULE, **kwargs), _params(), 12)
+  assert_tree_close(ours[-1], theirs[-1], atol=1e-6, rtol=1e-5)
+  fused, _ = _train(jaxops.optim.adamw(SCHEDULE, **kwargs), _params(), 12, fused=True)
+  assert_tree_close(fused[-1], ours[-1], atol=1e-7, rtol=1e-6)
 
 
 # -- bad input -------------------------------------------------------------------

@@ -1,4 +1,14 @@
-"""jaxops.attention against jax.nn.dot_product_attention and the jnp reference."""
+"""jaxops.attention against jax.nn.dot_product_attention and the jnp reference.
+
+Tests taking `backend` run on the CPU kernels and on the CUDA kernels
+(cuda/attention.cu, cuda/attention_jvp.cu) in the harness
+(tests/support/backends.py). In the harness float32 takes the SIMT path,
+bfloat16 and float16 the tensor-core path (nvcuda::wmma, emulated: the harness
+reports an sm_80); its cases are the shapes, head dims and masks that select
+each tile configuration of the CUDA dispatch. The last section calls the CUDA
+forward-mode kernel's harness target directly. The rest (rules, kernel
+selection, validation) are backend-independent.
+"""
 
 import functools
 
@@ -8,8 +18,10 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
+import cuda_harness
 import jaxops
 from jaxops import reference
+from support import backends
 from jaxops.testing import (
     FLOAT_DTYPES,
     assert_close,
@@ -19,6 +31,7 @@ from jaxops.testing import (
     derivative_against_reference,
     jvp_against_reference,
     random_inputs,
+    random_normal,
     scalarize,
     upcast,
     vjp_against_reference,
@@ -63,6 +76,44 @@ def _split_arrays(kwargs):
   return kwargs.pop("bias", None), kwargs.pop("mask", None), kwargs
 
 
+def _vjp(fn, args, cotangent):
+  out, vjp = jax.vjp(fn, *args)
+  return out, vjp(cotangent)
+
+
+def check_vjp(fn, ref, args, *, dtype=jnp.float32, reduce_size, seed=0):
+  """fn's outputs and input gradients against ref's on float32 copies, for a
+  random cotangent, each under one jit (eagerly, every primitive of the
+  reference would be compiled on its own)."""
+  shapes = jax.eval_shape(fn, *args)
+  keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(shapes))))
+  cotangent = jax.tree.map(lambda o: random_normal(next(keys), o.shape, o.dtype), shapes)
+  got = jax.jit(functools.partial(_vjp, fn))(args, cotangent)
+  want = jax.jit(functools.partial(_vjp, ref))(upcast(list(args)), upcast(cotangent))
+  assert_tree_close(got, want, dtype=dtype, reduce_size=reduce_size)
+  return got
+
+
+def check_case(case, dtype=jnp.float32, H=16, residual=False, **extra):
+  """The outputs and gradients (q, k, v, bias) of MASK_CASES[case] against the reference."""
+  q, k, v = qkv(2, B, T, S, N, K, H, dtype)
+  bias, mask, kwargs = _split_arrays({**MASK_CASES[case], **extra})
+  args = [q, k, v] + ([bias.astype(dtype)] if bias is not None else [])
+
+  def call(fn):
+    return lambda q, k, v, *b: fn(q, k, v, *(b or (None,)), mask, **kwargs)
+
+  f = call(functools.partial(jaxops.attention, return_residual=True)) if residual else \
+      call(jaxops.attention)
+  r = call(functools.partial(reference.attention_with_logsumexp)) if residual else \
+      call(reference.attention)
+  if residual:
+    r_inner = r
+    r = lambda *a: (lambda o: (o[0], jnp.swapaxes(o[1], -1, -2)))(r_inner(*a))
+  out = check_vjp(f, r, args, dtype=dtype, reduce_size=2 * S)[0]
+  assert jax.tree.leaves(out)[0].dtype == dtype
+
+
 @pytest.mark.parametrize("case", list(MASK_CASES))
 def test_matches_jax_nn(case):
   q, k, v = qkv(0, B, T, S, N, K, 16)
@@ -101,10 +152,31 @@ def test_grad_matches_reference(case):
                     jax.grad(loss(nn), argnums)(*args), reduce_size=S)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("case", ["causal", "all"])
-@pytest.mark.parametrize("mode", ["vjp", "jvp"])
-def test_dtypes_forward_and_derivatives(dtype, case, mode):
+@backends.parametrize("case", {
+    backends.HARNESS: ["causal", "window", "seq_lengths", "mask_full", "bias_heads", "bias_keys",
+                       "all"]})
+def test_vjp_masks_float32(backend, case):
+  """On CUDA the SIMT path: every mask kind, dbias of full and broadcast biases."""
+  check_case(case)
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_vjp_tensor_cores_all_masks(backend, dtype):
+  check_case("all", dtype, H=32)
+
+
+@pytest.mark.backends(backends.HARNESS)
+def test_logsumexp_output_and_cotangent(backend):
+  """return_residual: the log-sum-exp output and its cotangent (dlogsumexp)."""
+  check_case("bias_heads", residual=True, is_causal=True, query_offset=jnp.int32(8))
+
+
+@backends.parametrize("mode,case,dtype", {
+    backends.CPU: [(m, c, d) for m in ("vjp", "jvp") for c in ("causal", "all")
+                   for d in FLOAT_DTYPES],
+    backends.HARNESS: [("jvp", "all", jnp.bfloat16), ("jvp", "all", jnp.float16)]})
+def test_dtypes_forward_and_derivatives(backend, mode, case, dtype):
   q, k, v = qkv(2, B, T, S, N, K, 32, dtype)
   bias, mask, kwargs = _split_arrays(MASK_CASES[case])
   args = [q, k, v] + ([bias.astype(dtype)] if bias is not None else [])
@@ -120,7 +192,7 @@ def test_dtypes_forward_and_derivatives(dtype, case, mode):
 
 # (B, T, S, N, K, H, is_causal): GQA, MQA, decode (T = 1), T != S, S = 1, lengths
 # that are not multiples of any tile, and the head dims of common models.
-SHAPES = [
+CPU_SHAPES = [
     (1, 1, 67, 8, 2, 64, False),
     (3, 1, 19, 4, 4, 32, True),
     (2, 70, 33, 6, 3, 32, True),
@@ -131,16 +203,28 @@ SHAPES = [
     (1, 20, 45, 2, 1, 256, True),
     (2, 5, 9, 3, 3, 7, False),
 ]
+# (B, T, S, N, K, H, is_causal), dtype on CUDA: decode (T = 1) with GQA; T > S;
+# head dims padded to 16 (80, 7); the head dims that select smaller tiles (128:
+# 32x32 for the float32 forward and the backward; 256: 32x32 forward, 16x16 backward).
+HARNESS_SHAPES = [
+    ((1, 1, 67, 8, 2, 64, True), jnp.float32),
+    ((2, 70, 33, 3, 3, 7, True), jnp.float32),
+    ((1, 20, 45, 1, 1, 256, True), jnp.float32),
+    ((1, 67, 40, 2, 1, 80, True), jnp.bfloat16),
+    ((1, 33, 70, 2, 2, 128, False), jnp.float16),
+    ((1, 17, 9, 1, 1, 256, False), jnp.bfloat16),
+]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_shapes(shape):
+@backends.parametrize("shape,dtype", {backends.CPU: [(s, jnp.float32) for s in CPU_SHAPES],
+                                      backends.HARNESS: HARNESS_SHAPES})
+def test_shapes(backend, shape, dtype):
   *shape, is_causal = shape
-  args = qkv(3, *shape)
+  args = qkv(3, *shape, dtype)
   f = functools.partial(jaxops.attention, is_causal=is_causal)
   r = functools.partial(reference.attention, is_causal=is_causal)
-  vjp_against_reference(jax.jit(f), r, args, reduce_size=max(shape[2], shape[5]))
-  if shape[1] <= shape[2] or not is_causal:
+  check_vjp(f, r, args, dtype=dtype, reduce_size=max(shape[2], shape[5]))
+  if dtype == jnp.float32 and (shape[1] <= shape[2] or not is_causal):
     assert_close(f(*args), jax.nn.dot_product_attention(*args, is_causal=is_causal),
                  reduce_size=shape[2])
 
@@ -165,13 +249,15 @@ def test_return_residual_is_differentiable():
   r = lambda *a: reference.attention(*a, is_causal=True, return_residual=True)
   vjp_against_reference(f, r, [q, k, v, bias], reduce_size=12)
   # only the log-sum-exp used: its gradient reaches q, k and the bias, not v
-  g = jax.grad(lambda *a: jnp.sum(f(*a)[1]), argnums=(0, 1, 2, 3))(q, k, v, bias)
-  g_ref = jax.grad(lambda *a: jnp.sum(r(*a)[1]), argnums=(0, 1, 2, 3))(q, k, v, bias)
+  g = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)[1]), argnums=(0, 1, 2, 3)))(q, k, v, bias)
+  g_ref = jax.jit(jax.grad(lambda *a: jnp.sum(r(*a)[1]), argnums=(0, 1, 2, 3)))(q, k, v, bias)
   assert_tree_close(g, g_ref)
   assert not np.any(np.asarray(g[2]))
 
 
-def test_rows_without_keys_give_zero_and_finite_gradients():
+def test_rows_without_keys_give_zero_and_finite_gradients(backend):
+  """Causal rows before the first key, a row emptied by the mask, a batch with
+  no keys: output 0, log-sum-exp -inf, finite gradients equal to the reference's."""
   q, k, v = qkv(9, 2, 6, 8, 2, 2, 8)
   mask = jnp.ones((2, 2, 6, 8), bool).at[0, 1, 2].set(False)
   kwargs = dict(is_causal=True, query_offset=-2, key_value_seq_lengths=np.array([8, 0], np.int32))
@@ -184,14 +270,16 @@ def test_rows_without_keys_give_zero_and_finite_gradients():
   assert np.all(np.asarray(out)[masked] == 0)
   assert np.all(np.isneginf(np.asarray(lse, np.float32)[masked]))
   assert np.all(np.isfinite(np.asarray(lse, np.float32)[~masked]))
-  grads = jax.grad(lambda *a: jnp.sum(f(*a)[0] ** 2) + jnp.sum(jnp.where(masked, 0, f(*a)[1])),
-                   argnums=(0, 1, 2))(q, k, v)
+  grads = jax.jit(jax.grad(
+      lambda *a: jnp.sum(f(*a)[0] ** 2) + jnp.sum(jnp.where(masked, 0, f(*a)[1])),
+      argnums=(0, 1, 2)))(q, k, v)
   assert all(np.all(np.isfinite(np.asarray(g))) for g in grads)
   assert np.all(np.asarray(grads[0])[masked] == 0)
-  ref_grads = jax.grad(
-      lambda *a: jnp.sum(reference.attention(*a, None, mask, **kwargs) ** 2), argnums=(0, 1, 2))(q, k, v)
-  assert_tree_close(jax.grad(lambda *a: jnp.sum(f(*a)[0] ** 2), argnums=(0, 1, 2))(q, k, v),
-                    ref_grads)
+  ref_grads = jax.jit(jax.grad(
+      lambda *a: jnp.sum(reference.attention(*a, None, mask, **kwargs) ** 2), argnums=(0, 1, 2)))(
+          q, k, v)
+  assert_tree_close(jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)[0] ** 2), argnums=(0, 1, 2)))(
+      q, k, v), ref_grads)
 
 
 @pytest.mark.parametrize("window", [(2**31 - 1, 0), (0, 2**31 - 1), (2**31 - 1, 2**31 - 1)])
@@ -225,20 +313,21 @@ def test_no_queries_gives_empty_outputs_and_zero_key_gradients():
   assert not jnp.any(dk) and not jnp.any(dv)
 
 
-def test_check_grads_orders_1_and_2():
+def test_check_grads_order_2():
   q, k, v = qkv(10, 1, 3, 5, 2, 1, 4)
   bias = random_inputs(11, [(1, 2, 3, 5)])[0]
   f = lambda q, k, v, b: jaxops.attention(q, k, v, b, is_causal=True, query_offset=2)
-  check_grads(f, (q, k, v, bias), order=1, atol=2e-2, rtol=2e-2)
   check_grads(f, (q, k, v, bias), order=2, atol=2e-2, rtol=2e-2)
 
 
 # -- forward mode: the fused JVP kernel ---------------------------------------------------
 
 
-@pytest.mark.parametrize("case", list(MASK_CASES))
-def test_jvp_matches_reference(case):
-  """Output and log-sum-exp tangents from the tangents of q, k, v (and bias)."""
+@backends.parametrize("case", {backends.CPU: list(MASK_CASES),
+                               backends.HARNESS: ["causal", "all", "bias_keys", "mask_full"]})
+def test_jvp_matches_reference(backend, case):
+  """Output and log-sum-exp tangents from the tangents of q, k, v (and bias); on
+  CUDA the forward-mode kernel (one launch)."""
   q, k, v = qkv(40, B, T, S, N, K, 16)
   bias, mask, kwargs = _split_arrays(MASK_CASES[case])
   args = [q, k, v] + ([bias] if bias is not None else [])
@@ -252,8 +341,9 @@ def test_jvp_matches_reference(case):
   assert np.isfinite(np.asarray(out[0])).all()
 
 
-@pytest.mark.parametrize("argnums", [(0,), (1,), (2,), (3,), (0, 3)], ids=str)
-def test_jvp_of_some_inputs(argnums):
+@backends.parametrize("argnums", {backends.CPU: [(0,), (1,), (2,), (3,), (0, 3)],
+                                  backends.HARNESS: [(0, 3)]})
+def test_jvp_of_some_inputs(backend, argnums):
   """A zero tangent reaches the kernel as absent: only the other terms are computed."""
   q, k, v = qkv(41, B, T, S, N, K, 16)
   bias = random_inputs(42, [(B, 1, T, S)])[0]
@@ -262,7 +352,7 @@ def test_jvp_of_some_inputs(argnums):
   jvp_against_reference(jax.jit(f), r, [q, k, v, bias], argnums=argnums, reduce_size=S)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
 def test_jvp_shapes(shape):
   b, t, s, n, kv, h, causal = shape
   q, k, v = qkv(44, b, t, s, n, kv, h)
@@ -326,9 +416,10 @@ def test_jvp_keeps_memory_linear_in_the_sequence():
   assert temp < 0.05 * 4096 * 4096 * 4 * 2, f"{temp} bytes of temporaries"
 
 
-@pytest.mark.parametrize("in_axes", [(0, 0, 0), (0, None, None), (None, 1, 1), (2, 0, 0)],
-                         ids=str)
-def test_vmap(in_axes):
+@backends.parametrize("in_axes", {backends.CPU: [(0, 0, 0), (0, None, None), (None, 1, 1),
+                                                 (2, 0, 0)],
+                                  backends.HARNESS: [(2, 0, 0)]})
+def test_vmap(backend, in_axes):
   q, k, v = qkv(12, 2, 7, 9, 4, 2, 8)
   batched = [jnp.stack([x * (1 + 0.3 * i) for i in range(3)], axis=ax) if ax is not None else x
              for x, ax in zip((q, k, v), in_axes)]
@@ -355,16 +446,17 @@ def test_vmap_of_grad_and_grad_of_vmap():
   argnums = (0, 1, 2, 3)
   loss = lambda fn: lambda *a: jnp.sum(jnp.sin(fn(*a, is_causal=True)))
   # per-example gradients, including per-example bias and k/v gradients
-  per_example = jax.vmap(jax.grad(loss(jaxops.attention), argnums), in_axes)(qs, k, v, bias)
-  per_example_ref = jax.vmap(jax.grad(loss(reference.attention), argnums), in_axes)(qs, k, v, bias)
-  assert_tree_close(per_example, per_example_ref, atol=5e-5, rtol=5e-5)
+  per_example = jax.jit(jax.vmap(jax.grad(loss(jaxops.attention), argnums), in_axes))
+  per_example_ref = jax.jit(jax.vmap(jax.grad(loss(reference.attention), argnums), in_axes))
+  assert_tree_close(per_example(qs, k, v, bias), per_example_ref(qs, k, v, bias),
+                    atol=5e-5, rtol=5e-5)
   summed = lambda fn: lambda *a: jnp.sum(jax.vmap(loss(fn), in_axes)(*a))
-  assert_tree_close(jax.grad(summed(jaxops.attention), argnums)(qs, k, v, bias),
-                    jax.grad(summed(reference.attention), argnums)(qs, k, v, bias),
+  assert_tree_close(jax.jit(jax.grad(summed(jaxops.attention), argnums))(qs, k, v, bias),
+                    jax.jit(jax.grad(summed(reference.attention), argnums))(qs, k, v, bias),
                     atol=5e-5, rtol=5e-5)
 
 
-def test_traced_query_offset_in_a_decode_loop():
+def test_traced_query_offset_in_a_decode_loop(backend):
   """Decoding one token at a time against a KV cache under fori_loop: the offset
   is traced, the loop compiles once, and every step matches full causal attention."""
   steps, H = 12, 16
@@ -392,6 +484,32 @@ def test_traced_query_offset_in_a_decode_loop():
                reduce_size=steps)
 
 
+@functools.lru_cache(maxsize=None)
+def _gradients_fn():
+  loss = lambda *a: jnp.sum(jnp.sin(jaxops.attention(*a, is_causal=True, query_offset=-3)))
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+
+
+def _gradients():
+  q, k, v = qkv(21, 1, 37, 29, 4, 2, 16)
+  bias = random_inputs(22, [(1, 4, 37, 29)])[0]
+  return _gradients_fn()(q, k, v, bias)
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("mode,seed", [("fibers", 3), ("threads", 0)])
+def test_thread_order_does_not_change_gradients(harness, mode, seed):
+  """Random thread and block orders, and OS threads: dq, dk, dv and a full
+  bias's gradient are bitwise the same (no atomics on them; a race would show)."""
+  expected = _gradients()
+  harness.configure(mode, seed=seed)
+  try:
+    for got, want in zip(_gradients(), expected):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  finally:
+    harness.configure()
+
+
 def test_implementations_agree():
   q, k, v = qkv(20, 1, 9, 11, 2, 1, 8)
   f = lambda impl: functools.partial(jaxops.attention, is_causal=True, implementation=impl)
@@ -399,6 +517,270 @@ def test_implementations_agree():
   assert "jaxops_attention_fwd" in str(jax.make_jaxpr(f("ffi"))(q, k, v))
   assert "jaxops_" not in str(jax.make_jaxpr(f("xla"))(q, k, v))
   assert "jaxops_attention_fwd" in str(jax.make_jaxpr(f(None))(q, k, v))
+
+
+# -- the CUDA forward-mode kernel called directly ------------------------------------------
+#
+# Each test calls the handler's harness target (jaxops_harness_attention_fwd_jvp,
+# the CUDA handler of jaxops_attention_fwd_jvp) with ``jax.ffi.ffi_call``, under
+# jit with the query offset traced, and compares out, logsumexp and their tangents
+# with ``jax.jvp`` of the jnp reference (attention_with_logsumexp) run in float32:
+# every mask kind, full and broadcast biases with their tangents, each tangent
+# absent or present, GQA/MQA, T = 1, T != S, rows with no key. The head dims cover
+# every tile configuration the dispatch selects: 64x64, 32x32 and, float32 only, 16x16.
+
+TARGET = "jaxops_attention_fwd_jvp"
+TANGENTS = ("query", "key", "value", "bias")
+
+
+def _absent(dtype):
+  return jnp.zeros((0,), dtype)
+
+
+def _four_d(x):
+  return None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "is_causal", "window"))
+def kernel_jvp(primals, tangents, mask, q_lengths, kv_lengths, query_offset, *, scale, is_causal,
+               window):
+  """(out, logsumexp), (dout, dlogsumexp) from the harness target; a None tangent is absent."""
+  q, k, v, bias = primals
+  batch, q_len, heads, _ = q.shape
+  absent = lambda x, dtype: _absent(dtype) if x is None else x
+  stats = jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)
+  rows = jax.ShapeDtypeStruct(q.shape, q.dtype)
+  call = jax.ffi.ffi_call(cuda_harness.harness_target(TARGET), (rows, stats, rows, stats))
+  window_left, window_right = window or (-1, -1)
+  out, lse, dout, dlse = call(
+      q, k, v, absent(bias, jnp.float32), absent(mask, jnp.bool_), absent(q_lengths, jnp.int32),
+      absent(kv_lengths, jnp.int32), query_offset,
+      *(absent(t, x.dtype if x is not None else jnp.float32) for t, x in zip(tangents, primals)),
+      scale=np.float32(scale), is_causal=np.bool_(is_causal), window_left=np.int64(window_left),
+      window_right=np.int64(window_right))
+  return (out, lse), (dout, dlse)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "is_causal", "window"))
+def reference_jvp(primals, tangents, mask, q_lengths, kv_lengths, query_offset, *, scale,
+                  is_causal, window):
+  """jax.jvp of the reference in float32; absent tangents are zeros."""
+  primals, tangents = upcast((primals, tangents))
+  tangents = tuple(jnp.zeros_like(x) if t is None and x is not None else t
+                   for t, x in zip(tangents, primals))
+
+  def forward(q, k, v, bias):
+    return reference.attention_with_logsumexp(
+        q, k, v, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=q_lengths,
+        key_value_seq_lengths=kv_lengths, local_window_size=window, query_offset=query_offset)
+
+  present = [i for i, x in enumerate(primals) if x is not None]
+  fn = lambda *xs: forward(*[xs[present.index(i)] if i in present else None for i in range(4)])
+  return jax.jvp(fn, [primals[i] for i in present], [tangents[i] for i in present])
+
+
+def run_case(shape, dtype=jnp.float32, *, tangents=TANGENTS, bias=None, mask=None,
+             is_causal=False, local_window_size=None, query_seq_lengths=None,
+             key_value_seq_lengths=None, query_offset=0, seed=0):
+  """The kernel's results against the reference's on random primals and tangents."""
+  batch, q_len, kv_len, heads, kv_heads, head_dim = shape
+  shapes = [(batch, q_len, heads, head_dim), (batch, kv_len, kv_heads, head_dim),
+            (batch, kv_len, kv_heads, head_dim)]
+  bias = _four_d(bias)
+  primals = (*random_inputs(seed, shapes, dtype), bias)
+  directions = (*random_inputs(seed + 1, shapes, dtype),
+                None if bias is None else random_inputs(seed + 2, [bias.shape])[0])
+  chosen = tuple(d if name in tangents else None for name, d in zip(TANGENTS, directions))
+  if isinstance(local_window_size, int):
+    local_window_size = (local_window_size, local_window_size)
+  kwargs = dict(scale=1.0 / np.sqrt(head_dim), is_causal=is_causal, window=local_window_size)
+  arrays = (_four_d(mask), query_seq_lengths, key_value_seq_lengths, jnp.int32(query_offset))
+  got = kernel_jvp(primals, chosen, *arrays, **kwargs)
+  want = reference_jvp(primals, chosen, *arrays, **kwargs)
+  assert_tree_close(got, want, dtype=dtype, reduce_size=max(2 * kv_len, head_dim))
+  assert got[0][0].dtype == dtype and got[1][0].dtype == dtype
+  return got
+
+
+def mask_cases(batch, q_len, kv_len, heads):
+  """MASK_CASES's kinds at another shape (lengths and windows
+  scaled to it), so that rows span several query and key tiles."""
+  random_bias = lambda seed, shape: random_inputs(seed, [shape])[0]
+  diagonal = jnp.arange(q_len)
+  return {
+      "causal": dict(is_causal=True),
+      "window": dict(local_window_size=(37, 21)),
+      "window_int_causal": dict(local_window_size=70, is_causal=True),
+      "seq_lengths": dict(query_seq_lengths=np.array([q_len, q_len // 2], np.int32),
+                          key_value_seq_lengths=np.array([kv_len // 3, kv_len], np.int32)),
+      "mask_full": dict(mask=random_mask(1, (batch, heads, q_len, kv_len))),
+      "mask_keys": dict(mask=random_mask(2, (batch, 1, 1, kv_len)).at[..., 0].set(True)),
+      "mask_rank2": dict(mask=random_mask(3, (q_len, kv_len)).at[:, 0].set(True)),
+      "bias_heads": dict(bias=random_bias(4, (1, heads, q_len, kv_len))),
+      "bias_keys": dict(bias=random_bias(5, (batch, 1, 1, kv_len))),
+      "bias_rank2": dict(bias=random_bias(6, (q_len, kv_len))),
+      "all": dict(is_causal=True, local_window_size=(50, 3), query_offset=kv_len - q_len,
+                  bias=random_bias(7, (1, heads, q_len, kv_len)),
+                  mask=random_mask(8, (batch, heads, q_len, kv_len)).at[
+                      :, :, diagonal, diagonal + kv_len - q_len].set(True),
+                  query_seq_lengths=np.array([q_len - 5, q_len], np.int32),
+                  key_value_seq_lengths=np.array([kv_len, kv_len - 40], np.int32)),
+  }
+
+
+# Two query tiles and three key tiles of the 64x64 configuration, GQA; the
+# online softmax rescales the accumulators between key tiles.
+TILED = (2, 70, 150, 4, 2)
+TILED_CASES = mask_cases(2, 70, 150, 4)
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("case", list(TILED_CASES))
+def test_jvp_kernel_float32_masks_and_biases(backend, case):
+  """The SIMT path: every mask kind, full and broadcast biases with their tangents, GQA."""
+  run_case((*TILED, 16), **TILED_CASES[case])
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("tangents", [(), ("query",), ("key",), ("value",), ("bias",),
+                                      ("query", "key"), ("key", "value"),
+                                      ("query", "value", "bias")], ids=str)
+def test_jvp_kernel_each_tangent_absent_or_present(backend, tangents):
+  """Absent tangents are zero and their products are skipped (no tangents: zero tangents)."""
+  got = run_case((*TILED, 16), tangents=tangents, is_causal=True, query_offset=80,
+                 **TILED_CASES["bias_heads"])
+  if not tangents:
+    assert not np.any(np.asarray(got[1][0])) and not np.any(np.asarray(got[1][1]))
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_jvp_kernel_tensor_cores_all_masks(backend, dtype):
+  run_case((*TILED, 32), dtype, **TILED_CASES["all"])
+
+
+# (B, T, S, N, K, H, is_causal, dtype): the forward and backward tests' shapes,
+# which also select every tile configuration of this kernel's dispatch
+# (float32: 64x64 up to H = 48, 32x32 up to 176, 16x16 above; bfloat16/float16:
+# 64x64 up to 96, 32x32 above), with decode (T = 1) and GQA, MQA, T > S, T < S
+# and head dims padded to 16 (7, 80); and more head dims in each configuration.
+JVP_SHAPES = HARNESS_SHAPES + [
+    ((1, 9, 40, 2, 1, 32, False), jnp.float32),
+    ((1, 19, 24, 2, 2, 128, True), jnp.float32),
+    ((1, 23, 16, 4, 1, 16, True), jnp.bfloat16),
+    ((1, 1, 37, 4, 2, 64, True), jnp.float16),
+]
+
+
+@backends.parametrize("shape,dtype", {backends.HARNESS: JVP_SHAPES})
+def test_jvp_kernel_tile_configurations(backend, shape, dtype):
+  *shape, is_causal = shape
+  offset = shape[2] - shape[1] if is_causal else 0
+  run_case(tuple(shape), dtype, is_causal=is_causal, query_offset=offset, seed=3)
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_jvp_kernel_tangent_accuracy_with_a_large_key_mean(backend, dtype):
+  """Keys with a large common part (as real models' keys often have) give the
+  logit tangents a large mean along each row, which the kernel's shift removes
+  before rounding e (ds - c) to the dtype: dout stays within twice the error
+  of the reference run in that dtype (unshifted: about 7 times)."""
+  shapes = [(1, 64, 2, 64), (1, 256, 2, 64), (1, 256, 2, 64)]
+  q, k, v = random_inputs(0, shapes, dtype)
+  k = (k.astype(jnp.float32) + 10.0).astype(dtype)
+  tangents = (*random_inputs(1, shapes, dtype), None)
+  arrays = (None, None, None, jnp.int32(0))
+  options = dict(scale=0.125, is_causal=False, window=None)
+  got = kernel_jvp((q, k, v, None), tangents, *arrays, **options)
+  want = reference_jvp((q, k, v, None), tangents, *arrays, **options)
+  low_precision = jax.jit(lambda primals, tangents: jax.jvp(
+      lambda q, k, v: reference.attention_with_logsumexp(q, k, v, scale=0.125), primals,
+      tangents))((q, k, v), tangents[:3])
+  error = lambda x: np.max(np.abs(np.asarray(x, np.float32) - np.asarray(want[1][0])))
+  kernel_error, reference_error = error(got[1][0]), error(low_precision[1][0])
+  assert kernel_error <= 2 * reference_error, (kernel_error, reference_error)
+
+
+@pytest.mark.backends(backends.HARNESS)
+def test_jvp_kernel_rows_without_keys(backend):
+  """Causal rows before the first key, a row emptied by the mask, a batch with
+  no keys, and a bias tangent that is infinite or NaN where keys are masked:
+  out 0, logsumexp -inf and zero tangents there, the reference elsewhere."""
+  batch, q_len, kv_len, heads = 2, 6, 8, 2
+  mask = jnp.ones((batch, heads, q_len, kv_len), bool).at[0, 1, 2].set(False)
+  kwargs = dict(is_causal=True, query_offset=-2, mask=mask,
+                key_value_seq_lengths=np.array([kv_len, 0], np.int32),
+                bias=random_inputs(11, [(batch, heads, q_len, kv_len)])[0])
+  got = run_case((batch, q_len, kv_len, heads, heads, 8), **kwargs)
+  masked = np.zeros((batch, heads, q_len), bool)
+  masked[0, :, :2] = True  # causal with offset -2: rows 0, 1 see no key
+  masked[0, 1, 2] = True   # the mask empties a row
+  masked[1] = True         # no keys at all
+  (out, lse), (dout, dlse) = [[np.asarray(x) for x in pair] for pair in got]
+  rows = np.transpose(masked, (0, 2, 1))
+  assert np.all(out[rows] == 0) and np.all(dout[rows] == 0)
+  assert np.all(np.isneginf(lse[masked])) and np.all(dlse[masked] == 0)
+  assert np.all(np.isfinite(lse[~masked])) and np.all(np.isfinite(dlse))
+
+  # Non-finite bias tangents on masked keys change nothing.
+  q, k, v = random_inputs(0, [(batch, q_len, heads, 8), (batch, kv_len, heads, 8),
+                              (batch, kv_len, heads, 8)])
+  dq, dk, dv = random_inputs(1, [q.shape, k.shape, v.shape])
+  dbias = random_inputs(2, [mask.shape])[0]
+  arrays = (mask, None, kwargs["key_value_seq_lengths"], jnp.int32(-2))
+  options = dict(scale=1.0 / np.sqrt(8), is_causal=True, window=None)
+  allowed = reference.attention_allowed(batch, heads, q_len, kv_len, mask=mask, is_causal=True,
+                                        key_value_seq_lengths=arrays[2], query_offset=-2)
+  poisoned = jnp.where(allowed, dbias, jnp.inf).at[0, 0, 0, 5].set(jnp.nan)
+  clean = kernel_jvp((q, k, v, kwargs["bias"]), (dq, dk, dv, dbias), *arrays, **options)
+  dirty = kernel_jvp((q, k, v, kwargs["bias"]), (dq, dk, dv, poisoned), *arrays, **options)
+  for a, b in zip(jax.tree.leaves(dirty), jax.tree.leaves(clean)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _thread_order_inputs():
+  q, k, v = qkv(21, 1, 37, 29, 4, 2, 16)
+  dq, dk, dv = qkv(22, 1, 37, 29, 4, 2, 16)
+  bias, dbias = random_inputs(23, [(1, 4, 37, 29), (1, 4, 37, 29)])
+  arrays = (None, None, None, jnp.int32(-3))
+  return (q, k, v, bias), (dq, dk, dv, dbias), arrays
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("mode,seed", [("fibers", 3), ("threads", 0)])
+def test_jvp_kernel_thread_order_does_not_change_results(harness, mode, seed):
+  """Random thread and block orders, and OS threads: every result is bitwise the same."""
+  primals, tangents, arrays = _thread_order_inputs()
+  options = dict(scale=0.25, is_causal=True, window=(9, 2))
+  expected = kernel_jvp(primals, tangents, *arrays, **options)
+  harness.configure(mode, seed=seed)
+  try:
+    got = kernel_jvp(primals, tangents, *arrays, **options)
+  finally:
+    harness.configure()
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.backends(backends.HARNESS)
+def test_jvp_kernel_invalid_calls_are_errors_not_crashes(backend):
+  """The handler validates through check_fwd_jvp and returns an error; the
+  harness still runs the next valid call."""
+  primals, tangents, arrays = _thread_order_inputs()
+  options = dict(scale=0.25, is_causal=False, window=None)
+  q, k, v, bias = primals
+  dq, dk, dv, dbias = tangents
+  with pytest.raises(Exception, match="dquery"):
+    kernel_jvp(primals, (dq[:, :5], dk, dv, dbias), *arrays, **options)
+  with pytest.raises(Exception, match="bias tangent requires a bias"):
+    kernel_jvp((q, k, v, None), (dq, dk, dv, dbias), *arrays, **options)
+  wide = random_inputs(0, [(1, 2, 1, 264), (1, 3, 1, 264), (1, 3, 1, 264)])
+  with pytest.raises(Exception, match="head_dim <= 256"):
+    kernel_jvp((*wide, None), (None,) * 4, *arrays, **options)
+  got = kernel_jvp(primals, tangents, *arrays, **options)
+  want = reference_jvp(primals, tangents, *arrays, **options)
+  assert_tree_close(got, want, reduce_size=2 * 29)
 
 
 # -- bad input -----------------------------------------------------------------------

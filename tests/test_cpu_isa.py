@@ -31,34 +31,38 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # float32, bfloat16 and float16, on rows that are not a multiple of any vector
 # width (257, 4099); attention's masks, decode (few-row) path and head dims
 # below, between and above the vector widths. The code that differs between
-# variants is the kernels' vector code and its tails. About 40 s per variant
-# on an idle 2-core machine.
+# variants is the kernels' vector code and its tails. The activations' forward
+# mode runs the kernels their reverse mode runs, so only the latter is here.
+# About 40 s per variant on an idle 2-core machine.
 _DTYPES = ("float32", "bfloat16", "float16")
 _MODES = ("vjp", "jvp")
 SUBSET = [
-    *(f"tests/test_norms.py::test_derivatives_match_reference[{mode}-(11, 257)-{dtype}-{op}]"
+    *(f"tests/test_norms.py::test_derivatives_match_reference[{op}-cpu-{mode}-(11, 257)-{dtype}]"
       for mode in _MODES for dtype in _DTYPES for op in ("layer_norm", "rms_norm", "add_rms_norm")),
-    *(f"tests/test_softmax.py::test_derivatives_match_reference[{mode}-(3, 2, 4099)-{dtype}-{op}]"
+    *(f"tests/test_softmax.py::test_derivatives_match_reference[{op}-cpu-{mode}-(3, 2, 4099)-{dtype}]"
       for mode in _MODES for dtype in _DTYPES for op in ("softmax", "log_softmax")),
-    "tests/test_softmax.py::test_causal_derivatives_match_reference[vjp-bfloat16]",
-    "tests/test_softmax.py::test_causal_derivatives_match_reference[jvp-float32]",
-    *(f"tests/test_cross_entropy.py::test_vjp_matches_reference[(11, 257)-mean-{dtype}]"
+    "tests/test_softmax.py::test_causal_derivatives_match_reference[cpu-vjp-bfloat16]",
+    "tests/test_softmax.py::test_causal_derivatives_match_reference[cpu-jvp-float32]",
+    *(f"tests/test_cross_entropy.py::test_vjp_matches_reference[cpu-(11, 257)-mean-{dtype}]"
       for dtype in _DTYPES),
-    *(f"tests/test_cross_entropy.py::test_jvp_matches_reference[{dtype}-{{}}]" for dtype in _DTYPES),
-    *(f"tests/test_activations.py::test_{mode}_matches_reference[(2, 4099)-{dtype}-{op}]"
-      for mode in _MODES for dtype in _DTYPES
+    *(f"tests/test_cross_entropy.py::test_jvp_matches_reference[cpu-{dtype}-{{}}]" for dtype in _DTYPES),
+    *(f"tests/test_activations.py::test_vjp_matches_reference[{op}-cpu-(2, 4099)-{dtype}]"
+      for dtype in _DTYPES
       for op in ("gelu_tanh", "gelu_erf", "silu", "swiglu", "geglu_tanh", "geglu_erf")),
-    "tests/test_activations.py::test_float32_accuracy_in_ulps",
-    "tests/test_attention.py::test_dtypes_forward_and_derivatives",
+    *(f"tests/test_activations.py::test_float32_accuracy_in_ulps[cpu-{case}]"
+      for case in ("gelu_tanh-fn0", "gelu_erf-fn1", "silu-silu")),
+    *(f"tests/test_attention.py::test_dtypes_forward_and_derivatives[cpu-{mode}-{case}-{dtype}]"
+      for mode in _MODES for case in ("causal", "all") for dtype in _DTYPES),
     "tests/test_attention.py::test_grad_matches_reference[all]",
-    "tests/test_attention.py::test_shapes[(3, 1, 19, 4, 4, 32, True)]",
-    "tests/test_attention.py::test_shapes[(2, 5, 9, 3, 3, 7, False)]",
-    "tests/test_attention.py::test_shapes[(1, 67, 131, 2, 1, 80, True)]",
-    *(f"tests/test_rope.py::test_vjp_matches_reference[{dtype}-(3, 5, 1, 7)-{style}-rd2]"
+    "tests/test_attention.py::test_shapes[cpu-(3, 1, 19, 4, 4, 32, True)-float32]",
+    "tests/test_attention.py::test_shapes[cpu-(2, 5, 9, 3, 3, 7, False)-float32]",
+    "tests/test_attention.py::test_shapes[cpu-(1, 67, 131, 2, 1, 80, True)-float32]",
+    *(f"tests/test_rope.py::test_vjp_matches_reference[cpu-(3, 5, 1, 7)-{style}-rd2-{dtype}]"
       for dtype in _DTYPES for style in ("neox", "gptj")),
-    *(f"tests/test_embedding.py::test_vjp_matches_reference[{dtype}-(257, 130)-(64, 3)]"
+    *(f"tests/test_embedding.py::test_vjp_matches_reference[cpu-(257, 130)-(64, 3)-{dtype}]"
       for dtype in _DTYPES),
-    "tests/test_adamw.py::test_low_precision_parameters",
+    "tests/test_adamw.py::test_low_precision_parameters[cpu-bfloat16]",
+    "tests/test_adamw.py::test_low_precision_parameters[cpu-float16]",
     "tests/test_adamw.py::test_implementations_agree_and_kernel_is_used",
     "tests/test_cpu_isa.py::test_cpu_isa_follows_the_variable",
 ]

@@ -13,7 +13,7 @@ tiles, and every tile configuration of the forward mode (float32 64x64, 32x32
 at H = 64 and 16x16 at H = 200; bfloat16/float16 64x64 and 32x32 at H = 200).
 """
 
-from test_cuda_harness_checks import RIGHT, _executable, _run
+from support.sanitizers import check_driver
 
 ASAN_SHAPES = ["2x5x9x4x2x8c", "1x17x3x2x1x20", "1x3x5x1x1x200c", "1x33x40x1x1x64c"]
 TSAN_SHAPES = ["1x3x5x2x1x8c", "1x3x40x1x1x64c"]
@@ -21,12 +21,8 @@ DRIVER = "attention_driver.cc"
 
 
 def test_attention_under_address_sanitizer():
-  result = _run(_executable(DRIVER, "asan", with_kernels=True), *ASAN_SHAPES, seed=5)
-  assert result.returncode == RIGHT, result.stdout + result.stderr
-  assert "AddressSanitizer" not in result.stderr
+  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=5)
 
 
 def test_attention_under_thread_sanitizer():
-  result = _run(_executable(DRIVER, "tsan", with_kernels=True), *TSAN_SHAPES)
-  assert result.returncode == RIGHT, result.stdout + result.stderr
-  assert "ThreadSanitizer" not in result.stderr
+  check_driver(DRIVER, "tsan", *TSAN_SHAPES)

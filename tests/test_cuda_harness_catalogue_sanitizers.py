@@ -1,7 +1,7 @@
 """The catalogue CUDA kernels (activations, rope, embedding, adamw) under
 AddressSanitizer and ThreadSanitizer, run by the CPU harness (see
 test_cuda_harness_checks.py for the harness's own checks and the norm kernels,
-test_cuda_harness_catalogue.py for these kernels through the JAX primitives).
+the op test files (backend cuda_harness) for these kernels through the JAX primitives).
 
 tests/cuda_harness/catalogue_driver.cc launches each kernel through its host
 launcher in cuda/*.h, in float32, bfloat16 and float16, against a
@@ -11,7 +11,7 @@ per-batch positions, out-of-range ids, more tokens than a warp and a vocabulary
 longer than the scan's 1024 threads, aliased outputs.
 """
 
-from test_cuda_harness_checks import RIGHT, _executable, _run
+from support.sanitizers import check_driver
 
 ASAN_CASES = ["act=1", "act=37", "act=600", "rope=2x3x3x10x6/2", "rope=1x5x2x8x8/1",
               "rope=3x2x1x6x2/1", "emb=7x5x37", "emb=1500x1x70", "emb=4x3x0", "adamw=1",
@@ -25,12 +25,8 @@ DRIVER = "catalogue_driver.cc"
 
 
 def test_catalogue_under_address_sanitizer():
-  result = _run(_executable(DRIVER, "asan", with_kernels=True), *ASAN_CASES, seed=5)
-  assert result.returncode == RIGHT, result.stdout + result.stderr
-  assert "AddressSanitizer" not in result.stderr
+  check_driver(DRIVER, "asan", *ASAN_CASES, seed=5)
 
 
 def test_catalogue_under_thread_sanitizer():
-  result = _run(_executable(DRIVER, "tsan", with_kernels=True), *TSAN_CASES)
-  assert result.returncode == RIGHT, result.stdout + result.stderr
-  assert "ThreadSanitizer" not in result.stderr
+  check_driver(DRIVER, "tsan", *TSAN_CASES)

@@ -7,16 +7,12 @@ harness_cases.cu holds the small kernels, norms_driver.cc runs cuda/norms.cu
 against a double-precision reference on small shapes.
 """
 
-import os
 import re
-import subprocess
 
 import pytest
 
-from cuda_harness import build
+from support.sanitizers import LAUNCH_FAILED, RIGHT, WRONG, check_driver, executable, run
 
-RIGHT, WRONG, LAUNCH_FAILED = 0, 3, 4
-SANITIZER_ENV = {"ASAN_OPTIONS": "detect_leaks=0", "TSAN_OPTIONS": "halt_on_error=1"}
 # Shapes for the sanitizers: one-warp rows (several per block), block rows with
 # shared-memory reductions, scalar and vector paths, rows longer than a chunk,
 # and weight-gradient groups.
@@ -24,34 +20,21 @@ ASAN_SHAPES = ["3x5", "8x64/2", "13x1", "2x1000", "1x9001", "2x8200/2"]
 TSAN_SHAPES = ["2x5", "2x40/2", "1x1000"]
 
 
-def _executable(source, flavor, with_kernels=False):
-  try:
-    return build.executable(build.HARNESS / source, flavor, with_kernels)
-  except build.HarnessUnavailable as e:
-    pytest.skip(str(e))
-
-
-def _run(executable, *args, seed=0, **env):
-  return subprocess.run([str(executable), *args], capture_output=True, text=True, timeout=600,
-                        env={**os.environ, **SANITIZER_ENV, "JAXOPS_HARNESS_SEED": str(seed),
-                             **env})
-
-
 @pytest.fixture(scope="module")
 def cases():
-  return _executable("harness_cases.cu", "plain")
+  return executable("harness_cases.cu", "plain")
 
 
 @pytest.mark.parametrize("case", ["block_sum", "dynamic_shared", "shuffles", "wmma"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_emulated_semantics(cases, case, seed):
-  result = _run(cases, case, seed=seed)
+  result = run(cases, case, seed=seed)
   assert result.returncode == RIGHT, result.stderr
 
 
 @pytest.mark.parametrize("case", ["block_sum", "shuffles", "wmma"])
 def test_os_thread_mode(cases, case):
-  result = _run(cases, case, JAXOPS_HARNESS_MODE="threads")
+  result = run(cases, case, JAXOPS_HARNESS_MODE="threads")
   assert result.returncode == RIGHT, result.stderr
 
 
@@ -59,7 +42,7 @@ def test_missing_barrier_gives_a_wrong_result(cases):
   # Shared memory is poisoned before each block: reads the barrier should have
   # waited for see NaN, whatever the order.
   for seed in (0, 1, 2):
-    result = _run(cases, "missing_barrier", seed=seed)
+    result = run(cases, "missing_barrier", seed=seed)
     assert result.returncode == WRONG, result.stderr
 
 
@@ -75,7 +58,7 @@ def test_missing_barrier_gives_a_wrong_result(cases):
 ])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_misuse_is_reported_not_hung(cases, case, report, seed):
-  result = _run(cases, case, seed=seed)
+  result = run(cases, case, seed=seed)
   assert result.returncode == LAUNCH_FAILED, result.stderr
   assert "cudaErrorLaunchFailure" in result.stderr
   assert re.search(report, result.stderr), result.stderr
@@ -83,7 +66,7 @@ def test_misuse_is_reported_not_hung(cases, case, report, seed):
 
 def test_misuse_is_reported_in_os_thread_mode(cases):
   for case in ("divergent_barrier", "warp_waits_for_block"):
-    result = _run(cases, case, JAXOPS_HARNESS_MODE="threads")
+    result = run(cases, case, JAXOPS_HARNESS_MODE="threads")
     assert result.returncode == LAUNCH_FAILED, result.stderr
 
 
@@ -93,28 +76,24 @@ def test_misuse_is_reported_in_os_thread_mode(cases):
     ("read_past_dynamic_shared", "heap-buffer-overflow"),
 ])
 def test_address_sanitizer_catches_out_of_bounds_reads(case, kind):
-  result = _run(_executable("harness_cases.cu", "asan"), case)
+  result = run(executable("harness_cases.cu", "asan"), case)
   assert f"AddressSanitizer: {kind}" in result.stderr, result.stderr
   assert "harness_cases.cu" in result.stderr
   assert result.returncode not in (RIGHT, WRONG, LAUNCH_FAILED)
 
 
 def test_thread_sanitizer_catches_the_missing_barrier():
-  tsan_cases = _executable("harness_cases.cu", "tsan")
-  result = _run(tsan_cases, "missing_barrier")
+  tsan_cases = executable("harness_cases.cu", "tsan")
+  result = run(tsan_cases, "missing_barrier")
   assert "ThreadSanitizer: data race" in result.stderr
   assert "block_sum<false>" in result.stderr
-  correct = _run(tsan_cases, "block_sum")
+  correct = run(tsan_cases, "block_sum")
   assert correct.returncode == RIGHT, correct.stderr
 
 
 def test_norm_kernels_under_address_sanitizer():
-  result = _run(_executable("norms_driver.cc", "asan", with_kernels=True), *ASAN_SHAPES, seed=5)
-  assert result.returncode == RIGHT, result.stdout + result.stderr
-  assert "AddressSanitizer" not in result.stderr
+  check_driver("norms_driver.cc", "asan", *ASAN_SHAPES, seed=5)
 
 
 def test_norm_kernels_under_thread_sanitizer():
-  result = _run(_executable("norms_driver.cc", "tsan", with_kernels=True), *TSAN_SHAPES)
-  assert result.returncode == RIGHT, result.stdout + result.stderr
-  assert "ThreadSanitizer" not in result.stderr
+  check_driver("norms_driver.cc", "tsan", *TSAN_SHAPES)

@@ -8,7 +8,7 @@ ignored and out-of-range labels and the in-place forward-grad, on small shapes:
 one-warp blocks, several warps, a row longer than a block's threads * 8.
 """
 
-from test_cuda_harness_checks import RIGHT, _executable, _run
+from support.sanitizers import check_driver
 
 ASAN_SHAPES = ["3x5", "8x64", "13x1", "2x1000", "1x4099"]
 TSAN_SHAPES = ["2x5", "2x300"]
@@ -16,12 +16,8 @@ DRIVER = "softmax_cross_entropy_driver.cc"
 
 
 def test_kernels_under_address_sanitizer():
-  result = _run(_executable(DRIVER, "asan", with_kernels=True), *ASAN_SHAPES, seed=5)
-  assert result.returncode == RIGHT, result.stdout + result.stderr
-  assert "AddressSanitizer" not in result.stderr
+  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=5)
 
 
 def test_kernels_under_thread_sanitizer():
-  result = _run(_executable(DRIVER, "tsan", with_kernels=True), *TSAN_SHAPES)
-  assert result.returncode == RIGHT, result.stdout + result.stderr
-  assert "ThreadSanitizer" not in result.stderr
+  check_driver(DRIVER, "tsan", *TSAN_SHAPES)

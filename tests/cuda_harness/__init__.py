@@ -6,7 +6,8 @@ CPU FFI targets named ``jaxops_harness_<op>`` (for the handler of
 ``jaxops_<op>``), and :func:`cuda_kernels_on_cpu` lowers every jaxops primitive
 with a harness handler on the CPU exactly as it lowers for CUDA (same operands,
 attributes and CUDA-sized workspace), to that target. Public functions, custom
-VJPs and batching rules are the production ones: only the kernel differs.
+VJPs and batching rules are the production ones: only the kernel differs. The
+op tests reach it as their "cuda_harness" backend (tests/support/backends.py).
 """
 
 from __future__ import annotations
