@@ -1,10 +1,11 @@
 #include "cpu/activations.h"
 
 #include <algorithm>
-#include <type_traits>
+#include <cstddef>
 
 #include "cpu/float_convert.h"
 #include "cpu/fresh_memory.h"
+#include "cpu/row_buffer.h"
 #include "cpu/vector_math.h"
 
 namespace jaxops::cpu {
@@ -55,112 +56,78 @@ struct Silu {
   }
 };
 
-// Blocks of the flat range [0, n), split into contiguous runs per thread.
-template <typename Fn>
-void for_each_block(int64_t n, Fn&& fn) {
+// Runs block(len, in, out) on the blocks of the flat range [0, n), split into
+// contiguous runs per thread: in[k] is the block of inputs[k] as float32, and
+// out[k] where the block of outputs[k] is computed in float32 before it is
+// stored as T.
+template <size_t kInputs, size_t kOutputs, typename T, typename Block>
+void map_blocks(int64_t n, const T* const (&inputs)[kInputs], T* const (&outputs)[kOutputs],
+                Block&& block) {
+  for (T* output : outputs) advise_huge_pages(output, sizeof(T) * n);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= kMinParallel)
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * kBlock;
-    fn(begin, std::min(kBlock, n - begin));
+    const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
+    alignas(64) float in_buffers[kInputs][kBlock], out_buffers[kOutputs][kBlock];
+    const float* in[kInputs];
+    float* out[kOutputs];
+    for (size_t k = 0; k < kInputs; ++k) {
+      in[k] = read_as_float(inputs[k] + begin, len, in_buffers[k]);
+    }
+    for (size_t k = 0; k < kOutputs; ++k) out[k] = result_target(outputs[k] + begin, out_buffers[k]);
+    block(len, in, out);
+    for (size_t k = 0; k < kOutputs; ++k) commit_result(out[k], outputs[k] + begin, len);
   }
-}
-
-// A block of T as float32: the data itself when T is float, else converted
-// into `buffer`.
-template <typename T>
-const float* read_block(const T* src, int64_t len, float* buffer) {
-  if constexpr (std::is_same_v<T, float>) {
-    return src;
-  } else {
-    load_row(src, buffer, len);
-    return buffer;
-  }
-}
-
-// Where a float32 result block is computed: the output itself when T is float,
-// else `buffer`, stored by write_block.
-template <typename T>
-float* block_target(T* dst, float* buffer) {
-  if constexpr (std::is_same_v<T, float>) {
-    return dst;
-  } else {
-    return buffer;
-  }
-}
-
-template <typename T>
-void write_block(const float* buffer, T* dst, int64_t len) {
-  if constexpr (!std::is_same_v<T, float>) store_row(buffer, dst, len);
 }
 
 template <typename Act, typename T>
 void unary_fwd(const T* x, T* y, int64_t n) {
-  advise_huge_pages(y, sizeof(T) * n);
-  for_each_block(n, [&](int64_t begin, int64_t len) {
-    alignas(64) float x_buf[kBlock], y_buf[kBlock];
-    const float* xb = read_block(x + begin, len, x_buf);
-    float* yb = block_target(y + begin, y_buf);
+  map_blocks(n, {x}, {y}, [](int64_t len, const float* const* in, float* const* out) {
+    const float* xb = in[0];
+    float* yb = out[0];
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) yb[i] = Act::value(xb[i]);
-    write_block(yb, y + begin, len);
   });
 }
 
 template <typename Act, typename T>
 void unary_bwd(const T* dy, const T* x, T* dx, int64_t n) {
-  advise_huge_pages(dx, sizeof(T) * n);
-  for_each_block(n, [&](int64_t begin, int64_t len) {
-    alignas(64) float x_buf[kBlock], dy_buf[kBlock], dx_buf[kBlock];
-    const float* xb = read_block(x + begin, len, x_buf);
-    const float* dyb = read_block(dy + begin, len, dy_buf);
-    float* dxb = block_target(dx + begin, dx_buf);
+  map_blocks(n, {x, dy}, {dx}, [](int64_t len, const float* const* in, float* const* out) {
+    const float *xb = in[0], *dyb = in[1];
+    float* dxb = out[0];
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) {
       float value, derivative;
       Act::value_and_derivative(xb[i], &value, &derivative);
       dxb[i] = dyb[i] * derivative;
     }
-    write_block(dxb, dx + begin, len);
   });
 }
 
 template <typename Act, typename T>
 void gated_fwd(const T* gate, const T* up, T* y, int64_t n) {
-  advise_huge_pages(y, sizeof(T) * n);
-  for_each_block(n, [&](int64_t begin, int64_t len) {
-    alignas(64) float gate_buf[kBlock], up_buf[kBlock], y_buf[kBlock];
-    const float* gb = read_block(gate + begin, len, gate_buf);
-    const float* ub = read_block(up + begin, len, up_buf);
-    float* yb = block_target(y + begin, y_buf);
+  map_blocks(n, {gate, up}, {y}, [](int64_t len, const float* const* in, float* const* out) {
+    const float *gb = in[0], *ub = in[1];
+    float* yb = out[0];
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) yb[i] = Act::value(gb[i]) * ub[i];
-    write_block(yb, y + begin, len);
   });
 }
 
 template <typename Act, typename T>
 void gated_bwd(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n) {
-  advise_huge_pages(dgate, sizeof(T) * n);
-  advise_huge_pages(dup, sizeof(T) * n);
-  for_each_block(n, [&](int64_t begin, int64_t len) {
-    alignas(64) float dy_buf[kBlock], gate_buf[kBlock], up_buf[kBlock], dgate_buf[kBlock],
-        dup_buf[kBlock];
-    const float* dyb = read_block(dy + begin, len, dy_buf);
-    const float* gb = read_block(gate + begin, len, gate_buf);
-    const float* ub = read_block(up + begin, len, up_buf);
-    float* dgb = block_target(dgate + begin, dgate_buf);
-    float* dub = block_target(dup + begin, dup_buf);
+  map_blocks(n, {dy, gate, up}, {dgate, dup},
+             [](int64_t len, const float* const* in, float* const* out) {
+               const float *dyb = in[0], *gb = in[1], *ub = in[2];
+               float *dgb = out[0], *dub = out[1];
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) {
-      float value, derivative;
-      Act::value_and_derivative(gb[i], &value, &derivative);
-      dgb[i] = dyb[i] * ub[i] * derivative;
-      dub[i] = dyb[i] * value;
-    }
-    write_block(dgb, dgate + begin, len);
-    write_block(dub, dup + begin, len);
-  });
+               for (int64_t i = 0; i < len; ++i) {
+                 float value, derivative;
+                 Act::value_and_derivative(gb[i], &value, &derivative);
+                 dgb[i] = dyb[i] * ub[i] * derivative;
+                 dub[i] = dyb[i] * value;
+               }
+             });
 }
 
 // Calls fn(Act{}) for the functor of `activation`.

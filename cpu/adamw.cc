@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "cpu/float_convert.h"
 #include "cpu/fresh_memory.h"
+#include "cpu/row_buffer.h"
 
 namespace jaxops::cpu {
 namespace {
@@ -14,16 +14,6 @@ namespace {
 constexpr int64_t kBlock = 2048;
 // Below this many elements a second thread costs more than it saves.
 constexpr int64_t kMinParallel = int64_t{1} << 15;
-
-template <typename T>
-const float* read_block(const T* src, int64_t len, float* buffer) {
-  if constexpr (std::is_same_v<T, float>) {
-    return src;
-  } else {
-    load_row(src, buffer, len);
-    return buffer;
-  }
-}
 
 // The operation order follows optax.adamw (scale_by_adam, add_decayed_weights,
 // scale_by_learning_rate) so the two agree to rounding.
@@ -66,9 +56,9 @@ void adamw(const T* grads, const T* params, const float* m, const float* v, cons
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
     alignas(64) float g_buf[kBlock], p_buf[kBlock], out_buf[kBlock];
-    const float* g = read_block(grads + begin, len, g_buf);
-    const float* p = read_block(params + begin, len, p_buf);
-    float* o = std::is_same_v<T, float> ? reinterpret_cast<float*>(out + begin) : out_buf;
+    const float* g = read_as_float(grads + begin, len, g_buf);
+    const float* p = read_as_float(params + begin, len, p_buf);
+    float* o = result_target(out + begin, out_buf);
     const float* mb = m + begin;
     const float* vb = v + begin;
     float* mo = m_out + begin;
@@ -86,7 +76,7 @@ void adamw(const T* grads, const T* params, const float* m, const float* v, cons
         adamw_block<false, false>(g, p, mb, vb, o, mo, vo, len, hyper, lr, c1, c2);
       }
     }
-    if constexpr (!std::is_same_v<T, float>) store_row(out_buf, out + begin, len);
+    commit_result(o, out + begin, len);
   }
 }
 

@@ -1,8 +1,9 @@
 // Building blocks of the CPU attention kernels that more than one pass uses
-// (cpu/attention.cc: forward and backward; cpu/attention_jvp.cc: the
-// forward-mode kernel): the SIMD layer, row conversions, the register-blocked
-// products, the problem geometry and scratch arena, masking and logits, the
-// online softmax and the row tiles of the forward-shaped passes. Internal to
+// (cpu/attention_forward.cc, cpu/attention_decode.cc, cpu/attention_backward.cc,
+// cpu/attention_jvp.cc): the problem geometry and scratch arena, masking and
+// logits, the online softmax and the row tiles of the forward-shaped passes,
+// over the SIMD layer (cpu/simd.h), the row conversions (cpu/float_convert.h)
+// and the register-blocked products (cpu/gemm_microkernels.h). Internal to
 // cpu/: not part of the kernels' contract (cpu/attention.h).
 //
 // Scores are kept in log2 units (x = logit * log2(e)) so the exponential is
@@ -12,19 +13,6 @@
 
 #include <omp.h>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
-
-// GCC 12 reports the deliberately undefined pass-through operand inside
-// avx512fintrin.h's max/roundscale/scalef/cvtph as maybe-uninitialized, or,
-// once vmax is inlined into the products' epilogue, as uninitialized. The
-// reports come from the including kernel's functions, hence file scope.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,11 +21,14 @@
 #include <type_traits>
 
 #include "cpu/attention.h"
+#include "cpu/float_convert.h"
+#include "cpu/gemm_microkernels.h"
+#include "cpu/simd.h"
 
 namespace jaxops::cpu::attention_internal {
 
-using bfloat16 = Eigen::bfloat16;
-using float16 = Eigen::half;
+using namespace simd;
+using namespace microkernels;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
@@ -47,378 +38,6 @@ inline constexpr float kInf = std::numeric_limits<float>::infinity();
 // the forward-shaped passes.
 inline constexpr int64_t kRowTile = 64;
 inline constexpr int64_t kKeyTile = 64;
-
-// ---------------------------------------------------------------------------
-// SIMD: GCC/Clang vector types, with x86 intrinsics where they beat the generic
-// lowering (fused multiply-add, max, exp2's rounding and scaling).
-
-#if defined(__AVX512F__)
-inline constexpr int kLanes = 16;
-inline constexpr int kMaxVecsPerStrip = 4;
-#elif defined(__AVX2__) && defined(__FMA__)
-inline constexpr int kLanes = 8;
-inline constexpr int kMaxVecsPerStrip = 2;
-#else
-inline constexpr int kLanes = 4;
-inline constexpr int kMaxVecsPerStrip = 2;
-#endif
-
-typedef float VecF __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t VecI __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-inline VecF vload(const float* p) {
-  VecF v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void vstore(float* p, VecF v) { std::memcpy(p, &v, sizeof(v)); }
-inline VecI vloadi(const int32_t* p) {
-  VecI v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-// Broadcasts (not VecF{} + x: adding 0.0f is not an identity for -0.0f, so the
-// compiler keeps an extra add in the inner loops).
-inline VecF vsplat(float x) {
-#if defined(__AVX512F__)
-  return _mm512_set1_ps(x);
-#elif defined(__AVX2__) && defined(__FMA__)  // the condition of kLanes == 8
-  return _mm256_set1_ps(x);
-#else
-  VecF v;
-  for (int i = 0; i < kLanes; ++i) v[i] = x;
-  return v;
-#endif
-}
-inline VecI vsplati(int32_t x) {
-  VecI v;
-  for (int i = 0; i < kLanes; ++i) v[i] = x;
-  return v;
-}
-
-inline VecF vfma(VecF a, VecF b, VecF c) {
-#if defined(__AVX512F__)
-  return _mm512_fmadd_ps(a, b, c);
-#elif defined(__AVX2__) && defined(__FMA__)
-  return _mm256_fmadd_ps(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
-inline VecF vmax(VecF a, VecF b) {
-#if defined(__AVX512F__)
-  return _mm512_max_ps(a, b);
-#elif defined(__AVX2__) && defined(__FMA__)
-  return _mm256_max_ps(a, b);
-#else
-  return a > b ? a : b;
-#endif
-}
-
-inline float vsum(VecF v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps(v);
-#else
-  float sum = 0.0f;
-  for (int i = 0; i < kLanes; ++i) sum += v[i];
-  return sum;
-#endif
-}
-
-// 2^x for x <= ~0, exactly 0 below -126 (so masked -inf scores give 0).
-// Relative error 2e-8 (near-minimax degree-6 polynomial on [-1/2, 1/2]).
-inline VecF vexp2(VecF x) {
-  const VecF c6 = vsplat(1.533758477307856e-4f), c5 = vsplat(1.3399870367720723e-3f),
-             c4 = vsplat(9.618519805371761e-3f), c3 = vsplat(5.550329014658928e-2f),
-             c2 = vsplat(0.24022646248340607f), c1 = vsplat(0.6931471824645996f),
-             c0 = vsplat(1.0f);
-#if defined(__AVX512F__)
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
-  VecF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  VecF f = x - n;
-  VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
-  return _mm512_scalef_ps(poly, n);
-#else
-  VecI tiny = x < vsplat(-126.0f);
-  x = vmax(x, vsplat(-126.0f));
-  const VecF round_magic = vsplat(12582912.0f);  // 1.5 * 2^23: adds round to integer
-  VecF n = (x + round_magic) - round_magic;
-  VecF f = x - n;
-  VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
-  // Vector casts between same-sized vector types reinterpret the bits (a
-  // reference cast would break strict aliasing, which GCC warns of at -O3).
-  VecI bits = (VecI)poly + (__builtin_convertvector(n, VecI) << 23);
-  bits &= ~tiny;
-  return (VecF)bits;
-#endif
-}
-
-// ---------------------------------------------------------------------------
-// Conversions between storage types and float32 rows.
-
-// Rows are short (a head's H values) and converted in the inner loops:
-// explicit vectors, not a memcpy call or a loop left to the auto-vectoriser
-// (which gives up on it once inlined into an OpenMP region).
-inline void widen_row(const float* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) vstore(dst + i, vload(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
-inline void widen_row(const bfloat16* src, float* dst, int64_t n) {
-  typedef uint16_t VecU16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-  typedef uint32_t VecU32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    VecU16 half;
-    std::memcpy(&half, bits + i, sizeof(half));
-    const VecU32 widened = __builtin_convertvector(half, VecU32) << 16;
-    std::memcpy(dst + i, &widened, sizeof(widened));
-  }
-  for (; i < n; ++i) {
-    const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
-    std::memcpy(dst + i, &widened, sizeof(float));
-  }
-}
-
-inline void widen_row(const float16* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
-  }
-#elif defined(__F16C__)
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
-
-template <typename T>
-inline void narrow_row(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, src, sizeof(float) * n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Register-blocked products C[m, n] = A[m, k] B[k, n] with n a multiple of
-// kLanes. A is read element by element through two strides (broadcast), B is
-// row-major with contiguous rows, C row-major. The update, and what the
-// per-column vector `col[n]` holds for it:
-//   kOverwrite     C = A B                       (col unused)
-//   kOverwriteMax  C = A B, col = max(col, max over the rows of C)
-//                  (the forward's tile maximum, taken while C is in registers
-//                  instead of in another pass over the tile)
-//   kAdd           C += A B                      (col unused)
-//   kScaleAdd      C = C * col + A B             (col: the online-softmax rescale)
-//
-// A paired product (the forward-mode kernel) also takes the tangents dA and
-// dB of its operands, laid out as A and B, and computes the tangent of C by
-// the product rule, dC = A dB + dA B (or one of the two terms: TangentTerms),
-// with the same update as C (col's maximum is C's alone). Each element of A
-// and B loaded into a register then serves two or three FMAs instead of one.
-
-enum class Update { kOverwrite, kOverwriteMax, kAdd, kScaleAdd };
-
-enum TangentTerms : int {
-  kNoTangent = 0,
-  kTangentOfB = 1,  // dC = A dB
-  kTangentOfA = 2,  // dC = dA B
-  kTangentsOfBoth = kTangentOfA | kTangentOfB,
-};
-
-template <int MR, int NV, Update U, int D>
-inline void gemm_block(int64_t kdim, const float* a, const float* da, int64_t a_rs,
-                       int64_t a_cs, const float* b, const float* db, int64_t ldb, float* c,
-                       float* dc, int64_t ldc, float* col) {
-  constexpr bool kOfA = (D & kTangentOfA) != 0, kOfB = (D & kTangentOfB) != 0;
-  constexpr int kTangentRows = D == kNoTangent ? 1 : MR;
-  VecF acc[MR][NV];
-  VecF dacc[kTangentRows][NV];
-  VecF scale[NV];
-  if constexpr (U == Update::kScaleAdd) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) scale[v] = vload(col + v * kLanes);
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if constexpr (U == Update::kOverwrite || U == Update::kOverwriteMax) {
-        acc[r][v] = VecF{};
-        if constexpr (D != kNoTangent) dacc[r][v] = VecF{};
-      } else if constexpr (U == Update::kAdd) {
-        acc[r][v] = vload(c + r * ldc + v * kLanes);
-        if constexpr (D != kNoTangent) dacc[r][v] = vload(dc + r * ldc + v * kLanes);
-      } else {
-        acc[r][v] = vload(c + r * ldc + v * kLanes) * scale[v];
-        if constexpr (D != kNoTangent) dacc[r][v] = vload(dc + r * ldc + v * kLanes) * scale[v];
-      }
-    }
-  }
-  for (int64_t p = 0; p < kdim; ++p) {
-    VecF bv[NV], dbv[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      bv[v] = vload(b + p * ldb + v * kLanes);
-      if constexpr (kOfB) dbv[v] = vload(db + p * ldb + v * kLanes);
-    }
-    const float* ap = a + p * a_cs;
-    const float* dap = kOfA ? da + p * a_cs : nullptr;
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const VecF av = vsplat(ap[r * a_rs]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) {
-        acc[r][v] = vfma(av, bv[v], acc[r][v]);
-        if constexpr (kOfB) dacc[r][v] = vfma(av, dbv[v], dacc[r][v]);
-      }
-      if constexpr (kOfA) {
-        const VecF dav = vsplat(dap[r * a_rs]);
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) dacc[r][v] = vfma(dav, bv[v], dacc[r][v]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      vstore(c + r * ldc + v * kLanes, acc[r][v]);
-      if constexpr (D != kNoTangent) vstore(dc + r * ldc + v * kLanes, dacc[r][v]);
-    }
-  }
-  if constexpr (U == Update::kOverwriteMax) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      VecF block_max = vload(col + v * kLanes);
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) block_max = vmax(block_max, acc[r][v]);
-      vstore(col + v * kLanes, block_max);
-    }
-  }
-}
-
-// Rows per register block: the accumulators (MR * NV, twice that for a paired
-// product), the NV loaded B vectors (and dB's) and the broadcasts fit the
-// register file (32 vector registers with AVX-512, 16 otherwise).
-template <int NV, int D = kNoTangent>
-constexpr int rows_per_block() {
-  if constexpr (D != kNoTangent) {
-    if constexpr (kLanes == 16) return NV == 1 ? 12 : NV == 2 ? 6 : NV == 3 ? 4 : 2;
-    return NV == 1 ? 5 : 2;
-  } else if constexpr (kLanes == 16) {
-    return NV == 4 ? 6 : NV == 3 ? 8 : NV == 2 ? 12 : 16;
-  } else {
-    return NV == 2 ? 6 : 12;
-  }
-}
-
-// Column strips of a paired product: at most 2 vectors wide with AVX-512
-// (6 x 2 blocks: 24 accumulators, 36 FMAs per 4 loads and 12 broadcasts),
-// 1 otherwise.
-inline constexpr int kMaxVecsPerPairedStrip = kLanes == 16 ? 2 : 1;
-
-// Rows 0 .. m in register blocks: of MR rows while they last, then of 4, 2
-// and 1. Calls block(rows, i) for the block of rows i .. i + rows, with rows
-// a std::integral_constant.
-template <int MR, typename Block>
-inline void for_each_row_block(int64_t m, Block&& block) {
-  int64_t i = 0;
-  for (; i + MR <= m; i += MR) block(std::integral_constant<int, MR>{}, i);
-  for (; i + 4 <= m; i += 4) block(std::integral_constant<int, 4>{}, i);
-  if (i + 2 <= m) {
-    block(std::integral_constant<int, 2>{}, i);
-    i += 2;
-  }
-  if (i < m) block(std::integral_constant<int, 1>{}, i);
-}
-
-template <int NV, Update U, int D>
-inline void gemm_strip(int64_t m, int64_t kdim, const float* a, const float* da, int64_t a_rs,
-                       int64_t a_cs, const float* b, const float* db, int64_t ldb, float* c,
-                       float* dc, int64_t ldc, float* col) {
-  for_each_row_block<rows_per_block<NV, D>()>(m, [&](auto rows, int64_t i) {
-    gemm_block<decltype(rows)::value, NV, U, D>(
-        kdim, a + i * a_rs, D & kTangentOfA ? da + i * a_rs : nullptr, a_rs, a_cs, b, db, ldb,
-        c + i * ldc, D == kNoTangent ? nullptr : dc + i * ldc, ldc, col);
-  });
-}
-
-// The paired product with the tangent terms D, in column strips.
-template <Update U, int D>
-inline void gemm_with_tangent(int64_t m, int64_t n, int64_t kdim, const float* a,
-                              const float* da, int64_t a_rs, int64_t a_cs, const float* b,
-                              const float* db, int64_t ldb, float* c, float* dc, int64_t ldc,
-                              float* col) {
-  constexpr int kMaxVecs = D == kNoTangent ? kMaxVecsPerStrip : kMaxVecsPerPairedStrip;
-  for (int64_t j = 0; j < n;) {
-    const int64_t vecs = std::min<int64_t>(kMaxVecs, (n - j) / kLanes);
-    float* cs = col ? col + j : nullptr;
-    const float* dbs = D & kTangentOfB ? db + j : nullptr;
-    float* dcs = D == kNoTangent ? nullptr : dc + j;
-    switch (vecs) {
-      case 4:
-        if constexpr (kMaxVecs >= 4) {
-          gemm_strip<4, U, D>(m, kdim, a, da, a_rs, a_cs, b + j, dbs, ldb, c + j, dcs, ldc, cs);
-        }
-        break;
-      case 3:
-        if constexpr (kMaxVecs >= 3) {
-          gemm_strip<3, U, D>(m, kdim, a, da, a_rs, a_cs, b + j, dbs, ldb, c + j, dcs, ldc, cs);
-        }
-        break;
-      case 2:
-        if constexpr (kMaxVecs >= 2) {
-          gemm_strip<2, U, D>(m, kdim, a, da, a_rs, a_cs, b + j, dbs, ldb, c + j, dcs, ldc, cs);
-        }
-        break;
-      default:
-        gemm_strip<1, U, D>(m, kdim, a, da, a_rs, a_cs, b + j, dbs, ldb, c + j, dcs, ldc, cs);
-        break;
-    }
-    j += vecs * kLanes;
-  }
-}
-
-template <Update U>
-inline void gemm(int64_t m, int64_t n, int64_t kdim, const float* a, int64_t a_rs, int64_t a_cs,
-                 const float* b, int64_t ldb, float* c, int64_t ldc, float* col = nullptr) {
-  gemm_with_tangent<U, kNoTangent>(m, n, kdim, a, nullptr, a_rs, a_cs, b, nullptr, ldb, c,
-                                   nullptr, ldc, col);
-}
-
-// A paired product whose tangent terms (TangentTerms) are known at run time:
-// absent tangents cost nothing.
-template <Update U>
-inline void paired_gemm(int terms, int64_t m, int64_t n, int64_t kdim, const float* a,
-                        const float* da, int64_t a_rs, int64_t a_cs, const float* b,
-                        const float* db, int64_t ldb, float* c, float* dc, int64_t ldc,
-                        float* col = nullptr) {
-  switch (terms) {
-    case kTangentOfA:
-      gemm_with_tangent<U, kTangentOfA>(m, n, kdim, a, da, a_rs, a_cs, b, db, ldb, c, dc, ldc, col);
-      break;
-    case kTangentOfB:
-      gemm_with_tangent<U, kTangentOfB>(m, n, kdim, a, da, a_rs, a_cs, b, db, ldb, c, dc, ldc, col);
-      break;
-    case kTangentsOfBoth:
-      gemm_with_tangent<U, kTangentsOfBoth>(m, n, kdim, a, da, a_rs, a_cs, b, db, ldb, c, dc, ldc,
-                                            col);
-      break;
-    default:
-      gemm_with_tangent<U, kNoTangent>(m, n, kdim, a, da, a_rs, a_cs, b, db, ldb, c, dc, ldc, col);
-      break;
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Problem geometry and the attended key interval of each query row.
@@ -486,7 +105,7 @@ template <typename T>
 inline void load_kv_tile(const Geometry& g, const T* src, int64_t b, int64_t kh, int64_t j0,
                   int64_t jn, float* dst, int64_t ld) {
   for (int64_t j = 0; j < jn; ++j) {
-    widen_row(src + ((b * g.S + j0 + j) * g.K + kh) * g.H, dst + j * ld, g.H);
+    load_row(src + ((b * g.S + j0 + j) * g.K + kh) * g.H, dst + j * ld, g.H);
     std::fill(dst + j * ld + g.H, dst + (j + 1) * ld, 0.0f);
   }
 }
@@ -581,6 +200,41 @@ inline void scores_to_logits(const AttentionParams& p, int64_t b, const int64_t*
   }
 }
 
+// The row-major counterpart of scores_to_logits (the decode path and the
+// backward) for one query row t of head n: row[j] = q . k_j of keys j0 + j (j < width, a multiple of kLanes) becomes the log2-unit logit,
+// -inf where masked. Columns past jn must lie past the row's interval unless
+// the tile is inside every row's interval.
+inline void row_logits(const AttentionParams& p, const Geometry& g, int64_t b, int64_t n, int64_t t,
+                int64_t kv_valid, int64_t j0, int64_t jn, int64_t width, bool inside,
+                float* row) {
+  const VecF c = vsplat(p.scale * kLog2e);
+  for (int64_t j = 0; j < width; j += kLanes) vstore(row + j, vload(row + j) * c);
+  if (p.bias) {
+    const int64_t* st = p.bias_strides;
+    const float* bias = p.bias + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
+    for (int64_t j = 0; j < jn; ++j) row[j] += bias[j * st[3]] * kLog2e;
+  }
+  if (p.mask) {
+    const int64_t* st = p.mask_strides;
+    const uint8_t* mask = p.mask + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
+    for (int64_t j = 0; j < jn; ++j) {
+      if (!mask[j * st[3]]) row[j] = -kInf;
+    }
+  }
+  if (!inside) {
+    VecI iota;
+    for (int l = 0; l < kLanes; ++l) iota[l] = l;
+    const VecI lo = vsplati(static_cast<int32_t>(std::clamp<int64_t>(g.lo(t) - j0, -1, width)));
+    const VecI hi =
+        vsplati(static_cast<int32_t>(std::clamp<int64_t>(g.hi(t, kv_valid) - j0, -1, width)));
+    const VecF masked = vsplat(-kInf);
+    for (int64_t j = 0; j < width; j += kLanes) {
+      const VecI key = iota + static_cast<int32_t>(j);
+      vstore(row + j, (key >= lo) & (key < hi) ? vload(row + j) : masked);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Row tiles of the forward-shaped passes. A work item is one (batch, kv head,
 // tile of query rows), where the rows of a kv head enumerate (t, g) pairs
@@ -665,7 +319,7 @@ inline void transpose_query_tile(const Geometry& g, const T* x, int64_t b, const
                                  float* row, float* xt) {
   for (int64_t i = 0; i < Br; ++i) {
     if (i < rows) {
-      widen_row(x + ((b * g.T + t[i]) * g.N + n[i]) * g.H, row, g.H);
+      load_row(x + ((b * g.T + t[i]) * g.N + n[i]) * g.H, row, g.H);
       for (int64_t h = 0; h < g.H; ++h) xt[h * Br + i] = row[h] * scale;
     } else {
       for (int64_t h = 0; h < g.H; ++h) xt[h * Br + i] = 0.0f;
@@ -756,6 +410,32 @@ inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
 // Natural-log logsumexp of a row from its softmax statistics (log2 units).
 inline float row_logsumexp(float shift, float l) { return (shift + std::log2(l)) * kLn2; }
 
+// The forward's results for rows i < rows (query index t[i], head n[i]) of
+// batch b: out = O / l, with row i's unnormalised output O[h] at
+// acc[i * row_stride + h * h_stride], and the logsumexp; 0 and -inf for a row
+// that attends no key (`attends` false: the tile has no attended key, and its
+// statistics were never set). row is [H] scratch.
+template <typename T>
+inline void store_forward_rows(const Geometry& g, int64_t b, const int64_t* t, const int64_t* n,
+                               int64_t rows, bool attends, int64_t q_valid,
+                               const SoftmaxRows& stats, const float* acc, int64_t row_stride,
+                               int64_t h_stride, float* row, T* out, float* lse) {
+  for (int64_t i = 0; i < rows; ++i) {
+    T* dst = out + ((b * g.T + t[i]) * g.N + n[i]) * g.H;
+    float* lse_dst = lse + (b * g.N + n[i]) * g.T + t[i];
+    if (attends && t[i] < q_valid && stats.l[i] > 0.0f) {
+      const float inv = 1.0f / stats.l[i];
+      const float* o = acc + i * row_stride;
+      for (int64_t h = 0; h < g.H; ++h) row[h] = o[h * h_stride] * inv;
+      *lse_dst = row_logsumexp(stats.shift[i], stats.l[i]);
+    } else {
+      std::fill(row, row + g.H, 0.0f);
+      *lse_dst = -kInf;
+    }
+    store_row(row, dst, g.H);
+  }
+}
+
 // Workspace bytes for run_row_tile_items: the scratch of every thread
 // (carve(arena) carves one thread's), and the slack of aligning the base.
 template <typename Carve>
@@ -791,5 +471,18 @@ inline void run_row_tile_items(const Geometry& g, int64_t Br, int threads, void*
     }
   }
 }
+
+// ---------------------------------------------------------------------------
+// The forward of a kv head with fewer query rows than vector lanes (decoding),
+// cpu/attention_decode.cc: attention_fwd's path for those shapes.
+
+inline bool has_few_rows(const Geometry& g) { return g.T * g.G < kLanes; }
+
+template <typename T>
+size_t decode_fwd_workspace_bytes(const AttentionParams& p);
+
+template <typename T>
+void decode_fwd(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
+                void* workspace);
 
 }  // namespace jaxops::cpu::attention_internal

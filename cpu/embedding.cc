@@ -7,6 +7,7 @@
 
 #include "cpu/float_convert.h"
 #include "cpu/fresh_memory.h"
+#include "cpu/row_buffer.h"
 
 namespace jaxops::cpu {
 namespace {
@@ -60,21 +61,15 @@ void embedding_bwd(const T* dout, const int32_t* ids, T* dtable, int32_t* worksp
         std::memset(static_cast<void*>(out), 0, sizeof(T) * dim);
         continue;
       }
-      float* acc = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : sum.data();
+      float* acc = result_target(out, sum.data());
       std::fill(acc, acc + dim, 0.0f);
       for (int64_t k = begin; k < end; ++k) {
-        const T* src = dout + static_cast<int64_t>(order[k]) * dim;
-        const float* values;
-        if constexpr (std::is_same_v<T, float>) {
-          values = src;
-        } else {
-          load_row(src, row.data(), dim);
-          values = row.data();
-        }
+        const float* values =
+            read_as_float(dout + static_cast<int64_t>(order[k]) * dim, dim, row.data());
 #pragma omp simd
         for (int64_t c = 0; c < dim; ++c) acc[c] += values[c];
       }
-      if constexpr (!std::is_same_v<T, float>) store_row(acc, out, dim);
+      commit_result(acc, out, dim);
     }
   }
 }

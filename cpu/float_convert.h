@@ -1,7 +1,8 @@
 // Conversions between the storage types of jaxops tensors (float, bfloat16,
-// float16) and the float32 the kernels compute in. Rows are converted into a
-// float buffer once so that every later pass over the row runs on contiguous
-// float32 and vectorises.
+// float16) and the float32 the kernels compute in: the one conversion layer of
+// cpu/ (cpu/row_buffer.h builds the kernels' row buffers on it). Rows are
+// converted into a float buffer once so that every later pass over the row
+// runs on contiguous float32 and vectorises.
 #pragma once
 
 #include <Eigen/Core>
@@ -24,9 +25,34 @@ inline float to_float(float16 v) { return static_cast<float>(v); }
 template <typename T>
 inline T from_float(float v) { return static_cast<T>(v); }
 
-// bfloat16 <-> float written with integer ops the compiler vectorises (Eigen's
-// scalar conversion has a NaN branch that blocks it). Round to nearest even;
-// NaN stays a quiet NaN.
+// Row conversions, one per storage type, used by every kernel: on long rows
+// (the norms, softmax, cross-entropy) and on the short rows of attention (a
+// head's H values, converted in inner loops, often inlined into OpenMP
+// regions, where GCC's auto-vectoriser gives up on plain loops). So they are
+// `#pragma omp simd` loops or explicit vectors (the float copy: 16 floats, one
+// AVX-512 register, at a time rather than a memcpy call on short rows), never
+// left to the auto-vectoriser. The bfloat16 widening as an `omp simd` loop
+// measured 2-3x faster than as 16-element generic vectors (rows of 64 and
+// 4096; a noisy machine).
+namespace convert_detail {
+inline constexpr int64_t kChunk = 16;
+typedef float FloatChunk __attribute__((vector_size(kChunk * sizeof(float))));
+}  // namespace convert_detail
+
+inline void load_row(const float* src, float* dst, int64_t n) {
+  using convert_detail::FloatChunk, convert_detail::kChunk;
+  int64_t i = 0;
+  for (; i + kChunk <= n; i += kChunk) {
+    FloatChunk v;
+    std::memcpy(&v, src + i, sizeof(v));
+    std::memcpy(dst + i, &v, sizeof(v));
+  }
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+inline void store_row(const float* src, float* dst, int64_t n) { load_row(src, dst, n); }
+
+// bfloat16 -> float is exact: the bits shifted into the high half.
 inline void load_row(const bfloat16* src, float* dst, int64_t n) {
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
 #pragma omp simd
@@ -38,6 +64,9 @@ inline void load_row(const bfloat16* src, float* dst, int64_t n) {
   }
 }
 
+// float -> bfloat16 with integer ops the compiler vectorises (Eigen's scalar
+// conversion has a NaN branch that blocks it). Round to nearest even; NaN
+// stays a quiet NaN.
 inline void store_row(const float* src, bfloat16* dst, int64_t n) {
   uint16_t* bits = reinterpret_cast<uint16_t*>(dst);
 #pragma omp simd
@@ -50,10 +79,12 @@ inline void store_row(const float* src, bfloat16* dst, int64_t n) {
   }
 }
 
-// float16 <-> float: eight at a time with the F16C instructions when the build
+// float16 <-> float: 8 at a time with the F16C instructions when the build
 // targets them (GCC does not vectorise the scalar conversions, which made
 // float16 kernels ~3x slower than bfloat16 ones); round to nearest even, as
-// Eigen's scalar conversion (the tail, and the path without F16C) does.
+// Eigen's scalar conversion (the tail, and the path without F16C) does. Not
+// the 16-wide AVX-512 form: GCC 12 warns of an undefined pass-through operand
+// inside its intrinsic in every kernel it is inlined into.
 inline void load_row(const float16* src, float* dst, int64_t n) {
   int64_t i = 0;
 #if defined(__F16C__)
@@ -75,14 +106,6 @@ inline void store_row(const float* src, float16* dst, int64_t n) {
   }
 #endif
   for (; i < n; ++i) dst[i] = static_cast<float16>(src[i]);
-}
-
-inline void load_row(const float* src, float* dst, int64_t n) {
-  std::memcpy(dst, src, sizeof(float) * n);
-}
-
-inline void store_row(const float* src, float* dst, int64_t n) {
-  std::memcpy(dst, src, sizeof(float) * n);
 }
 
 }  // namespace jaxops::cpu

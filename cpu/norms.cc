@@ -2,52 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <vector>
 
 #include "cpu/float_convert.h"
 #include "cpu/fresh_memory.h"
+#include "cpu/row_buffer.h"
 
 namespace jaxops::cpu {
 namespace {
-
-// A row in float32: the input itself when T is float, else a converted copy.
-template <typename T>
-class RowReader {
- public:
-  explicit RowReader(int64_t cols) : buffer_(std::is_same_v<T, float> ? 0 : cols) {}
-  const float* read(const T* row, int64_t cols) {
-    if constexpr (std::is_same_v<T, float>) {
-      return row;
-    } else {
-      load_row(row, buffer_.data(), cols);
-      return buffer_.data();
-    }
-  }
-
- private:
-  std::vector<float> buffer_;
-};
-
-// Where a float32 result row is computed before it is stored as T.
-template <typename T>
-class RowWriter {
- public:
-  explicit RowWriter(int64_t cols) : buffer_(std::is_same_v<T, float> ? 0 : cols) {}
-  float* target(T* row) {
-    if constexpr (std::is_same_v<T, float>) {
-      return row;
-    } else {
-      return buffer_.data();
-    }
-  }
-  void commit(T* row, int64_t cols) {
-    if constexpr (!std::is_same_v<T, float>) store_row(buffer_.data(), row, cols);
-  }
-
- private:
-  std::vector<float> buffer_;
-};
 
 // weight/bias converted once, or a constant when absent, so the row loops have
 // no branch on presence.
@@ -150,8 +112,8 @@ void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, float* mea
   advise_huge_pages(y, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
-    RowReader<T> reader(cols);
-    RowWriter<T> writer(cols);
+    RowBuffer<T> reader(cols);
+    RowBuffer<T> writer(cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* xr = reader.read(x + r * cols, cols);
@@ -185,8 +147,8 @@ void layer_norm_bwd(const T* dy, const T* x, const T* weight, const float* mean,
   advise_huge_pages(dx, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
-    RowReader<T> x_reader(cols), dy_reader(cols);
-    RowWriter<T> writer(cols);
+    RowBuffer<T> x_reader(cols), dy_reader(cols);
+    RowBuffer<T> writer(cols);
     std::vector<float> xhat(cols), g(cols);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -237,8 +199,8 @@ void rms_norm_fwd(const T* x, const T* weight, T* y, float* rstd, NormShape shap
   advise_huge_pages(y, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
-    RowReader<T> reader(cols);
-    RowWriter<T> writer(cols);
+    RowBuffer<T> reader(cols);
+    RowBuffer<T> writer(cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* xr = reader.read(x + r * cols, cols);
@@ -262,8 +224,8 @@ void rms_norm_bwd(const T* dy, const T* x, const T* weight, const float* rstd, c
   advise_huge_pages(dx, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
-    RowReader<T> x_reader(cols), dy_reader(cols), dres_reader(cols);
-    RowWriter<T> writer(cols);
+    RowBuffer<T> x_reader(cols), dy_reader(cols), dres_reader(cols);
+    RowBuffer<T> writer(cols);
     std::vector<float> g(cols);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -314,8 +276,8 @@ void add_rms_norm_fwd(const T* x, const T* residual, const T* weight, T* y, T* h
   if (h != residual) advise_huge_pages(h, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
-    RowReader<T> x_reader(cols), res_reader(cols), h_reader(cols);
-    RowWriter<T> h_writer(cols), y_writer(cols);
+    RowBuffer<T> x_reader(cols), res_reader(cols), h_reader(cols);
+    RowBuffer<T> h_writer(cols), y_writer(cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* xr = x_reader.read(x + r * cols, cols);
@@ -357,8 +319,8 @@ void norm_jvp_rows(const T* x, const T* weight, const float* mean, const float* 
   advise_huge_pages(dy, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
-    RowReader<T> x_reader(cols), dx_reader(cols);
-    RowWriter<T> writer(cols);
+    RowBuffer<T> x_reader(cols), dx_reader(cols);
+    RowBuffer<T> writer(cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* xr = x_reader.read(x + r * cols, cols);

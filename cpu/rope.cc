@@ -2,11 +2,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "cpu/float_convert.h"
 #include "cpu/fresh_memory.h"
+#include "cpu/row_buffer.h"
 #include "cpu/vector_math.h"
 
 namespace jaxops::cpu {
@@ -14,43 +14,6 @@ namespace {
 
 // Below this many elements a second thread costs more than it saves.
 constexpr int64_t kMinParallel = int64_t{1} << 15;
-
-// A head's features in float32: the input itself when T is float, else a copy.
-template <typename T>
-class HeadReader {
- public:
-  explicit HeadReader(int64_t n) : buffer_(std::is_same_v<T, float> ? 0 : n) {}
-  const float* read(const T* src, int64_t n) {
-    if constexpr (std::is_same_v<T, float>) {
-      return src;
-    } else {
-      load_row(src, buffer_.data(), n);
-      return buffer_.data();
-    }
-  }
-
- private:
-  std::vector<float> buffer_;
-};
-
-template <typename T>
-class HeadWriter {
- public:
-  explicit HeadWriter(int64_t n) : buffer_(std::is_same_v<T, float> ? 0 : n) {}
-  float* target(T* dst) {
-    if constexpr (std::is_same_v<T, float>) {
-      return dst;
-    } else {
-      return buffer_.data();
-    }
-  }
-  void commit(T* dst, int64_t n) {
-    if constexpr (!std::is_same_v<T, float>) store_row(buffer_.data(), dst, n);
-  }
-
- private:
-  std::vector<float> buffer_;
-};
 
 // cos and (signed) sin of every position row and frequency: row r holds
 // cos[half] then sin[half].
@@ -92,8 +55,8 @@ void rope(const T* x, const int32_t* positions, T* y, float* workspace, RopeShap
   advise_huge_pages(y, sizeof(T) * tokens * shape.heads * head_dim);
 #pragma omp parallel if (tokens * shape.heads * head_dim >= kMinParallel)
   {
-    HeadReader<T> reader(head_dim);
-    HeadWriter<T> writer(head_dim);
+    RowBuffer<T> reader(head_dim);
+    RowBuffer<T> writer(head_dim);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t b = t / shape.seq, s = t % shape.seq;

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "params/rope_math.h"
+
 namespace jaxops::cpu::vector_math {
 
 inline float bits_to_float(int32_t bits) {
@@ -172,42 +174,22 @@ inline float gaussian_cdf(float x, float e) {
   return ax < kSqrt2 ? central : outer;
 }
 
-// sin and cos of a float32 angle, correctly rounded in all but rare cases: the
-// angle is reduced by k pi/2 in double precision with pi/2 split in three parts
-// (the first two have 28 significant bits, so k * part is exact for the
-// |k| < 2^25 of any float32 angle below 5e7), and sin/cos of the remainder
-// |r| <= pi/4 are Taylor polynomials accurate to 1e-14. Used for rotary
-// embedding tables, whose angles (position * frequency) reach 1e5 and beyond.
+// sin and cos of a float32 angle, correctly rounded in all but rare cases, by
+// the reduction and polynomials of params/rope_math.h (shared with the CUDA
+// kernel, so both build the same tables). Used for rotary embedding tables,
+// whose angles (position * frequency) reach 1e5 and beyond.
 inline void sincos(float angle, float* sin_out, float* cos_out) {
-  constexpr double kTwoOverPi = 0.6366197723675814;
-  constexpr double kPiOver2Part1 = 1.570796325802803;
-  constexpr double kPiOver2Part2 = 9.920935808982456e-10;
-  constexpr double kPiOver2Part3 = -1.2177051777973966e-18;
   // Round to nearest by adding 1.5 * 2^52: k mod 4 is in the low mantissa bits.
   constexpr double kShifter = 6755399441055744.0;
   const double a = angle;
-  const double shifted = a * kTwoOverPi + kShifter;
+  const double shifted = a * rope_math::kTwoOverPi + kShifter;
   const double k = shifted - kShifter;
   int64_t shifted_bits;
   std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
   const int64_t quadrant = shifted_bits & 3;
-  const double r = ((a - k * kPiOver2Part1) - k * kPiOver2Part2) - k * kPiOver2Part3;
-  const double r2 = r * r;
-  double s = 1.0 / 6227020800.0;
-  s = s * r2 - 1.0 / 39916800.0;
-  s = s * r2 + 1.0 / 362880.0;
-  s = s * r2 - 1.0 / 5040.0;
-  s = s * r2 + 1.0 / 120.0;
-  s = s * r2 - 1.0 / 6.0;
-  s = r + r * r2 * s;
-  double c = -1.0 / 87178291200.0;
-  c = c * r2 + 1.0 / 479001600.0;
-  c = c * r2 - 1.0 / 3628800.0;
-  c = c * r2 + 1.0 / 40320.0;
-  c = c * r2 - 1.0 / 720.0;
-  c = c * r2 + 1.0 / 24.0;
-  c = c * r2 - 0.5;
-  c = 1.0 + r2 * c;
+  const double r = rope_math::reduce_quarter_turns(a, k);
+  const double s = rope_math::sin_reduced(r);
+  const double c = rope_math::cos_reduced(r);
   // sin(r + q pi/2), cos(r + q pi/2) for the quadrant q: an odd q swaps sin
   // and cos, q = 2, 3 negate sin and q = 1, 2 negate cos. Done on the bits
   // (GCC does not if-convert a double select on an integer condition).

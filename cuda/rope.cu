@@ -2,41 +2,24 @@
 
 #include "cuda/elementwise.cuh"
 #include "cuda/launch.cuh"
+#include "params/rope_math.h"
 
 namespace jaxops::cuda {
 namespace {
 
 using namespace elementwise;
 
-// sin and cos of a float32 angle, in double: the reduction and polynomials of
-// cpu/vector_math.h's sincos (pi/2 in three parts, exact k * part for |k| < 2^25,
-// Taylor polynomials on |r| <= pi/4), so both platforms build the same table.
-// CUDA's own sincos(double) would need local memory for its large-argument path.
+// sin and cos of a float32 angle, in double, by the reduction and polynomials
+// of params/rope_math.h (shared with cpu/vector_math.h's sincos, so both
+// platforms build the same table). CUDA's own sincos(double) would need local
+// memory for its large-argument path.
 __device__ __forceinline__ void sincos_of_float(float angle, float* sin_out, float* cos_out) {
-  constexpr double kTwoOverPi = 0.6366197723675814;
-  constexpr double kPiOver2Part1 = 1.570796325802803;
-  constexpr double kPiOver2Part2 = 9.920935808982456e-10;
-  constexpr double kPiOver2Part3 = -1.2177051777973966e-18;
   const double a = angle;
-  const double k = rint(a * kTwoOverPi);
+  const double k = rint(a * rope_math::kTwoOverPi);
   const int quadrant = static_cast<int>(static_cast<long long>(k) & 3);
-  const double r = ((a - k * kPiOver2Part1) - k * kPiOver2Part2) - k * kPiOver2Part3;
-  const double r2 = r * r;
-  double s = 1.0 / 6227020800.0;
-  s = s * r2 - 1.0 / 39916800.0;
-  s = s * r2 + 1.0 / 362880.0;
-  s = s * r2 - 1.0 / 5040.0;
-  s = s * r2 + 1.0 / 120.0;
-  s = s * r2 - 1.0 / 6.0;
-  s = r + r * r2 * s;
-  double c = -1.0 / 87178291200.0;
-  c = c * r2 + 1.0 / 479001600.0;
-  c = c * r2 - 1.0 / 3628800.0;
-  c = c * r2 + 1.0 / 40320.0;
-  c = c * r2 - 1.0 / 720.0;
-  c = c * r2 + 1.0 / 24.0;
-  c = c * r2 - 0.5;
-  c = 1.0 + r2 * c;
+  const double r = rope_math::reduce_quarter_turns(a, k);
+  const double s = rope_math::sin_reduced(r);
+  const double c = rope_math::cos_reduced(r);
   // sin(r + q pi/2), cos(r + q pi/2): an odd q swaps them, q = 2, 3 negate sin
   // and q = 1, 2 negate cos.
   const double sin_abs = (quadrant & 1) ? c : s;

@@ -4,7 +4,7 @@
 // builds it with -DJAXOPS_BUILD_CPP_TESTS=ON (run by ctest), or by hand from
 // the repository root:
 //   g++ -std=c++17 -O2 -fopenmp -march=native -I. -I<eigen3 include dir>
-//       cpu/attention.cc cpu/attention_jvp.cc tests/cpp/attention_test.cc -o attention_test
+//       cpu/attention*.cc tests/cpp/attention_test.cc -o attention_test
 // Run: ./attention_test                  (correctness; exit status 1 on failure)
 //      ./attention_test bench [reps]     (timing of a standard set of shapes)
 //      ./attention_test bench reps B T S N K H causal {f32,bf16,f16} [fwd|bwd|jvp]

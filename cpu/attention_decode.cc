@@ -1,0 +1,173 @@
+// Flash attention forward for kv heads with fewer query rows than vector
+// lanes (decoding: T * G < kLanes), the path attention_fwd
+// (cpu/attention_forward.cc) takes for those shapes. Rows along the lanes
+// would leave most of them idle; here a score is a dot product over H and the
+// output accumulates rows of V, both vectorised over H, so the work is
+// proportional to the rows (the pass is bound by reading K and V once).
+#include "cpu/attention.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cpu/attention_tiles.h"
+
+namespace jaxops::cpu::attention_internal {
+namespace {
+
+// One work item: all T * G < kLanes query rows of a kv head, row-major.
+struct DecodeScratch {
+  float* qn;    // [kLanes][Hp] query rows
+  float* on;    // [kLanes][Hp] unnormalised output rows
+  float* kn;    // [Bc][Hp] key rows as float (when not read in place)
+  float* vn;    // [Bc][Hp]
+  float* sn;    // [kLanes][Bc] logits / probabilities
+  float* row;   // [H]
+  SoftmaxRows stats;
+  int32_t* lo;  // [kLanes] attended key interval
+  int32_t* hi;
+  int64_t* t;   // [kLanes] query index of each row
+  int64_t* n;   // [kLanes] head of each row
+};
+
+DecodeScratch carve_decode(const Geometry& g, Arena& arena) {
+  DecodeScratch s;
+  s.qn = arena.take<float>(kLanes * g.Hp);
+  s.on = arena.take<float>(kLanes * g.Hp);
+  s.kn = arena.take<float>(kKeyTile * g.Hp);
+  s.vn = arena.take<float>(kKeyTile * g.Hp);
+  s.sn = arena.take<float>(kLanes * kKeyTile);
+  s.row = arena.take<float>(g.H);
+  s.stats = carve_softmax_rows(kLanes, arena);
+  s.lo = arena.take<int32_t>(kLanes);
+  s.hi = arena.take<int32_t>(kLanes);
+  s.t = arena.take<int64_t>(kLanes);
+  s.n = arena.take<int64_t>(kLanes);
+  return s;
+}
+
+template <typename T>
+void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, const T* k,
+                    const T* v, T* out, float* lse, int64_t b, int64_t kh,
+                    const DecodeScratch& s) {
+  const int64_t H = g.H, Hp = g.Hp, Bc = kKeyTile;
+  const RowTile tile = plan_row_tile(g, b, kh, 0, g.T * g.G, s.t, s.n, s.lo, s.hi);
+  const int64_t rows = tile.rows;
+  const bool in_place = std::is_same_v<T, float> && H == Hp;
+  for (int64_t i = 0; i < rows; ++i) {
+    load_row(q + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H, s.qn + i * Hp, H);
+    std::fill(s.qn + i * Hp + H, s.qn + (i + 1) * Hp, 0.0f);
+  }
+  std::fill(s.on, s.on + rows * Hp, 0.0f);
+  std::fill(s.stats.m, s.stats.m + rows, -kInf);
+  std::fill(s.stats.shift, s.stats.shift + rows, 0.0f);
+  std::fill(s.stats.l, s.stats.l + rows, 0.0f);
+
+  for (int64_t j0 = tile.key_begin; j0 < tile.key_end; j0 += Bc) {
+    const int64_t jn = std::min(Bc, tile.key_end - j0);
+    const int64_t at = ((b * g.S + j0) * g.K + kh) * H;
+    if (j0 + jn < tile.key_end) {
+      prefetch_kv_tile(g, k, v, b, kh, j0 + jn, std::min(Bc, tile.key_end - j0 - jn));
+    }
+    const float* kr;
+    const float* vr;
+    int64_t ld;
+    if (in_place) {
+      kr = reinterpret_cast<const float*>(k + at);
+      vr = reinterpret_cast<const float*>(v + at);
+      ld = g.K * H;
+    } else {
+      load_kv_tile(g, k, b, kh, j0, jn, s.kn, Hp);
+      load_kv_tile(g, v, b, kh, j0, jn, s.vn, Hp);
+      kr = s.kn;
+      vr = s.vn;
+      ld = Hp;
+    }
+    // Columns past jn lie past every row's interval unless the tile is inside.
+    const bool inside = tile.inside(j0, Bc);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* srow = s.sn + i * Bc;
+      const float* qi = s.qn + i * Hp;
+      // Four keys at a time: independent accumulation chains.
+      int64_t j = 0;
+      for (; j + 4 <= jn; j += 4) {
+        VecF acc0{}, acc1{}, acc2{}, acc3{};
+        const float* k0 = kr + j * ld;
+        for (int64_t h = 0; h < Hp; h += kLanes) {
+          const VecF qv = vload(qi + h);
+          acc0 = vfma(qv, vload(k0 + h), acc0);
+          acc1 = vfma(qv, vload(k0 + ld + h), acc1);
+          acc2 = vfma(qv, vload(k0 + 2 * ld + h), acc2);
+          acc3 = vfma(qv, vload(k0 + 3 * ld + h), acc3);
+        }
+        srow[j] = vsum(acc0);
+        srow[j + 1] = vsum(acc1);
+        srow[j + 2] = vsum(acc2);
+        srow[j + 3] = vsum(acc3);
+      }
+      for (; j < jn; ++j) {
+        VecF acc{};
+        for (int64_t h = 0; h < Hp; h += kLanes) acc = vfma(vload(qi + h), vload(kr + j * ld + h), acc);
+        srow[j] = vsum(acc);
+      }
+      std::fill(srow + jn, srow + Bc, 0.0f);
+      if (s.t[i] < tile.q_valid) {
+        row_logits(p, g, b, s.n[i], s.t[i], tile.kv_valid, j0, jn, Bc, inside, srow);
+      } else {
+        std::fill(srow, srow + Bc, -kInf);
+      }
+      VecF tile_max = vsplat(-kInf);
+      for (int64_t j = 0; j < Bc; j += kLanes) tile_max = vmax(tile_max, vload(srow + j));
+      float m_new = s.stats.m[i];
+      for (int l = 0; l < kLanes; ++l) m_new = std::max(m_new, tile_max[l]);
+      const float shift = m_new == -kInf ? 0.0f : m_new;
+      const float alpha = vexp2(vsplat(s.stats.m[i] - shift))[0];
+      s.stats.m[i] = m_new;
+      s.stats.shift[i] = shift;
+      VecF sum{};
+      for (int64_t j = 0; j < Bc; j += kLanes) {
+        const VecF prob = vexp2(vload(srow + j) - vsplat(shift));
+        vstore(srow + j, prob);
+        sum += prob;
+      }
+      s.stats.l[i] = s.stats.l[i] * alpha + vsum(sum);
+      float* oi = s.on + i * Hp;
+      for (int64_t h = 0; h < Hp; h += kLanes) vstore(oi + h, vload(oi + h) * vsplat(alpha));
+    }
+    gemm<Update::kAdd>(rows, Hp, jn, s.sn, Bc, 1, vr, ld, s.on, Hp);
+  }
+
+  // The statistics are set for every row, so `attends` need not be checked.
+  store_forward_rows(g, b, s.t, s.n, rows, true, tile.q_valid, s.stats, s.on, Hp, 1, s.row,
+                     out, lse);
+}
+
+}  // namespace
+
+template <typename T>
+size_t decode_fwd_workspace_bytes(const AttentionParams& p) {
+  const Geometry g(p);
+  return row_tile_workspace_bytes(p, [&](Arena& arena) { return carve_decode(g, arena); });
+}
+
+template <typename T>
+void decode_fwd(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
+                void* workspace) {
+  const Geometry g(p);
+  // One row tile per kv head: its T * G rows fit in kLanes.
+  run_row_tile_items(
+      g, kLanes, thread_count(p), workspace, [&](Arena& arena) { return carve_decode(g, arena); },
+      [&](const DecodeScratch& s, int64_t b, int64_t kh, int64_t) {
+        decode_kv_head(p, g, q, k, v, out, lse, b, kh, s);
+      });
+}
+
+#define JAXOPS_ATTENTION_DECODE_INSTANTIATE(T)                                                  \
+  template size_t decode_fwd_workspace_bytes<T>(const AttentionParams&);                       \
+  template void decode_fwd<T>(const AttentionParams&, const T*, const T*, const T*, T*, float*, \
+                              void*);
+JAXOPS_ATTENTION_DECODE_INSTANTIATE(float)
+JAXOPS_ATTENTION_DECODE_INSTANTIATE(bfloat16)
+JAXOPS_ATTENTION_DECODE_INSTANTIATE(float16)
+#undef JAXOPS_ATTENTION_DECODE_INSTANTIATE
+
+}  // namespace jaxops::cpu::attention_internal

@@ -1,0 +1,172 @@
+// Flash attention forward on the CPU; see attention.h for the contract and
+// cpu/attention_tiles.h for the building blocks it shares with the other
+// passes.
+//
+// Query rows lie along the SIMD lanes. A score tile is stored transposed,
+// st[key][query row], so the online-softmax statistics (max, sum, rescale) are
+// elementwise vector operations, and the register-blocked products
+// (cpu/gemm_microkernels.h) broadcast key/value elements from their natural
+// layout against packed query tiles. bf16 inputs use AVX512_BF16 dot products
+// (cpu/gemm_bf16_microkernels.h) where the CPU has them. With fewer query rows
+// than lanes (decoding) the forward is cpu/attention_decode.cc's.
+#include "cpu/attention.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cpu/attention_tiles.h"
+#include "cpu/gemm_bf16_microkernels.h"
+
+namespace jaxops::cpu {
+using namespace attention_internal;
+namespace {
+
+struct ForwardScratch {
+  float* qt;      // [H][Br] query tile, transposed
+  float* ot;      // [H][Br] unnormalised output, transposed
+  float* st;      // [Bc][Br] scores / probabilities, transposed
+  float* kf;      // [Bc][H] key tile as float (non-float inputs)
+  float* vf;      // [Bc][H]
+  uint32_t* qp;   // [H/2][Br] query tile as bf16 pairs along H (bf16 dot path)
+  uint32_t* vp;   // [Bc/2][H] value tile as bf16 pairs along the keys
+  uint32_t* pp;   // [Bc/2][Br] probabilities as bf16 pairs along the keys
+  float* row;     // [H]
+  SoftmaxRows stats;
+  int32_t* lo;    // [Br] attended key interval
+  int32_t* hi;
+  int64_t* t;     // [Br] query index of each row
+  int64_t* n;     // [Br] head of each row
+};
+
+ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
+  ForwardScratch s;
+  s.qt = arena.take<float>(g.H * Br);
+  s.ot = arena.take<float>(g.H * Br);
+  s.st = arena.take<float>(kKeyTile * Br);
+  s.kf = arena.take<float>(kKeyTile * g.H);
+  s.vf = arena.take<float>(kKeyTile * g.H);
+  s.qp = arena.take<uint32_t>((g.H + 1) / 2 * Br);
+  s.vp = arena.take<uint32_t>(kKeyTile / 2 * g.H);
+  s.pp = arena.take<uint32_t>(kKeyTile / 2 * Br);
+  s.row = arena.take<float>(g.H);
+  s.stats = carve_softmax_rows(Br, arena);
+  s.lo = arena.take<int32_t>(Br);
+  s.hi = arena.take<int32_t>(Br);
+  s.t = arena.take<int64_t>(Br);
+  s.n = arena.take<int64_t>(Br);
+  return s;
+}
+
+// Whether the bfloat16 forward uses the bf16 dot-product path.
+template <typename T>
+bool forward_uses_bf16_dot(const Geometry& g) {
+#if defined(JAXOPS_BF16_DOT)
+  return std::is_same_v<T, bfloat16> && g.H % 2 == 0 && cpu_has_bf16_dot();
+#else
+  (void)g;
+  return false;
+#endif
+}
+
+template <typename T>
+void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* k,
+                  const T* v, T* out, float* lse, int64_t b, int64_t kh, int64_t r0,
+                  int64_t Br, const ForwardScratch& s) {
+  const int64_t H = g.H;
+  const bool bf16_dot = forward_uses_bf16_dot<T>(g);
+  const RowTile tile = plan_row_tile(g, b, kh, r0, Br, s.t, s.n, s.lo, s.hi);
+  const int64_t rows = tile.rows;
+
+  if (tile.attends()) {
+    if (bf16_dot) {
+      for (int64_t i = 0; i < Br; ++i) {
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(
+            q + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H);
+        for (int64_t hp = 0; hp < H / 2; ++hp) s.qp[hp * Br + i] = i < rows ? src[hp] : 0u;
+      }
+    } else {
+      // Queries scaled to log2-unit logits here, once per row, rather than
+      // every score tile.
+      transpose_query_tile(g, q, b, s.t, s.n, rows, Br, p.scale * kLog2e, s.row, s.qt);
+    }
+    std::fill(s.ot, s.ot + H * Br, 0.0f);
+    std::fill(s.stats.m, s.stats.m + Br, -kInf);
+    std::fill(s.stats.l, s.stats.l + Br, 0.0f);
+
+    for (int64_t j0 = tile.key_begin; j0 < tile.key_end; j0 += kKeyTile) {
+      const int64_t jn = std::min(kKeyTile, tile.key_end - j0);
+      if (j0 + jn < tile.key_end) {
+        prefetch_kv_tile(g, k, v, b, kh, j0 + jn, std::min(kKeyTile, tile.key_end - j0 - jn));
+      }
+      const bool inside = tile.inside(j0, jn);
+#if defined(JAXOPS_BF16_DOT)
+      if (bf16_dot) {
+        const int64_t at = ((b * g.S + j0) * g.K + kh) * H;
+        const uint32_t* kp = reinterpret_cast<const uint32_t*>(k + at);
+        dot_gemm<Update::kOverwrite>(jn, Br, H / 2, kp, g.K * H / 2, 1, s.qp, Br, s.st, Br);
+        scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, false, j0, jn, Br, s.st);
+        online_softmax(jn, Br, false, s.st, s.stats);
+        pack_value_pairs(reinterpret_cast<const uint16_t*>(v + at), g.K * H, jn, H, s.vp);
+        pack_probability_pairs(s.st, jn, Br, s.pp);
+        dot_gemm<Update::kScaleAdd>(H, Br, (jn + 1) / 2, s.vp, 1, H, s.pp, Br, s.ot, Br,
+                                    s.stats.alpha);
+        continue;
+      }
+#endif
+      int64_t ldk;
+      const float* kt = kv_tile_as_float(g, k, b, kh, j0, jn, s.kf, &ldk);
+      const float* vt = kv_tile_as_float(g, v, b, kh, j0, jn, s.vf, &ldk);
+      // The queries carry the scale, so a tile inside every row's interval,
+      // with no bias or mask, is logits as it leaves the product, which also
+      // gives its maximum.
+      const bool logits_as_computed = inside && !p.bias && !p.mask;
+      if (logits_as_computed) {
+        std::fill(s.stats.tile_max, s.stats.tile_max + Br, -kInf);
+        gemm<Update::kOverwriteMax>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br, s.stats.tile_max);
+      } else {
+        gemm<Update::kOverwrite>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br);
+        scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, true, j0, jn, Br, s.st);
+      }
+      online_softmax(jn, Br, logits_as_computed, s.st, s.stats);
+      gemm<Update::kScaleAdd>(H, Br, jn, vt, 1, ldk, s.st, Br, s.ot, Br, s.stats.alpha);
+    }
+  }
+
+  store_forward_rows(g, b, s.t, s.n, rows, tile.attends(), tile.q_valid, s.stats, s.ot, 1, Br,
+                     s.row, out, lse);
+}
+
+}  // namespace
+
+template <typename T>
+size_t attention_fwd_workspace_bytes(const AttentionParams& p) {
+  const Geometry g(p);
+  if (has_few_rows(g)) return decode_fwd_workspace_bytes<T>(p);
+  return row_tile_workspace_bytes(
+      p, [&](Arena& arena) { return carve_forward(g, forward_row_tile(g), arena); });
+}
+
+template <typename T>
+void attention_fwd(const AttentionParams& p, const T* q, const T* k, const T* v, T* out,
+                   float* lse, void* workspace) {
+  const Geometry g(p);
+  if (g.B == 0 || g.T == 0 || g.N == 0) return;
+  if (has_few_rows(g)) return decode_fwd(p, q, k, v, out, lse, workspace);
+  const int64_t Br = forward_row_tile(g);
+  run_row_tile_items(
+      g, Br, thread_count(p), workspace, [&](Arena& arena) { return carve_forward(g, Br, arena); },
+      [&](const ForwardScratch& s, int64_t b, int64_t kh, int64_t r0) {
+        forward_tile(p, g, q, k, v, out, lse, b, kh, r0, Br, s);
+      });
+}
+
+#define JAXOPS_ATTENTION_FWD_INSTANTIATE(T)                                                \
+  template size_t attention_fwd_workspace_bytes<T>(const AttentionParams&);               \
+  template void attention_fwd<T>(const AttentionParams&, const T*, const T*, const T*, T*, \
+                                 float*, void*);
+JAXOPS_ATTENTION_FWD_INSTANTIATE(float)
+JAXOPS_ATTENTION_FWD_INSTANTIATE(bfloat16)
+JAXOPS_ATTENTION_FWD_INSTANTIATE(float16)
+#undef JAXOPS_ATTENTION_FWD_INSTANTIATE
+
+}  // namespace jaxops::cpu

@@ -1,0 +1,127 @@
+// The explicit SIMD layer of the CPU kernels whose inner loops are written in
+// vectors rather than left to `#pragma omp simd` (the attention kernels and
+// their register-blocked products, cpu/gemm_microkernels.h): GCC/Clang vector
+// types of the build's width (kLanes floats: 16 with AVX-512, 8 with AVX2 and
+// FMA, 4 otherwise), with x86 intrinsics where they beat the generic lowering
+// (fused multiply-add, max, exp2's rounding and scaling). Each CPU variant
+// (docs/cpu_builds.md) compiles this with its own width.
+#pragma once
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+// GCC 12 reports the deliberately undefined pass-through operand inside
+// avx512fintrin.h's max/roundscale/scalef as maybe-uninitialized, or, once
+// vmax is inlined into the products' epilogue, as uninitialized. The reports
+// come from the including kernel's functions, hence file scope.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+namespace jaxops::cpu::simd {
+
+#if defined(__AVX512F__)
+inline constexpr int kLanes = 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+inline constexpr int kLanes = 8;
+#else
+inline constexpr int kLanes = 4;
+#endif
+
+typedef float VecF __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t VecI __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline VecF vload(const float* p) {
+  VecF v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void vstore(float* p, VecF v) { std::memcpy(p, &v, sizeof(v)); }
+inline VecI vloadi(const int32_t* p) {
+  VecI v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+// Broadcasts (not VecF{} + x: adding 0.0f is not an identity for -0.0f, so the
+// compiler keeps an extra add in the inner loops).
+inline VecF vsplat(float x) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#elif defined(__AVX2__) && defined(__FMA__)  // the condition of kLanes == 8
+  return _mm256_set1_ps(x);
+#else
+  VecF v;
+  for (int i = 0; i < kLanes; ++i) v[i] = x;
+  return v;
+#endif
+}
+inline VecI vsplati(int32_t x) {
+  VecI v;
+  for (int i = 0; i < kLanes; ++i) v[i] = x;
+  return v;
+}
+
+inline VecF vfma(VecF a, VecF b, VecF c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+inline VecF vmax(VecF a, VecF b) {
+#if defined(__AVX512F__)
+  return _mm512_max_ps(a, b);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_max_ps(a, b);
+#else
+  return a > b ? a : b;
+#endif
+}
+
+inline float vsum(VecF v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(v);
+#else
+  float sum = 0.0f;
+  for (int i = 0; i < kLanes; ++i) sum += v[i];
+  return sum;
+#endif
+}
+
+// 2^x for x <= ~0, exactly 0 below -126 (so masked -inf scores give 0).
+// Relative error 2e-8 (near-minimax degree-6 polynomial on [-1/2, 1/2]).
+inline VecF vexp2(VecF x) {
+  const VecF c6 = vsplat(1.533758477307856e-4f), c5 = vsplat(1.3399870367720723e-3f),
+             c4 = vsplat(9.618519805371761e-3f), c3 = vsplat(5.550329014658928e-2f),
+             c2 = vsplat(0.24022646248340607f), c1 = vsplat(0.6931471824645996f),
+             c0 = vsplat(1.0f);
+#if defined(__AVX512F__)
+  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  VecF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VecF f = x - n;
+  VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
+  return _mm512_scalef_ps(poly, n);
+#else
+  VecI tiny = x < vsplat(-126.0f);
+  x = vmax(x, vsplat(-126.0f));
+  const VecF round_magic = vsplat(12582912.0f);  // 1.5 * 2^23: adds round to integer
+  VecF n = (x + round_magic) - round_magic;
+  VecF f = x - n;
+  VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
+  // Vector casts between same-sized vector types reinterpret the bits (a
+  // reference cast would break strict aliasing, which GCC warns of at -O3).
+  VecI bits = (VecI)poly + (__builtin_convertvector(n, VecI) << 23);
+  bits &= ~tiny;
+  return (VecF)bits;
+#endif
+}
+
+}  // namespace jaxops::cpu::simd
