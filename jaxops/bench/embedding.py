@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxops
-from jaxops.bench.timing import (comparison_columns, forward_or_backward, machine_line,
+from jaxops.bench.timing import (comparison_columns, forward_or_backward, print_table_header,
                                   time_against_xla)
 
 
@@ -30,11 +30,8 @@ def _parse(argv):
 
 def main(argv=()):
   args = _parse(argv)
-  print(f"# {machine_line()}")
-  print(f"# median of {args.runs} runs after warm-up; ids uniform over the vocabulary; "
-        "'sys' = share of CPU time in the kernel (page faults)")
-  print(f"{'table':<11} {'ids':<9} {'dtype':<9} {'pass':<8} {'jaxops ms':>10} {'GB/s':>6} "
-        f"{'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} {'speed-up':>8}")
+  print_table_header(f"median of {args.runs} runs after warm-up; ids uniform over the vocabulary",
+                     [("table", 11), ("ids", 9), ("dtype", 9), ("pass", 8)])
   for table_text in args.tables:
     vocab, dim = (int(s) for s in table_text.split("x"))
     for ids_text in args.tokens:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxops
-from jaxops.bench.timing import (comparison_columns, forward_or_backward, machine_line,
+from jaxops.bench.timing import (comparison_columns, forward_or_backward, print_table_header,
                                   time_against_xla)
 
 # op -> (function, number of x-shaped inputs, x-shaped arrays moved forward,
@@ -44,12 +44,9 @@ def _parse(argv):
 
 def main(argv=()):
   args = _parse(argv)
-  print(f"# {machine_line()}")
-  print(f"# median of {args.runs} runs after warm-up; GB/s counts each x-shaped input read once "
-        "and each output written once; 'sys' = share of CPU time in the kernel (page faults)")
-  header = (f"{'op':<13} {'shape':<11} {'dtype':<9} {'pass':<8} {'jaxops ms':>10} {'GB/s':>6} "
-            f"{'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} {'speed-up':>8}")
-  print(header)
+  print_table_header(f"median of {args.runs} runs after warm-up; GB/s counts each x-shaped input "
+                     "read once and each output written once",
+                     [("op", 13), ("shape", 11), ("dtype", 9), ("pass", 8)])
   for op in args.ops:
     fn, n_inputs, fwd_arrays, fwd_bwd_arrays, jvp_arrays = _OPS[op]
     for shape_text in args.shapes:

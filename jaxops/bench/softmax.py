@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 import jaxops
 from jaxops import reference
-from jaxops.bench.timing import (comparison_columns, forward_or_backward, machine_line,
+from jaxops.bench.timing import (comparison_columns, forward_or_backward, print_table_header,
                                   time_against_xla)
 
 _OPS = {
@@ -46,12 +46,9 @@ def _parse(argv):
 
 def main(argv=()):
   args = _parse(argv)
-  print(f"# {machine_line()}")
-  print(f"# median of {args.runs} runs after warm-up; GB/s counts each x-shaped array moved once "
-        "(x, y forward; x, y, dy, dx forward+backward and jvp); 'sys' = share of CPU time in "
-        "the kernel")
-  print(f"{'op':<12} {'shape':<13} {'dtype':<9} {'pass':<8} {'jaxops ms':>10} {'GB/s':>6} "
-        f"{'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} {'speed-up':>8}")
+  print_table_header(f"median of {args.runs} runs after warm-up; GB/s counts each x-shaped array "
+                     "moved once (x, y forward; x, y, dy, dx forward+backward and jvp)",
+                     [("op", 12), ("shape", 13), ("dtype", 9), ("pass", 8)])
   for op in args.ops:
     fn = _OPS[op]
     for shape_text in args.shapes:

@@ -130,3 +130,13 @@ def comparison_columns(ours: Timing, xla: Timing, moved_bytes: float) -> str:
   return (f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
           f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
           f"{xla.median_ms / ours.median_ms:>7.2f}x")
+
+
+def print_table_header(note: str, labels: list[tuple[str, int]]) -> None:
+  """The lines every family's table starts with: the machine, what the figures
+  are (``note``), and the column names, the row labels (name, width) first."""
+  print(f"# {machine_line()}")
+  print(f"# {note}; 'sys' = share of CPU time in the kernel (page faults)")
+  print(" ".join(f"{name:<{width}}" for name, width in labels) +
+        f" {'jaxops ms':>10} {'GB/s':>6} {'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} "
+        f"{'speed-up':>8}")
