@@ -256,12 +256,9 @@ def test_special_values(backend):
 def test_random_thread_order(harness, seed):
   """Threads and blocks in a random order: a result that depends on it is a race."""
   name, fn, ref, arity = OPS[3]
-  harness.configure("fibers", seed=seed)
-  try:
+  with harness.scheduled("fibers", seed=seed):
     vjp_against_reference(jax.jit(fn), ref, _args(1, (3, 700), jnp.bfloat16, arity),
                           dtype=jnp.bfloat16)
-  finally:
-    harness.configure()
 
 
 # -- bad input -------------------------------------------------------------------

@@ -502,12 +502,9 @@ def test_thread_order_does_not_change_gradients(harness, mode, seed):
   """Random thread and block orders, and OS threads: dq, dk, dv and a full
   bias's gradient are bitwise the same (no atomics on them; a race would show)."""
   expected = _gradients()
-  harness.configure(mode, seed=seed)
-  try:
+  with harness.scheduled(mode, seed=seed):
     for got, want in zip(_gradients(), expected):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-  finally:
-    harness.configure()
 
 
 def test_implementations_agree():
@@ -754,11 +751,8 @@ def test_jvp_kernel_thread_order_does_not_change_results(harness, mode, seed):
   primals, tangents, arrays = _thread_order_inputs()
   options = dict(scale=0.25, is_causal=True, window=(9, 2))
   expected = kernel_jvp(primals, tangents, *arrays, **options)
-  harness.configure(mode, seed=seed)
-  try:
+  with harness.scheduled(mode, seed=seed):
     got = kernel_jvp(primals, tangents, *arrays, **options)
-  finally:
-    harness.configure()
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

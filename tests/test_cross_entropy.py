@@ -402,21 +402,15 @@ def test_linear_does_not_materialise_the_logits():
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_thread_order(harness, seed):
   """Threads and blocks in a random order: a result that depends on it is a race."""
-  harness.configure("fibers", seed=seed)
-  try:
+  with harness.scheduled("fibers", seed=seed):
     check_vjp((6, 700), "none", jnp.float32)
-  finally:
-    harness.configure()
 
 
 @pytest.mark.backends(backends.HARNESS)
 def test_os_thread_mode(harness, small_blocks):
-  harness.configure("threads")
-  try:
+  with harness.scheduled("threads"):
     check_vjp((3, 96), "mean", jnp.float16)
     check_linear_vjp(small_blocks, "mean", (5,), 4, 40, 2, True)
-  finally:
-    harness.configure()
 
 
 # -- bad input -------------------------------------------------------------------------

@@ -213,24 +213,18 @@ def test_no_ids_and_zero_width(backend):
 def test_random_thread_order(harness, seed):
   """Threads and blocks in a random order: a result that depends on it is a race.
   The gradient's threads cooperate (row counts, scan, warp placement)."""
-  harness.configure("fibers", seed=seed)
-  try:
+  with harness.scheduled("fibers", seed=seed):
     table, = random_inputs(seed, [(37, 9)])
     ids = jax.random.randint(jax.random.key(seed), (5, 61), -2, 40)
     dout, = random_inputs(seed + 10, [(5, 61, 9)])
     grad = jax.vjp(lambda t: jaxops.embedding(t, ids), table)[1](dout)[0]
     assert_close(grad, reference.embedding_grad(dout, ids, 37), atol=1e-5, rtol=1e-5)
-  finally:
-    harness.configure()
 
 
 @pytest.mark.backends(backends.HARNESS)
 def test_os_thread_mode(harness):
-  harness.configure("threads")
-  try:
+  with harness.scheduled("threads"):
     check_vjp((31, 17), (4, 1, 9), jnp.float32)
-  finally:
-    harness.configure()
 
 
 @pytest.mark.backends(backends.HARNESS)
@@ -241,11 +235,8 @@ def test_gradient_is_bitwise_deterministic_in_any_thread_order(harness):
   grad_fn = jax.jit(lambda t, d: jax.vjp(lambda t: jaxops.embedding(t, ids), t)[1](d)[0])
   first = np.asarray(grad_fn(table, dout))
   for seed in (4, 5):
-    harness.configure("fibers", seed=seed)
-    try:
+    with harness.scheduled("fibers", seed=seed):
       np.testing.assert_array_equal(np.asarray(grad_fn(table, dout + 0.0)), first)
-    finally:
-      harness.configure()
 
 
 # -- bad input -------------------------------------------------------------------

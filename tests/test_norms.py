@@ -245,23 +245,17 @@ def test_large_mean_rows_keep_precision(backend):
 @pytest.mark.parametrize("name,fn,ref,make_args", OPS, ids=OP_IDS)
 def test_random_thread_order(harness, name, fn, ref, make_args, seed):
   """Threads and blocks in a random order: a result that depends on it is a race."""
-  harness.configure("fibers", seed=seed)
-  try:
+  with harness.scheduled("fibers", seed=seed):
     for mode in ("vjp", "jvp"):
       check_derivatives(name, fn, ref, make_args, mode, (6, 70), jnp.float32)
       check_derivatives(name, fn, ref, make_args, mode, (9, 1030), jnp.bfloat16)
-  finally:
-    harness.configure()
 
 
 @pytest.mark.backends(backends.HARNESS)
 def test_os_thread_mode(harness):
-  harness.configure("threads")
-  try:
+  with harness.scheduled("threads"):
     for name, fn, ref, make_args in OPS:
       check_derivatives(name, fn, ref, make_args, "vjp", (3, 96), jnp.float16)
-  finally:
-    harness.configure()
 
 
 # -- bad input -------------------------------------------------------------------

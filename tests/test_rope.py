@@ -240,15 +240,12 @@ def test_empty_batch():
 
 @pytest.mark.backends(backends.HARNESS)
 def test_os_thread_mode(harness):
-  harness.configure("threads")
-  try:
+  with harness.scheduled("threads"):
     x, = random_inputs(2, [SHAPES[1]], jnp.float16)
     positions = _positions(3, SHAPES[1], per_batch=True)
     vjp_against_reference(jax.jit(lambda x: jaxops.rope(x, positions, style="neox")),
                           lambda x: reference.rope(x, positions, style="neox"), [x],
                           dtype=jnp.float16)
-  finally:
-    harness.configure()
 
 
 _X = jnp.ones((2, 3, 4, 8))

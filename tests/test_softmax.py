@@ -302,21 +302,15 @@ def test_matches_jax_nn_where_defined():
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
 def test_random_thread_order(harness, name, fn, ref, seed):
   """Threads and blocks in a random order: a result that depends on it is a race."""
-  harness.configure("fibers", seed=seed)
-  try:
+  with harness.scheduled("fibers", seed=seed):
     check_derivatives(fn, ref, "vjp", (6, 700), jnp.float32)
-  finally:
-    harness.configure()
 
 
 @pytest.mark.backends(backends.HARNESS)
 def test_os_thread_mode(harness):
-  harness.configure("threads")
-  try:
+  with harness.scheduled("threads"):
     for name, fn, ref in MASKED:
       check_derivatives(fn, ref, "vjp", (3, 96), jnp.float16)
-  finally:
-    harness.configure()
 
 
 # -- bad input -------------------------------------------------------------------

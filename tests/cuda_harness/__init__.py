@@ -60,6 +60,15 @@ class Harness:
     """Fibers or OS threads per CUDA thread; seed 0 runs threads and blocks in order."""
     self._lib.jaxops_harness_configure(_MODES[mode], seed)
 
+  @contextlib.contextmanager
+  def scheduled(self, mode: str = "fibers", seed: int = 0):
+    """Runs the block under :meth:`configure`'s scheduling, then the default again."""
+    self.configure(mode, seed)
+    try:
+      yield
+    finally:
+      self.configure()
+
 
 @functools.lru_cache(maxsize=None)
 def load() -> Harness:
