@@ -2,7 +2,11 @@
 
 These are the specification each kernel is tested against, and what
 ``implementation="xla"`` runs. They compute in float32 and return the input
-dtype, as the kernels do.
+dtype, as the kernels do, for float32, bfloat16 and float16 inputs; a float64
+input (under ``jax.experimental.enable_x64``) computes in float64, and a
+complex one, for the ops whose math has a complex form, in complex64 or
+complex128 (see :func:`compute_dtype`): what ``implementation=None`` falls back
+to for the dtypes the kernels lack.
 """
 
 from __future__ import annotations
@@ -17,20 +21,39 @@ from jax import lax
 _F32 = jnp.float32
 
 
-def _as_f32_or(param, default):
-  return default if param is None else param.astype(_F32)
+def compute_dtype(*dtypes):
+  """The dtype the references compute in: float32 for float32, bfloat16 and
+  float16; float64, complex64 or complex128 when an input has that dtype."""
+  return jnp.result_type(_F32, *(jnp.dtype(d) for d in dtypes))
+
+
+def _real_dtype(dtype):
+  """float32 for complex64, float64 for complex128, the dtype itself when real."""
+  return jnp.finfo(dtype).dtype
+
+
+def _abs_squared(x):
+  """|x|^2, real (what Flax's norms use for complex inputs); x * x for real x."""
+  return jnp.real(x * jnp.conj(x))
+
+
+def _as_or(param, dtype, default):
+  return default if param is None else param.astype(dtype)
 
 
 # -- normalization ---------------------------------------------------------------
 
 
 def layer_norm_with_stats(x, weight=None, bias=None, *, epsilon=1e-5):
-  """Layer norm over the last axis; also returns the float32 mean and rstd."""
-  xf = x.astype(_F32)
+  """Layer norm over the last axis; also returns the mean and rstd (float32
+  for the kernels' dtypes). For complex x the variance is the mean of
+  ``|x - mean|^2``, as Flax's LayerNorm computes it."""
+  dtype = compute_dtype(x.dtype)
+  xf = x.astype(dtype)
   mean = jnp.mean(xf, axis=-1)
   centered = xf - mean[..., None]
-  rstd = lax.rsqrt(jnp.mean(centered * centered, axis=-1) + epsilon)
-  y = centered * rstd[..., None] * _as_f32_or(weight, 1.0) + _as_f32_or(bias, 0.0)
+  rstd = lax.rsqrt(jnp.mean(_abs_squared(centered), axis=-1) + epsilon)
+  y = centered * rstd[..., None] * _as_or(weight, dtype, 1.0) + _as_or(bias, dtype, 0.0)
   return y.astype(x.dtype), mean, rstd
 
 
@@ -39,10 +62,13 @@ def layer_norm(x, weight=None, bias=None, *, epsilon=1e-5):
 
 
 def rms_norm_with_stats(x, weight=None, *, epsilon=1e-6):
-  """RMS norm over the last axis; also returns the float32 rstd."""
-  xf = x.astype(_F32)
-  rstd = lax.rsqrt(jnp.mean(xf * xf, axis=-1) + epsilon)
-  y = xf * rstd[..., None] * _as_f32_or(weight, 1.0)
+  """RMS norm over the last axis; also returns the rstd (float32 for the
+  kernels' dtypes). For complex x the mean square is that of ``|x|``, as Flax's
+  RMSNorm computes it."""
+  dtype = compute_dtype(x.dtype)
+  xf = x.astype(dtype)
+  rstd = lax.rsqrt(jnp.mean(_abs_squared(xf), axis=-1) + epsilon)
+  y = xf * rstd[..., None] * _as_or(weight, dtype, 1.0)
   return y.astype(x.dtype), rstd
 
 
@@ -57,7 +83,9 @@ def add_rms_norm(x, residual, weight=None, *, epsilon=1e-6):
 
 
 # -- activations -----------------------------------------------------------------
-# Elementwise; computed in float32, one rounding to the input dtype at the end.
+# Elementwise; computed in float32 (or the wider input dtype), one rounding to the
+# input dtype at the end. The tanh-approximate GELU and SiLU have a complex form
+# (as jax.nn's); the exact GELU has not (erfc is real only).
 
 
 def _gelu_f32(x, approximate):
@@ -76,22 +104,24 @@ def _silu_f32(x):
 
 def gelu(x, approximate=True):
   """GELU: ``x * Phi(x)``, or its tanh approximation when ``approximate``."""
-  return _gelu_f32(x.astype(_F32), approximate).astype(x.dtype)
+  return _gelu_f32(x.astype(compute_dtype(x.dtype)), approximate).astype(x.dtype)
 
 
 def silu(x):
   """SiLU (swish): ``x * sigmoid(x)``."""
-  return _silu_f32(x.astype(_F32)).astype(x.dtype)
+  return _silu_f32(x.astype(compute_dtype(x.dtype))).astype(x.dtype)
 
 
 def swiglu(gate, up):
   """``silu(gate) * up``, rounded once."""
-  return (_silu_f32(gate.astype(_F32)) * up.astype(_F32)).astype(gate.dtype)
+  dtype = compute_dtype(gate.dtype, up.dtype)
+  return (_silu_f32(gate.astype(dtype)) * up.astype(dtype)).astype(gate.dtype)
 
 
 def geglu(gate, up, approximate=True):
   """``gelu(gate, approximate) * up``, rounded once."""
-  return (_gelu_f32(gate.astype(_F32), approximate) * up.astype(_F32)).astype(gate.dtype)
+  dtype = compute_dtype(gate.dtype, up.dtype)
+  return (_gelu_f32(gate.astype(dtype), approximate) * up.astype(dtype)).astype(gate.dtype)
 
 
 # -- rotary position embedding ---------------------------------------------------
@@ -112,6 +142,9 @@ def rope(x, positions, *, theta=10000.0, style="neox", rotary_dim=None, inverse=
   the pairs are ``(i, i + rotary_dim/2)`` for ``style="neox"`` and
   ``(2i, 2i + 1)`` for ``style="gptj"``; the other features pass through.
   ``positions`` is [seq] or [batch, seq]; ``inverse`` rotates backwards.
+  The rotation is real-linear: complex x rotates its real and imaginary parts
+  alike; float64 and complex128 x take the cosine and sine of that float32
+  angle in float64.
   """
   head_dim = x.shape[-1]
   rotary_dim = head_dim if rotary_dim is None else rotary_dim
@@ -120,10 +153,12 @@ def rope(x, positions, *, theta=10000.0, style="neox", rotary_dim=None, inverse=
   if positions.ndim == 1:
     positions = positions[None]
   angle = positions.astype(_F32)[:, :, None, None] * rope_frequencies(rotary_dim, theta)
+  dtype = compute_dtype(x.dtype)
+  angle = angle.astype(_real_dtype(dtype))
   cos, sin = jnp.cos(angle), jnp.sin(angle)
   if inverse:
     sin = -sin
-  xf = x.astype(_F32)
+  xf = x.astype(dtype)
   rotated, rest = xf[..., :rotary_dim], xf[..., rotary_dim:]
   if style == "neox":
     x1, x2 = rotated[..., :half], rotated[..., half:]
@@ -149,10 +184,11 @@ def embedding(table, ids):
 
 def embedding_grad(dout, ids, vocab):
   """The gradient w.r.t. the table: rows of ``dout`` added at the clamped ids,
-  summed in float32, returned in ``dout.dtype``."""
+  summed in float32 (or dout's wider dtype), returned in ``dout.dtype``."""
+  dtype = compute_dtype(dout.dtype)
   rows = jnp.clip(ids, 0, vocab - 1).reshape(-1)
-  flat = dout.reshape(-1, dout.shape[-1]).astype(_F32)
-  return jnp.zeros((vocab, dout.shape[-1]), _F32).at[rows].add(flat).astype(dout.dtype)
+  flat = dout.reshape(-1, dout.shape[-1]).astype(dtype)
+  return jnp.zeros((vocab, dout.shape[-1]), dtype).at[rows].add(flat).astype(dout.dtype)
 
 
 # -- AdamW -------------------------------------------------------------------------
@@ -220,34 +256,38 @@ def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=N
                              query_offset=0):
   """Attention on [B, T, N, H] query and [B, S, K, H] key/value (N % K == 0).
 
-  Returns the output [B, T, N, H] in the query's dtype and the float32
-  log-sum-exp of the logits [B, N, T]. logits = scale * q.k + bias over the
-  attended keys (see ``attention_allowed``); a row with no attended key gives
-  output 0 and log-sum-exp -inf, and no NaN in any derivative.
+  Returns the output [B, T, N, H] in the query's dtype and the log-sum-exp
+  of the logits [B, N, T] (float32 for the kernels' dtypes, else the compute
+  dtype). logits = scale * q.k + bias over the attended keys (see
+  ``attention_allowed``); a row with no attended key gives output 0 and
+  log-sum-exp -inf, and no NaN in any derivative. Complex inputs take the
+  complex softmax ``exp(z) / sum(exp(z))`` (as jax.nn's), shifted by the row
+  maximum of the real part.
   """
   B, T, N, H = query.shape
   S, K = key.shape[1], key.shape[2]
   G = N // K
   scale = 1.0 / math.sqrt(H) if scale is None else scale
+  dtype = compute_dtype(query.dtype, key.dtype)
   grouped = query.reshape(B, T, K, G, H)
-  logits = jnp.einsum("btkgh,bskh->bkgts", grouped, key, preferred_element_type=_F32)
-  logits = logits.reshape(B, N, T, S) * jnp.asarray(scale, _F32)
+  logits = jnp.einsum("btkgh,bskh->bkgts", grouped, key, preferred_element_type=dtype)
+  logits = logits.reshape(B, N, T, S) * jnp.asarray(scale, _real_dtype(dtype))
   if bias is not None:
-    logits = logits + bias.astype(_F32)
+    logits = logits + bias.astype(dtype)
   allowed = attention_allowed(
       B, N, T, S, mask=mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
       key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
       query_offset=query_offset)
   logits = jnp.where(allowed, logits, -jnp.inf)
-  row_max = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  row_max = lax.stop_gradient(jnp.max(jnp.real(logits), axis=-1, keepdims=True))
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   unnormalized = jnp.exp(logits - row_max)
   total = jnp.sum(unnormalized, axis=-1, keepdims=True)
-  attended = total > 0
+  attended = jnp.abs(total) > 0
   safe_total = jnp.where(attended, total, 1.0)
   probs = (unnormalized / safe_total).astype(value.dtype)
   out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, G, T, S), value,
-                   preferred_element_type=_F32)
+                   preferred_element_type=dtype)
   lse = jnp.where(attended, row_max + jnp.log(safe_total), -jnp.inf)[..., 0]
   return out.reshape(B, T, N, H).astype(query.dtype), lse
 
@@ -289,9 +329,10 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
 
 
 def _visible_logits(x, where, bias):
-  z = x.astype(_F32)
+  dtype = compute_dtype(x.dtype)
+  z = x.astype(dtype)
   if bias is not None:
-    z = z + bias.astype(_F32)
+    z = z + bias.astype(dtype)
   visible = z != -jnp.inf
   if where is not None:
     visible = visible & where
@@ -299,9 +340,11 @@ def _visible_logits(x, where, bias):
 
 
 def _softmax_parts(x, axis, where, bias):
-  """(z - m over visible columns else 0, visible, sum of exp) with m the row max."""
+  """(z - m over visible columns else 0, visible, sum of exp) with m the row
+  max (of the real part: complex x takes the complex softmax, as jax.nn's)."""
   z, visible = _visible_logits(x, where, bias)
-  m = jnp.max(jnp.where(visible, z, -jnp.inf), axis=axis, keepdims=True, initial=-jnp.inf)
+  m = jnp.max(jnp.where(visible, jnp.real(z), -jnp.inf), axis=axis, keepdims=True,
+              initial=-jnp.inf)
   m = lax.stop_gradient(jnp.where(m == -jnp.inf, 0.0, m))
   # where() inside exp as well as outside: an invisible +inf or NaN must not
   # reach exp, or its (unused) derivative would turn the gradient into NaN.
@@ -345,14 +388,15 @@ def causal_softmax(x, *, query_offset=0):
 
 def cross_entropy_per_token(logits, labels, *, ignore_index=-100, label_smoothing=0.0,
                             z_loss=0.0):
-  """Per-token float32 losses and logsumexps (lse is 0 where the loss is not computed)."""
+  """Per-token losses and logsumexps, float32 (float64 for float64 logits); lse
+  is 0 where the loss is not computed."""
   vocab = logits.shape[-1]
   active = labels != ignore_index
   in_range = (labels >= 0) & (labels < vocab)
   computed = active & in_range
   # Rows that are not computed are zeroed first, so that whatever they hold
   # cannot leak a NaN into the gradient through the unused branch.
-  x = jnp.where(computed[..., None], logits.astype(_F32), 0.0)
+  x = jnp.where(computed[..., None], logits.astype(compute_dtype(logits.dtype)), 0.0)
   lse = jax.nn.logsumexp(x, axis=-1)
   picked = jnp.take_along_axis(x, jnp.where(computed, labels, 0)[..., None], axis=-1)[..., 0]
   eps = label_smoothing
@@ -369,7 +413,7 @@ def reduce_loss(loss, labels, ignore_index, reduction):
   if reduction == "sum":
     return total
   count = jnp.sum(labels != ignore_index)
-  return total / jnp.maximum(count, 1).astype(_F32)
+  return total / jnp.maximum(count, 1).astype(total.dtype)
 
 
 def cross_entropy(logits, labels, *, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
@@ -382,10 +426,12 @@ def cross_entropy(logits, labels, *, ignore_index=-100, label_smoothing=0.0, z_l
 
 def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index=-100,
                          label_smoothing=0.0, z_loss=0.0, reduction="mean"):
-  """cross_entropy(x @ weight + bias, labels), the logits in float32; x's dtype out."""
-  logits = jnp.matmul(x, weight, precision=lax.Precision.HIGHEST, preferred_element_type=_F32)
+  """cross_entropy(x @ weight + bias, labels), the logits in float32 (float64
+  when an input is float64); x's dtype out."""
+  dtype = compute_dtype(x.dtype, weight.dtype)
+  logits = jnp.matmul(x, weight, precision=lax.Precision.HIGHEST, preferred_element_type=dtype)
   if bias is not None:
-    logits = logits + bias.astype(_F32)
+    logits = logits + bias.astype(dtype)
   loss, _ = cross_entropy_per_token(logits, labels, ignore_index=ignore_index,
                                     label_smoothing=label_smoothing, z_loss=z_loss)
   return reduce_loss(loss, labels, ignore_index, reduction).astype(x.dtype)

@@ -265,7 +265,7 @@ def test_random_thread_order(harness, seed):
 
 
 @pytest.mark.parametrize("call,error,match", [
-    (lambda: jaxops.gelu(jnp.ones(3, jnp.int32)), TypeError, "gelu: x must have a floating dtype"),
+    (lambda: jaxops.gelu(jnp.ones(3, jnp.int32)), TypeError, "gelu: x must have a floating or complex dtype"),
     (lambda: jaxops.gelu([1.0, 2.0]), TypeError, "x must be an array, got list"),
     (lambda: jaxops.gelu(jnp.ones(3), approximate="tanh"), TypeError,
      "approximate must be a Python bool"),
@@ -273,10 +273,10 @@ def test_random_thread_order(harness, seed):
      "implementation must be one of"),
     (lambda: jaxops.swiglu(jnp.ones((2, 4)), jnp.ones((2, 5))), ValueError,
      r"swiglu: up must have the shape of gate \(2, 4\)"),
-    (lambda: jaxops.swiglu(jnp.ones((2, 4)), jnp.ones((2, 4), jnp.bfloat16)), TypeError,
-     "up must have the dtype of gate"),
+    (lambda: jaxops.geglu(jnp.ones(4), jnp.ones(4, jnp.complex64), approximate=False),
+     TypeError, "geglu: up must have a floating dtype with approximate=False"),
     (lambda: jaxops.geglu(jnp.ones(4, jnp.int8), jnp.ones(4)), TypeError,
-     "geglu: gate must have a floating dtype"),
+     "geglu: gate must have a floating or complex dtype"),
     (lambda: jaxops.geglu(jnp.ones(4), None), TypeError, "up must be an array"),
 ])
 def test_bad_input_is_a_clear_error(call, error, match):

@@ -255,7 +255,7 @@ _X = jnp.ones((2, 3, 4, 8))
     (lambda: jaxops.rope(jnp.ones((3, 4, 8)), jnp.arange(3)), ValueError,
      r"rope: x must have rank 4: \[batch, seq, heads, head_dim\], got shape \(3, 4, 8\)"),
     (lambda: jaxops.rope(_X.astype(jnp.int32), jnp.arange(3)), TypeError,
-     "x must have a floating dtype"),
+     "x must have a floating or complex dtype"),
     (lambda: jaxops.rope(_X, jnp.arange(4)), ValueError,
      r"positions must have shape .* = \(3,\) or \(2, 3\), got \(4,\)"),
     (lambda: jaxops.rope(_X, jnp.ones((3, 3), jnp.int32)), ValueError, "positions must have shape"),

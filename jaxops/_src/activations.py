@@ -135,28 +135,32 @@ def gelu(x, approximate: bool = True, *, implementation=None):
 
   With ``approximate=True`` (the default, as in ``jax.nn.gelu``) Phi is the tanh
   approximation ``(1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2``; otherwise the
-  exact normal CDF. Computed in float32, returned in ``x.dtype``; any shape.
+  exact normal CDF. Computed in float32, returned in ``x.dtype``; any shape. A
+  drop-in for ``jax.nn.gelu`` (same values).
 
   Args:
-    x: float32, bfloat16 or float16 array.
+    x: float32, bfloat16 or float16 (the kernel), or float64 (the jnp
+      reference); complex too with ``approximate=True`` (the exact GELU uses
+      erfc, which JAX has for real numbers only, as jax.nn.gelu).
     approximate: a Python bool.
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
   op = "jaxops.gelu"
-  x = validation.float_array(op, "x", x)
   approximate = validation.static_bool(op, "approximate", approximate)
-  if not primitive.use_kernel(op, implementation, [x.dtype]):
+  x = _activation_input(op, "x", x, approximate)
+  if not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.gelu(x, approximate)
   return gelu_fwd_p(x, approximate=approximate)[0]
 
 
 def silu(x, *, implementation=None):
   """SiLU (swish), elementwise: ``x * sigmoid(x)``, in float32, returned in
-  ``x.dtype``. ``implementation`` as in :func:`gelu`."""
+  ``x.dtype``; a drop-in for ``jax.nn.silu``. Dtypes (complex included) and
+  ``implementation`` as in :func:`gelu`."""
   op = "jaxops.silu"
-  x = validation.float_array(op, "x", x)
-  if not primitive.use_kernel(op, implementation, [x.dtype]):
+  x = _activation_input(op, "x", x, approximate=True)
+  if not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.silu(x)
   return silu_fwd_p(x)[0]
 
@@ -164,13 +168,15 @@ def silu(x, *, implementation=None):
 def swiglu(gate, up, *, implementation=None):
   """The SwiGLU gate: ``silu(gate) * up``, elementwise.
 
-  ``gate`` and ``up`` have one shape and dtype (no broadcasting). Computed in
-  float32 and rounded once to the inputs' dtype; the backward produces both
-  gradients in one pass. ``implementation`` as in :func:`gelu`.
+  ``gate`` and ``up`` have one shape (no broadcasting); of different dtypes
+  they are promoted to their common one, as ``jax.nn.silu(gate) * up`` is.
+  Computed in float32 and rounded once to the inputs' dtype; the backward
+  produces both gradients in one pass. Dtypes and ``implementation`` as in
+  :func:`gelu`.
   """
   op = "jaxops.swiglu"
-  gate, up = _check_gated(op, gate, up)
-  if not primitive.use_kernel(op, implementation, [gate.dtype]):
+  gate, up = _check_gated(op, gate, up, approximate=True)
+  if not primitive.use_kernel(op, implementation, {"gate": gate.dtype}):
     return reference.swiglu(gate, up)
   return swiglu_fwd_p(gate, up)[0]
 
@@ -178,12 +184,13 @@ def swiglu(gate, up, *, implementation=None):
 def geglu(gate, up, approximate: bool = True, *, implementation=None):
   """The GeGLU gate: ``gelu(gate, approximate) * up``, elementwise.
 
-  As :func:`swiglu`, with the GELU of :func:`gelu` as the activation.
+  As :func:`swiglu`, with the GELU of :func:`gelu` as the activation
+  (``jax.nn.gelu(gate, approximate) * up``).
   """
   op = "jaxops.geglu"
-  gate, up = _check_gated(op, gate, up)
   approximate = validation.static_bool(op, "approximate", approximate)
-  if not primitive.use_kernel(op, implementation, [gate.dtype]):
+  gate, up = _check_gated(op, gate, up, approximate)
+  if not primitive.use_kernel(op, implementation, {"gate": gate.dtype}):
     return reference.geglu(gate, up, approximate)
   return geglu_fwd_p(gate, up, approximate=approximate)[0]
 
@@ -191,8 +198,22 @@ def geglu(gate, up, approximate: bool = True, *, implementation=None):
 # -- argument handling ---------------------------------------------------------------
 
 
-def _check_gated(op, gate, up):
-  gate = validation.float_array(op, "gate", gate)
-  up = validation.float_array(op, "up", up)
+def _activation_input(op, name, x, approximate):
+  """A floating array, or a complex one where the activation has a complex
+  form: SiLU and the tanh GELU; not the exact GELU (erfc is real only)."""
+  x = validation.float_array(op, name, x, complex=True)
+  if not approximate and jnp.iscomplexobj(x):
+    raise validation.type_error(
+        op, name, "have a floating dtype with approximate=False (the exact GELU uses erfc, "
+        "which has no complex form; approximate=True accepts complex)", str(x.dtype))
+  return x
+
+
+def _check_gated(op, gate, up, approximate):
+  """gate and up of one shape, promoted to their common dtype."""
+  gate = _activation_input(op, "gate", gate, approximate)
+  up = _activation_input(op, "up", up, approximate)
+  common = jnp.promote_types(gate.dtype, up.dtype)
+  gate, up = gate.astype(common), up.astype(common)
   validation.same_as(op, "up", up, "gate", gate)
   return gate, up

@@ -296,12 +296,22 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   ``softmax(scale * query @ key^T + bias, masked) @ value`` per head, computed
   by a fused flash-attention kernel (no [T, S] matrix is ever stored).
 
+  Same arguments and values as jax.nn's for float32, bfloat16 and float16.
+  Differences: ``return_residual``'s log-sum-exp is differentiable (jax.nn
+  stops its gradient), a row with no attended key gives 0 (below), and the
+  extra ``query_offset``. float64 and complex inputs run the jnp reference and
+  match ``flax.linen.dot_product_attention`` (the complex softmax
+  ``exp(z) / sum(exp(z))``); jax.nn's casts the logits to float32 there,
+  dropping their imaginary part and float64 precision.
+
   Args:
-    query: [B, T, N, H] (or [T, N, H]), float32, bfloat16 or float16.
+    query: [B, T, N, H] (or [T, N, H]): float32, bfloat16 or float16 (the
+      kernel), or float64 or complex (the jnp reference).
     key, value: [B, S, K, H] (or [S, K, H]) with N a multiple of K (grouped-query
-      and multi-query attention), the query's dtype.
+      and multi-query attention), the query's dtype (as jax.nn requires).
     bias: optional float array added to the logits, broadcastable to [B, N, T, S]
-      (rank <= 4; missing leading axes are added, as jax.nn does).
+      (rank <= 4; missing leading axes are added, as jax.nn does); complex
+      only for complex inputs.
     mask: optional boolean array broadcastable to [B, N, T, S]; True attends.
     scale: logit scale; default 1 / sqrt(H).
     is_causal: query row t attends keys j <= t + query_offset.
@@ -310,7 +320,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     local_window_size: optional int or (left, right): row t attends keys with
       t + query_offset - left <= j <= t + query_offset + right.
     return_residual: also return the log-sum-exp of the logits, [B, T, N] (or
-      [T, N]) in the query's dtype. Unlike jax.nn's it is differentiable.
+      [T, N]) in the query's dtype; differentiable.
     query_offset: absolute position of query row 0 for the causal and window
       masks (decoding T new tokens against S cached ones: S - T). A Python int
       or an int32 scalar array, which may be traced.
@@ -324,9 +334,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     -inf, with zero gradients.
   """
   op = "jaxops.attention"
-  query = validation.float_array(op, "query", query)
-  key = validation.float_array(op, "key", key)
-  value = validation.float_array(op, "value", value)
+  query = validation.float_array(op, "query", query, complex=True)
+  key = validation.float_array(op, "key", key, complex=True)
+  value = validation.float_array(op, "value", value, complex=True)
   validation.rank(op, "query", query, low=3, high=4, labels="[B, T, N, H] or [T, N, H]")
   unbatched = query.ndim == 3
   for name, x in (("key", key), ("value", value)):
@@ -348,8 +358,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         op, "key", f"have a number of heads K that divides query's N = {N}", f"K = {K}")
   full = (B, N, T, S)
   if bias is not None:
-    bias = _broadcast_operand(op, "bias", validation.float_array(op, "bias", bias), full,
-                              unbatched)
+    # A complex bias only with complex inputs: the kernels' bias is float32.
+    bias = validation.float_array(op, "bias", bias, complex=jnp.iscomplexobj(query))
+    bias = _broadcast_operand(op, "bias", bias, full, unbatched)
   if mask is not None:
     mask = _broadcast_operand(op, "mask", validation.bool_array(op, "mask", mask), full,
                               unbatched)
@@ -391,7 +402,7 @@ def _use_kernel(op, implementation, dtype, head_dim):
   """primitive.use_kernel, and the platform's module must have the attention targets
   (the CPU one has; a CUDA build without them takes the reference) for this head
   dim (the CUDA kernel keeps whole head vectors in shared memory)."""
-  if not primitive.use_kernel(op, implementation, [dtype]):
+  if not primitive.use_kernel(op, implementation, {"query": dtype}):
     return False
   platform = primitive.current_platform()
   if platform == "cuda" and head_dim > _CUDA_MAX_HEAD_DIM:

@@ -169,7 +169,9 @@ def cross_entropy(logits, labels, *, ignore_index: int = -100, label_smoothing: 
 
   i.e. the cross-entropy against ``(1 - eps) * onehot + eps / vocab``, plus the
   z-loss that keeps the log-partition near 0. Computed in float32, returned in
-  ``logits.dtype``.
+  ``logits.dtype``. With the defaults and ``reduction="none"``, the values of
+  ``optax.softmax_cross_entropy_with_integer_labels``; unlike optax, a token
+  can be ignored and a bad label gives NaN.
 
   Labels: a token labelled ``ignore_index`` has loss 0, no gradient, and is not
   counted by the mean (a mean over no token is 0, not NaN). Any other label
@@ -178,7 +180,8 @@ def cross_entropy(logits, labels, *, ignore_index: int = -100, label_smoothing: 
   or sum is NaN), its gradient is 0, and it is never used as an index.
 
   Args:
-    logits: float32, bfloat16 or float16 array of rank >= 1.
+    logits: float32, bfloat16 or float16 (the kernel) or float64 (the jnp
+      reference) array of rank >= 1; not complex (as optax, a loss is real).
     labels: integer array of shape ``logits.shape[:-1]``.
     ignore_index: label value of tokens to skip (may lie inside the vocabulary).
     label_smoothing: in [0, 1].
@@ -191,7 +194,7 @@ def cross_entropy(logits, labels, *, ignore_index: int = -100, label_smoothing: 
   logits = _rows_input(op, "logits", logits)
   labels = _check_labels(op, labels, logits.shape[:-1], "logits.shape[:-1]")
   options, reduction = _check_options(op, ignore_index, label_smoothing, z_loss, reduction)
-  if not primitive.use_kernel(op, implementation, [logits.dtype]):
+  if not primitive.use_kernel(op, implementation, {"logits": logits.dtype}):
     return reference.cross_entropy(logits, labels, reduction=reduction, **options.params())
   loss, _ = cross_entropy_fwd_p(logits, _kernel_labels(labels), **options.params())
   return reference.reduce_loss(loss, labels, ignore_index, reduction).astype(logits.dtype)
@@ -492,7 +495,7 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -1
   has ``x.dtype``.
 
   Args:
-    x: float array [..., hidden].
+    x: float array [..., hidden]; float64 runs the jnp reference.
     weight: float array [hidden, vocab] (cast to x's dtype).
     labels: integer array of shape ``x.shape[:-1]``.
     bias: optional float array [vocab] (cast to x's dtype).
@@ -513,7 +516,7 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -1
   labels = _check_labels(op, labels, x.shape[:-1], "x.shape[:-1]")
   options, reduction = _check_options(op, ignore_index, label_smoothing, z_loss, reduction)
   tokens = math.prod(x.shape[:-1])
-  if not tokens or not primitive.use_kernel(op, implementation, [x.dtype]):
+  if not tokens or not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.linear_cross_entropy(x, weight, labels, bias=bias, reduction=reduction,
                                           **options.params())
   params = dict(options.params(), block=_block_tokens(tokens, vocab))

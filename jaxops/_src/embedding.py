@@ -107,28 +107,30 @@ Differentiable(forward=embedding_bwd_p, transpose=_scatter_transpose, tangent_in
 def embedding(table, ids, *, implementation=None):
   """Embedding lookup: the rows ``table[ids]``, shape ``ids.shape + (dim,)``.
 
-  Out-of-range ids (negative, or >= vocab) are clamped to ``[0, vocab - 1]``,
-  as ``jnp.take(table, ids, axis=0, mode="clip")`` does: no lookup reads
-  outside the table, and the gradient of a clamped id goes to the row it read.
-  (Negative ids do not wrap around as in NumPy indexing.)
+  The values of ``flax.linen.Embed`` (its ``embedding`` is ``table``) for ids
+  in ``[0, vocab)``. Out-of-range ids differ: Flax returns NaN rows (and wraps
+  ids in ``[-vocab, 0)``); here every id is clamped to ``[0, vocab - 1]``, as
+  ``jnp.take(table, ids, axis=0, mode="clip")`` does: no lookup reads outside
+  the table, and the gradient of a clamped id goes to the row it read.
 
   The gradient w.r.t. ``table`` is a deterministic scatter-add, accumulated in
   float32 even for a bfloat16/float16 table; ids get no gradient.
 
   Args:
-    table: float32, bfloat16 or float16 array [vocab, dim], vocab >= 1.
+    table: [vocab, dim], vocab >= 1: float32, bfloat16 or float16 (the
+      kernel), or float64 or complex (the jnp reference).
     ids: integer array of any shape (values beyond int32 are clamped first).
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
   op = "jaxops.embedding"
-  table = validation.float_array(op, "table", table)
+  table = validation.float_array(op, "table", table, complex=True)
   validation.rank(op, "table", table, low=2, high=2, labels="[vocab, dim]")
   validation.non_empty_axis(op, "table", table, 0)
   ids = validation.integer_array(op, "ids", ids)
   vocab = table.shape[0]
   if ids.dtype != jnp.int32:
     ids = jnp.clip(ids, 0, vocab - 1).astype(jnp.int32)
-  if not primitive.use_kernel(op, implementation, [table.dtype]):
+  if not primitive.use_kernel(op, implementation, {"table": table.dtype}):
     return reference.embedding(table, ids)
   return embedding_fwd_p(table, ids)[0]

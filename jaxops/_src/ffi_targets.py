@@ -15,7 +15,10 @@ of retyping them.
 (``avx512``, ``avx2``, ``generic``) to load: the one the ``JAXOPS_CPU_ISA``
 environment variable names, else the widest this CPU runs. A bad value of the
 variable makes ``import jaxops`` fail with a ValueError (unknown variant) or a
-RuntimeError (a variant this CPU cannot run), never with SIGILL.
+RuntimeError (a variant this CPU cannot run), never with SIGILL. A package
+without ``_jaxops_cpu`` (a source checkout that was never built, imported
+because it shadows the installed jaxops) fails with a ModuleNotFoundError that
+says so and what to do.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import pathlib
+import sys
 from typing import Mapping, Sequence
 
 import jax
@@ -37,7 +42,9 @@ def _register_all() -> None:
   for module_name, platform in _MODULES.items():
     try:
       module = importlib.import_module(f"jaxops.{module_name}")
-    except ImportError:
+    except ModuleNotFoundError as error:
+      if module_name == "_jaxops_cpu" and error.name == "jaxops._jaxops_cpu":
+        raise missing_extension_error(pathlib.Path(__file__).resolve().parents[1]) from error
       if module_name == "_jaxops_cpu":
         raise
       continue
@@ -45,6 +52,29 @@ def _register_all() -> None:
     for name, capsule in targets.items():
       jax.ffi.register_ffi_target(name, capsule, platform=platform)
     _registered[platform.lower()] = tuple(sorted(targets))
+
+
+def missing_extension_error(package: pathlib.Path) -> ModuleNotFoundError:
+  """What ``import jaxops`` says when the package it found, ``package``, has no
+  compiled extension: most often a source checkout that shadows an installed
+  jaxops, because Python puts the current directory first on ``sys.path``."""
+  name = "jaxops._jaxops_cpu"
+  if not (package.parent / "pyproject.toml").is_file():
+    return ModuleNotFoundError(
+        f"No module named {name!r}: the jaxops package at {package} has no compiled "
+        "extension; the installation is incomplete, reinstall jaxops", name=name)
+  installed = [str(entry / "jaxops") for entry in map(pathlib.Path, sys.path)
+               if (entry / "jaxops" / "__init__.py").is_file()
+               and (entry / "jaxops").resolve() != package]
+  shadowed = (f" It shadows the jaxops installed at {installed[0]}, because Python puts the "
+              "current directory (or the script's) first on sys.path." if installed else "")
+  return ModuleNotFoundError(
+      f"No module named {name!r}: jaxops is being imported from the source checkout at "
+      f"{package}, which has no compiled extension.{shadowed} Run from another directory "
+      "or with `python -P`, or develop in the checkout with the editable install, which "
+      "builds the extension and imports the checkout's Python files: "
+      "pip install -e \".[test]\" -Cbuild-dir=build/editable (see CONTRIBUTING.md).",
+      name=name)
 
 
 def available(platform: str) -> bool:

@@ -209,10 +209,12 @@ def layer_norm(x, weight=None, bias=None, *, epsilon: float = 1e-5, implementati
   ``(x - mean) / sqrt(var + epsilon) * weight + bias`` with the biased variance,
   computed in float32 and returned in ``x.dtype``. ``weight`` and ``bias`` are
   optional vectors of the last axis' size; they are cast to ``x.dtype`` (as
-  Flax does for a low-precision ``dtype``).
+  Flax does for a low-precision ``dtype``). The values of ``flax.linen.LayerNorm``
+  (its ``scale`` is ``weight``) with ``use_fast_variance=False``.
 
   Args:
-    x: float32, bfloat16 or float16 array of rank >= 1.
+    x: array of rank >= 1: float32, bfloat16 or float16 run the kernel; float64
+      and complex (variance of ``|x - mean|``, as Flax) the jnp reference.
     weight, bias: optional arrays of shape ``(x.shape[-1],)``.
     epsilon: added to the variance.
     implementation: ``None`` (fused kernel where available, else the jnp
@@ -223,7 +225,7 @@ def layer_norm(x, weight=None, bias=None, *, epsilon: float = 1e-5, implementati
   weight = _param_vector(op, "weight", weight, x)
   bias = _param_vector(op, "bias", bias, x)
   epsilon = _epsilon(op, epsilon)
-  if not primitive.use_kernel(op, implementation, [x.dtype]):
+  if not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.layer_norm(x, weight, bias, epsilon=epsilon)
   return layer_norm_fwd_p(x, _present_or_absent(weight, x), _present_or_absent(bias, x),
                           epsilon=epsilon)[0]
@@ -363,14 +365,15 @@ def rms_norm(x, weight=None, *, epsilon: float = 1e-6, implementation=None):
   """RMS normalization over the last axis: ``x / sqrt(mean(x**2) + epsilon) * weight``.
 
   Computed in float32, returned in ``x.dtype``; ``weight`` (optional, shape
-  ``(x.shape[-1],)``) is cast to ``x.dtype``. ``implementation`` as in
-  :func:`layer_norm`.
+  ``(x.shape[-1],)``) is cast to ``x.dtype``. The values of
+  ``flax.linen.RMSNorm``; dtypes and ``implementation`` as in :func:`layer_norm`
+  (complex x: ``mean(|x|**2)``, as Flax).
   """
   op = "jaxops.rms_norm"
   x = _input(op, x)
   weight = _param_vector(op, "weight", weight, x)
   epsilon = _epsilon(op, epsilon)
-  if not primitive.use_kernel(op, implementation, [x.dtype]):
+  if not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.rms_norm(x, weight, epsilon=epsilon)
   return rms_norm_fwd_p(x, _present_or_absent(weight, x), epsilon=epsilon)[0]
 
@@ -378,17 +381,21 @@ def rms_norm(x, weight=None, *, epsilon: float = 1e-6, implementation=None):
 def add_rms_norm(x, residual, weight=None, *, epsilon: float = 1e-6, implementation=None):
   """``(rms_norm(x + residual) * weight, x + residual)`` in one pass.
 
-  The pre-norm transformer's residual step: the sum is returned (in ``x.dtype``)
-  for the next residual connection, and normalised in the same pass. When the
-  caller donates ``residual``, the sum is written over it.
+  The pre-norm transformer's residual step: the sum is returned for the next
+  residual connection, and normalised in the same pass. When the caller
+  donates ``residual``, the sum is written over it. ``x`` and ``residual`` of
+  different dtypes are promoted to their common one first, as ``x + residual``
+  is; dtypes otherwise as in :func:`layer_norm`.
   """
   op = "jaxops.add_rms_norm"
   x = _input(op, x)
-  residual = validation.float_array(op, "residual", residual)
+  residual = validation.float_array(op, "residual", residual, complex=True)
+  common = jnp.promote_types(x.dtype, residual.dtype)
+  x, residual = x.astype(common), residual.astype(common)
   validation.same_as(op, "residual", residual, "x", x)
   weight = _param_vector(op, "weight", weight, x)
   epsilon = _epsilon(op, epsilon)
-  if not primitive.use_kernel(op, implementation, [x.dtype]):
+  if not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.add_rms_norm(x, residual, weight, epsilon=epsilon)
   y, h, _ = add_rms_norm_fwd_p(x, residual, _present_or_absent(weight, x), epsilon=epsilon)
   return y, h
@@ -402,7 +409,7 @@ def _present_or_absent(param, x):
 
 
 def _input(op, x):
-  x = validation.float_array(op, "x", x)
+  x = validation.float_array(op, "x", x, complex=True)
   validation.rank(op, "x", x, low=1)
   validation.non_empty_axis(op, "x", x)
   return x
@@ -410,10 +417,10 @@ def _input(op, x):
 
 def _param_vector(op, name, value, x):
   """An optional per-feature parameter of x's last axis, cast to x's dtype (as
-  Flax does for a low-precision ``dtype``)."""
+  Flax does for a low-precision ``dtype``); complex only for complex x."""
   if value is None:
     return None
-  value = validation.float_array(op, name, value)
+  value = validation.float_array(op, name, value, complex=jnp.iscomplexobj(x))
   validation.shape(op, name, value, (x.shape[-1],), of="x.shape[-1:]")
   return value.astype(x.dtype)
 

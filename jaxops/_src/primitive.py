@@ -311,32 +311,44 @@ def is_batched(dims, which: Sequence[int]) -> bool:
 IMPLEMENTATIONS = (None, "ffi", "xla")
 
 
-def use_kernel(op: str, implementation: str | None, dtypes: Sequence[Any]) -> bool:
+def use_kernel(op: str, implementation: str | None,
+               dtypes: Mapping[str, Any] | Sequence[Any]) -> bool:
   """Whether a public op runs its primitive (True) or its jnp reference (False).
 
-  ``None`` picks the kernel when the default backend has one and the dtypes are
-  supported; ``"ffi"`` insists on it (clear error otherwise); ``"xla"`` always
-  takes the reference.
+  ``dtypes``: the dtype of each array operand the kernel takes, by argument
+  name (``{"x": x.dtype}``), for the message; a plain sequence is accepted too.
+  ``None`` picks the kernel when the default backend has one and every dtype is
+  one the kernels support (float32, bfloat16, float16), else the reference
+  (float64 under ``jax.experimental.enable_x64``, complex where the op has a
+  complex form); ``"ffi"`` insists on the kernel (a clear error otherwise);
+  ``"xla"`` always takes the reference.
   """
   implementation = validation.choice(op, "implementation", implementation, IMPLEMENTATIONS)
   if implementation == "xla":
     return False
+  named = dict(dtypes) if isinstance(dtypes, Mapping) else dict(enumerate(dtypes))
+  unsupported = {name: jnp.dtype(d) for name, d in named.items()
+                 if jnp.dtype(d) not in SUPPORTED_FLOAT_DTYPES}
   backend = current_platform()
-  supported_dtype = all(jnp.dtype(d) in SUPPORTED_FLOAT_DTYPES for d in dtypes)
   available = backend in KERNEL_PLATFORMS and ffi_targets.available(backend)
   if implementation == "ffi":
     if not available:
       raise ValueError(
           f"{op}: implementation='ffi' needs a jaxops kernel for the {backend!r} backend; "
           f"kernels exist for {KERNEL_PLATFORMS} (the CUDA one only when jaxops was built with nvcc)")
-    if not supported_dtype:
-      raise TypeError(f"{op}: implementation='ffi' supports float32, bfloat16 and float16; "
-                      f"got {[str(jnp.dtype(d)) for d in dtypes]}")
+    if unsupported:
+      name, dtype = next(iter(unsupported.items()))
+      which = name if isinstance(name, str) else "an operand"
+      raise TypeError(
+          f"{op}: implementation='ffi' has no kernel for {which} of dtype {dtype}; the "
+          f"kernels support {SUPPORTED_DTYPE_NAMES} (implementation=None runs the jnp "
+          "reference for other dtypes)")
     return True
-  return available and supported_dtype
+  return available and not unsupported
 
 
 SUPPORTED_FLOAT_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
+SUPPORTED_DTYPE_NAMES = "float32, bfloat16 and float16"
 
 
 def current_platform() -> str:

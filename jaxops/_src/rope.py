@@ -84,7 +84,10 @@ def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
   float32 and the result returned in ``x.dtype``.
 
   Args:
-    x: float32, bfloat16 or float16 array [batch, seq, heads, head_dim].
+    x: [batch, seq, heads, head_dim]: float32, bfloat16 or float16 (the
+      kernel), or float64 or complex (the jnp reference, in float64 for
+      float64 and complex128; the rotation is real-linear, so complex x
+      rotates its real and imaginary parts alike).
     positions: integer array [seq] (shared by the batch) or [batch, seq]; may
       be traced. Values must fit in int32 (and are exact as float32 below 2^24).
     theta: the base of the frequencies, a Python float > 0.
@@ -100,7 +103,7 @@ def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
   get no gradient.
   """
   op = "jaxops.rope"
-  x = validation.float_array(op, "x", x)
+  x = validation.float_array(op, "x", x, complex=True)
   validation.rank(op, "x", x, low=4, high=4, labels="[batch, seq, heads, head_dim]")
   positions = validation.integer_array(op, "positions", positions)
   validation.shape(op, "positions", positions, x.shape[1:2], x.shape[:2],
@@ -109,7 +112,7 @@ def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
   theta = validation.static_float(op, "theta", theta, low=0.0, low_open=True)
   style = validation.choice(op, "style", style, _STYLES)
   rotary_dim = _check_rotary_dim(op, rotary_dim, x.shape[-1])
-  if not primitive.use_kernel(op, implementation, [x.dtype]):
+  if not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.rope(x, positions, theta=theta, style=style, rotary_dim=rotary_dim)
   if positions.ndim == 1:
     positions = positions[None]

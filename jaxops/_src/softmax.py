@@ -193,17 +193,17 @@ Differentiable(forward=causal_softmax_fwd_p, tangent=causal_softmax_jvp_p,
 
 
 def _masked_softmax(op, fwd_p, ref, x, axis, where, bias, implementation):
-  x = validation.float_array(op, "x", x)
+  x = validation.float_array(op, "x", x, complex=True)
   validation.rank(op, "x", x, low=1)
   axis = validation.axis(op, "axis", axis, x.ndim)
   if where is not None:
     where = validation.bool_array(op, "where", where)
     validation.broadcastable(op, "where", where, x.shape, of="the shape of x")
   if bias is not None:
-    bias = validation.float_array(op, "bias", bias)
+    bias = validation.float_array(op, "bias", bias, complex=jnp.iscomplexobj(x))
     validation.broadcastable(op, "bias", bias, x.shape, of="the shape of x")
     bias = bias.astype(x.dtype)
-  if x.size == 0 or not primitive.use_kernel(op, implementation, [x.dtype]):
+  if x.size == 0 or not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return ref(x, axis, where=where, bias=bias)
 
   def to_kernel_layout(value):
@@ -219,12 +219,14 @@ def _masked_softmax(op, fwd_p, ref, x, axis, where, bias, implementation):
 def softmax(x, axis: int = -1, *, where=None, bias=None, implementation=None):
   """Softmax of ``x + bias`` along ``axis``, over the columns ``where`` allows.
 
-  Computed in float32 and returned in ``x.dtype``. Columns that are masked out,
-  or where ``x + bias`` is -inf, get probability 0 and no gradient; a row with
-  no visible column is all zeros (never NaN).
+  A drop-in for ``jax.nn.softmax(x, axis, where=where)`` (same values), with
+  ``bias`` added. Computed in float32 and returned in ``x.dtype``. Columns that
+  are masked out, or where ``x + bias`` is -inf, get probability 0 and no
+  gradient; a row with no visible column is all zeros (never NaN).
 
   Args:
-    x: float32, bfloat16 or float16 array.
+    x: float32, bfloat16 or float16 (the kernel), or float64 or complex (the
+      jnp reference; complex is ``exp(x) / sum(exp(x))``, as jax.nn's).
     axis: the axis to normalise; any axis (a non-last one is moved last around
       the kernel, which costs a transpose each way).
     where: optional boolean array broadcastable to ``x``: True = visible.
@@ -258,12 +260,13 @@ def causal_softmax(x, *, query_offset: int = 0, implementation=None):
   Query ``i`` (axis -2) sees keys ``j <= i + query_offset`` (axis -1); the
   kernel skips the masked columns instead of reading a mask. ``query_offset``
   is a static Python int (e.g. the number of cached keys before the first
-  query); a row that sees no key (negative offsets) is all zeros.
+  query); a row that sees no key (negative offsets) is all zeros. Dtypes as in
+  :func:`softmax`.
   """
   op = "jaxops.causal_softmax"
-  x = validation.float_array(op, "x", x)
+  x = validation.float_array(op, "x", x, complex=True)
   validation.rank(op, "x", x, low=2)
   query_offset = validation.static_int(op, "query_offset", query_offset)
-  if x.size == 0 or not primitive.use_kernel(op, implementation, [x.dtype]):
+  if x.size == 0 or not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.causal_softmax(x, query_offset=query_offset)
   return causal_softmax_fwd_p(x, query_offset=query_offset)[0]

@@ -13,7 +13,8 @@ shape. The rules:
 - arrays: :func:`array` accepts a ``jax.Array`` (traced or not), a NumPy array
   or a NumPy scalar; not lists or Python numbers (an op never guesses a dtype).
   :func:`float_array`, :func:`integer_array` and :func:`bool_array` also check
-  the dtype (any floating dtype unless ``dtypes`` names the allowed ones).
+  the dtype (any floating dtype, and any complex one for the ops whose math
+  has a complex form, unless ``dtypes`` names the allowed ones).
 - static scalars (known at trace time; a traced value is refused with a
   ``TypeError``): :func:`static_float` takes a Python or NumPy real number
   (ints included), finite, within optional bounds whose open or closed ends the
@@ -133,11 +134,16 @@ def _dtype_names(dtypes) -> str:
   return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def float_array(op: str, name: str, value, *, dtypes: Sequence[Any] | None = None):
-  """A floating-point array: any floating dtype, or one of ``dtypes``."""
-  if dtypes is None:
-    return array(op, name, value, dtypes=jnp.floating, expected="have a floating dtype")
-  return array(op, name, value, dtypes=dtypes)
+def float_array(op: str, name: str, value, *, dtypes: Sequence[Any] | None = None,
+                complex: bool = False):
+  """A floating-point array: any floating dtype (or complex one too, with
+  ``complex``), or one of ``dtypes``."""
+  if dtypes is not None:
+    return array(op, name, value, dtypes=dtypes)
+  if complex:
+    return array(op, name, value, dtypes=jnp.inexact,
+                 expected="have a floating or complex dtype")
+  return array(op, name, value, dtypes=jnp.floating, expected="have a floating dtype")
 
 
 def integer_array(op: str, name: str, value):
