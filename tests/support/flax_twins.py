@@ -1,0 +1,58 @@
+"""A jaxops Flax wrapper against its Flax twin: the same parameter tree from the
+same init rng, then the same outputs on shared, perturbed parameters."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxops.testing import assert_tree_close
+
+
+def perturbed(tree, seed=2):
+  """Parameters moved off their initial values (ones and zeros hide mistakes)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+  moved = [p + (0.1 * jax.random.normal(k, p.shape)).astype(p.dtype)
+           if jnp.issubdtype(p.dtype, jnp.inexact) else p for p, k in zip(leaves, keys)]
+  return jax.tree.unflatten(treedef, moved)
+
+
+def assert_same_tree(actual, expected):
+  """Same structure (nnx variable types included), shapes, dtypes and values."""
+  assert jax.tree.structure(actual) == jax.tree.structure(expected)
+  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+    assert (a.shape, a.dtype) == (e.shape, e.dtype)
+    np.testing.assert_array_equal(a, e)
+
+
+def linen_twins(ours, theirs, args, *, call=None, **close):
+  """Inits both with the same rng, compares the trees, applies both to the
+  perturbed Flax parameters and compares the outputs; returns the parameters."""
+  call = call or {}
+  params = theirs.init(jax.random.key(1), *args, **call)
+  assert_same_tree(ours.init(jax.random.key(1), *args, **call), params)
+  params = perturbed(params)
+  out, out_ref = ours.apply(params, *args, **call), theirs.apply(params, *args, **call)
+  assert_same_dtypes_and_close(out, out_ref, **close)
+  return params
+
+
+def nnx_twins(ours, theirs, args, *, call=None, **close):
+  """``ours`` and ``theirs`` built with the same Rngs: compares their states,
+  gives both the perturbed parameters, and compares the outputs."""
+  call = call or {}
+  assert_same_tree(nnx.state(ours), nnx.state(theirs))
+  params = perturbed(nnx.state(theirs, nnx.Param))
+  nnx.update(theirs, params)
+  nnx.update(ours, params)
+  out, out_ref = ours(*args, **call), theirs(*args, **call)
+  assert_same_dtypes_and_close(out, out_ref, **close)
+
+
+def assert_same_dtypes_and_close(actual, expected, **close):
+  """Same dtypes, and close (complex leaves: real and imaginary parts)."""
+  assert jax.tree.map(lambda a: a.dtype, actual) == jax.tree.map(lambda a: a.dtype, expected)
+  parts = lambda tree: jax.tree.map(
+      lambda a: (a.real, a.imag) if jnp.iscomplexobj(a) else a, tree)
+  assert_tree_close(parts(actual), parts(expected), **close)
