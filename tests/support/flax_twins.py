@@ -23,30 +23,38 @@ def assert_same_tree(actual, expected):
   assert jax.tree.structure(actual) == jax.tree.structure(expected)
   for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
     assert (a.shape, a.dtype) == (e.shape, e.dtype)
+    if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):  # nnx's dropout streams
+      a, e = jax.random.key_data(a), jax.random.key_data(e)
     np.testing.assert_array_equal(a, e)
 
 
-def linen_twins(ours, theirs, args, *, call=None, **close):
-  """Inits both with the same rng, compares the trees, applies both to the
-  perturbed Flax parameters and compares the outputs; returns the parameters."""
-  call = call or {}
-  params = theirs.init(jax.random.key(1), *args, **call)
-  assert_same_tree(ours.init(jax.random.key(1), *args, **call), params)
+def linen_twins(ours, theirs, args, *, call=None, apply=None, rngs=None, **close):
+  """Inits both with the same rngs, compares the trees, applies both to the
+  perturbed Flax parameters and compares the outputs; returns the parameters.
+  ``call``: call arguments (init and apply); ``apply``: arguments of ``apply``
+  only (``mutable``...); ``rngs``: extra rng streams (``dropout``...)."""
+  call, apply, rngs = call or {}, apply or {}, rngs or {}
+  init_rngs = {"params": jax.random.key(1), **rngs}
+  params = theirs.init(init_rngs, *args, **call)
+  assert_same_tree(ours.init(init_rngs, *args, **call), params)
   params = perturbed(params)
-  out, out_ref = ours.apply(params, *args, **call), theirs.apply(params, *args, **call)
+  out = ours.apply(params, *args, **call, **apply, rngs=rngs)
+  out_ref = theirs.apply(params, *args, **call, **apply, rngs=rngs)
   assert_same_dtypes_and_close(out, out_ref, **close)
   return params
 
 
 def nnx_twins(ours, theirs, args, *, call=None, **close):
   """``ours`` and ``theirs`` built with the same Rngs: compares their states,
-  gives both the perturbed parameters, and compares the outputs."""
-  call = call or {}
+  gives both the perturbed parameters, and compares the outputs. ``call``: the
+  call arguments, or a function giving them afresh for each module (an
+  ``nnx.Rngs`` is consumed by the call)."""
+  arguments = call if callable(call) else lambda: call or {}
   assert_same_tree(nnx.state(ours), nnx.state(theirs))
   params = perturbed(nnx.state(theirs, nnx.Param))
   nnx.update(theirs, params)
   nnx.update(ours, params)
-  out, out_ref = ours(*args, **call), theirs(*args, **call)
+  out, out_ref = ours(*args, **arguments()), theirs(*args, **arguments())
   assert_same_dtypes_and_close(out, out_ref, **close)
 
 
