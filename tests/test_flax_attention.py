@@ -192,3 +192,13 @@ def test_jaxops_modules_with_another_attention_fn():
                                  rngs=nnx.Rngs(0))
   reference = jnnx.MultiHeadAttention(2, 8, is_causal=True, rngs=nnx.Rngs(0))
   assert_tree_close(ours(_x, query_offset=2), reference(_x, query_offset=2), reduce_size=5)
+
+
+def test_attention_fns_run_flax_on_dtypes_the_kernel_lacks():
+  keys = jax.random.split(jax.random.key(6), 2)
+  q, k, v = (jax.random.normal(keys[0], (3, 2, 4, 2, 8))
+             + 1j * jax.random.normal(keys[1], (3, 2, 4, 2, 8))).astype(jnp.complex64)
+  for ours, theirs in ((jlinen.dot_product_attention, nn.dot_product_attention),
+                       (jnnx.dot_product_attention, nnx.dot_product_attention)):
+    assert_same_dtypes_and_close(ours(q, k, v), theirs(q, k, v), reduce_size=8)
+    assert not custom_call_targets(ours, q, k, v)
