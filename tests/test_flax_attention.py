@@ -89,6 +89,7 @@ NNX_CASES = [
 
 
 @pytest.mark.parametrize("kwargs,args,call,kernel", NNX_CASES)
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow:DeprecationWarning")  # Flax's own sow
 def test_nnx_attention_matches_flax(kwargs, args, call, kernel):
   make = lambda cls, **extra: cls(2, 8, **kwargs, **extra, decode=False, rngs=nnx.Rngs(0))
   call_again = lambda: {k: (nnx.Rngs(dropout=5) if k == "rngs" else v) for k, v in call.items()}
@@ -194,6 +195,7 @@ def test_jaxops_modules_with_another_attention_fn():
   assert_tree_close(ours(_x, query_offset=2), reference(_x, query_offset=2), reduce_size=5)
 
 
+@pytest.mark.filterwarnings("ignore:Casting from complex:DeprecationWarning")  # in Flax's nnx
 def test_attention_fns_run_flax_on_dtypes_the_kernel_lacks():
   keys = jax.random.split(jax.random.key(6), 2)
   q, k, v = (jax.random.normal(keys[0], (3, 2, 4, 2, 8))
@@ -202,3 +204,20 @@ def test_attention_fns_run_flax_on_dtypes_the_kernel_lacks():
                        (jnnx.dot_product_attention, nnx.dot_product_attention)):
     assert_same_dtypes_and_close(ours(q, k, v), theirs(q, k, v), reduce_size=8)
     assert not custom_call_targets(ours, q, k, v)
+
+
+def test_inputs_kv_and_the_two_caches():
+  """linen's deprecated ``inputs_kv`` as Flax treats it; ``decode`` (Flax's
+  cache) and ``kv_cache`` (jaxops') are one or the other."""
+  module = jlinen.MultiHeadDotProductAttention(num_heads=2)
+  params = module.init(jax.random.key(0), _x, _kv)
+  with pytest.warns(DeprecationWarning, match="inputs_kv"):
+    assert_tree_close(module.apply(params, _x, inputs_kv=_kv), module.apply(params, _x, _kv))
+  with pytest.raises(ValueError, match="inputs_kv"):
+    module.apply(params, _x, _kv, inputs_kv=_kv)
+  cache = (jnp.zeros((2, 8, 2, 4)), jnp.zeros((2, 8, 2, 4)))
+  with pytest.raises(ValueError, match=r"MultiHeadAttention: decode must be False with kv_cache"):
+    module.clone(decode=True).apply(params, _x[:, :1], kv_cache=cache, mutable=["cache"])
+  nnx_module = jnnx.MultiHeadAttention(2, 8, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"MultiHeadAttention: decode must be False with kv_cache"):
+    nnx_module(_x[:, :1], kv_cache=cache, decode=True)

@@ -43,9 +43,9 @@ class LayerNorm(nn.LayerNorm):
     dtype = compute_dtype(x, self.dtype, self.param_dtype, self.use_scale or self.use_bias)
     if not runs_kernel(self, x, dtype, mask):
       return super().__call__(x, mask=mask)
-    features = (x.shape[-1],)
-    scale = self.param("scale", self.scale_init, features, self.param_dtype) if self.use_scale else None
-    bias = self.param("bias", self.bias_init, features, self.param_dtype) if self.use_bias else None
+    param = lambda name, init: self.param(name, init, (x.shape[-1],), self.param_dtype)
+    scale = param("scale", self.scale_init) if self.use_scale else None
+    bias = param("bias", self.bias_init) if self.use_bias else None
     return jaxops.layer_norm(x.astype(dtype), scale, bias, epsilon=self.epsilon,
                              implementation=self.implementation)
 

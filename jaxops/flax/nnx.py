@@ -12,7 +12,7 @@ import jaxops
 from jaxops.flax import _arguments
 from jaxops.flax._attention import (attend_cached, nnx_causality, rotate,
                                      self_attention_inputs)
-from jaxops.flax._attention import nnx_dot_product_attention as dot_product_attention  # noqa: F401  (public: an attention_fn for Flax)
+from jaxops.flax._attention import nnx_dot_product_attention as dot_product_attention
 from jaxops.flax._dtypes import is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
 from jaxops.flax._signature import bind, extended
