@@ -103,7 +103,8 @@ def test_nnx_attention_matches_flax(kwargs, args, call, kernel):
   nnx.update(with_fn, nnx.state(theirs, nnx.Param))
   assert_same_dtypes_and_close(with_fn(*args, **call_again()), twin(*args, **call_again()),
                                **_close(kwargs))
-  assert_tree_close(nnx.state(with_fn, nnx.Intermediate), nnx.state(twin, nnx.Intermediate))
+  assert_same_dtypes_and_close(nnx.state(with_fn, nnx.Intermediate),
+                               nnx.state(twin, nnx.Intermediate), **_close(kwargs))
   graph, state = nnx.split(with_fn)
   targets = custom_call_targets(lambda s, *a: nnx.merge(graph, s)(*a, **call_again()), state,
                                 *args)

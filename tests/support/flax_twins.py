@@ -59,7 +59,9 @@ def nnx_twins(ours, theirs, args, *, call=None, **close):
 
 
 def assert_same_dtypes_and_close(actual, expected, **close):
-  """Same dtypes, and close (complex leaves: real and imaginary parts)."""
+  """Same tree structure and dtypes, and close (complex leaves: real and
+  imaginary parts)."""
+  assert jax.tree.structure(actual) == jax.tree.structure(expected)
   assert jax.tree.map(lambda a: a.dtype, actual) == jax.tree.map(lambda a: a.dtype, expected)
   parts = lambda tree: jax.tree.map(
       lambda a: (a.real, a.imag) if jnp.iscomplexobj(a) else a, tree)
