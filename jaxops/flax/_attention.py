@@ -1,5 +1,8 @@
-"""Attention shared by the linen and nnx wrappers: an ``attention_fn`` for Flax's
-multi-head attention modules, and the attention step of jaxops' own modules."""
+"""Attention shared by the linen and nnx wrappers: the ``attention_fn`` of each
+flavour (Flax's signature, Flax's own function where the attention weights
+must exist), the kernel over any number of batch axes, RoPE, the kv_cache step,
+and what Flax's functions need to run jaxops' extras (grouped-query heads,
+``is_causal`` at an offset)."""
 
 from __future__ import annotations
 
@@ -143,7 +146,7 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
   ``precision`` is not used (the kernel accumulates in float32), and a query
   row whose keys are all masked gives 0 where Flax averages the values.
   """
-  query, key, value = _promote(query, key, value, dtype)
+  query, key, value = nn.dtypes.promote_dtype(query, key, value, dtype=dtype)
   if (module is not None or (dropout_rate > 0.0 and not deterministic)
       or einsum_dot_general is not None or qk_attn_weights_einsum is not None
       or attn_weights_value_einsum is not None or not is_kernel_dtype(query.dtype)):
@@ -184,12 +187,6 @@ def nnx_dot_product_attention(query, key, value, bias=None, mask=None, broadcast
         deterministic, dtype, precision, module, promote_dtype, is_causal)
   return attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
                 implementation=implementation)
-
-
-def _promote(query, key, value, dtype):
-  """Flax linen's promote_dtype: all three to ``dtype``, else to their promotion."""
-  dtype = jnp.result_type(query, key, value) if dtype is None else dtype
-  return (jnp.asarray(x, dtype) for x in (query, key, value))
 
 
 def nnx_causality(query, key, mask, is_causal, query_offset):
