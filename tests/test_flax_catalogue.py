@@ -8,34 +8,65 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from support.flax_twins import assert_same_dtypes_and_close, linen_twins, nnx_twins, perturbed
 
 from jaxops import reference
 from jaxops.flax import linen as jlinen
 from jaxops.flax import nnx as jnnx
-from jaxops.testing import assert_close, assert_tree_close, random_inputs
+from jaxops.testing import assert_close, assert_tree_close, custom_call_targets, random_inputs
 
 
-def _perturbed(tree, seed):
-  return jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(seed), p.shape), tree)
+def _linen_half(*args, dtype=None, inexact=True):
+  return nn.dtypes.promote_dtype(*args, dtype=jnp.float16, inexact=inexact)
 
 
-@pytest.mark.parametrize("dtype", [None, jnp.bfloat16], ids=["param-dtype", "bfloat16"])
-def test_linen_embed_matches_flax(dtype):
-  ids = jax.random.randint(jax.random.key(0), (3, 7), 0, 50)
-  ours = jlinen.Embed(50, 12, dtype=dtype)
-  theirs = nn.Embed(50, 12, dtype=dtype)
-  params = theirs.init(jax.random.key(1), ids)
-  assert jax.tree.structure(ours.init(jax.random.key(1), ids)) == jax.tree.structure(params)
-  out, out_ref = ours.apply(params, ids), theirs.apply(params, ids)
-  assert out.dtype == out_ref.dtype
-  np.testing.assert_array_equal(out, out_ref)
-  grad = jax.grad(lambda p: jnp.sum(jnp.sin(ours.apply(p, ids).astype(jnp.float32))))(params)
-  grad_ref = jax.grad(lambda p: jnp.sum(jnp.sin(theirs.apply(p, ids).astype(jnp.float32))))(
-      params)
-  assert_tree_close(grad, grad_ref, atol=1e-2 if dtype else 1e-6, rtol=1e-2 if dtype else 1e-6)
-  query, = random_inputs(2, [(4, 12)])
-  assert_close(ours.apply(params, query, method="attend"),
-               theirs.apply(params, query, method="attend"))
+def _nnx_half(args, /, *, dtype=None, inexact=True):
+  return nnx.nn.dtypes.promote_dtype(args, dtype=jnp.float16, inexact=inexact)
+
+
+_IDS = jax.random.randint(jax.random.key(0), (3, 7), 0, 20)
+# (constructor arguments, ids, whether the kernel runs: else Flax's jnp.take)
+EMBED_CASES = [
+    ({}, _IDS, True),
+    (dict(dtype=jnp.bfloat16), _IDS, True),
+    (dict(param_dtype=jnp.bfloat16), _IDS.astype(jnp.uint8), True),
+    (dict(embedding_init=nn.initializers.normal(2.0)), _IDS[0], True),
+    (dict(promote_dtype="half"), _IDS, True),
+    (dict(param_dtype=jnp.complex64), _IDS, False),
+    (dict(num_embeddings=1), jnp.zeros((2, 3), jnp.int32), True),
+]
+
+
+def _embed_kwargs(kwargs, half):
+  kwargs = {"num_embeddings": 20, "features": 6, **kwargs}
+  return {**kwargs, "promote_dtype": half} if "promote_dtype" in kwargs else kwargs
+
+
+@pytest.mark.parametrize("kwargs,ids,kernel", EMBED_CASES)
+def test_linen_embed_matches_flax(kwargs, ids, kernel):
+  kwargs = _embed_kwargs(kwargs, _linen_half)
+  ours, theirs = jlinen.Embed(**kwargs), nn.Embed(**kwargs)
+  params = linen_twins(ours, theirs, (ids,))
+  assert bool(custom_call_targets(lambda i: ours.apply(params, i), ids)) == kernel
+  query, = random_inputs(2, [(4, 6)])
+  assert_same_dtypes_and_close(ours.apply(params, query, method="attend"),
+                               theirs.apply(params, query, method="attend"))
+  if not kernel:
+    return
+  loss = lambda m: lambda p: jnp.sum(jnp.sin(m.apply(p, ids).astype(jnp.float32)))
+  assert_tree_close(jax.grad(loss(ours))(params), jax.grad(loss(theirs))(params),
+                    atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("kwargs,ids,kernel", EMBED_CASES)
+def test_nnx_embed_matches_flax(kwargs, ids, kernel):
+  kwargs = _embed_kwargs(kwargs, _nnx_half)
+  ours, theirs = jnnx.Embed(**kwargs, rngs=nnx.Rngs(0)), nnx.Embed(**kwargs, rngs=nnx.Rngs(0))
+  nnx_twins(ours, theirs, (ids,))
+  graph, state = nnx.split(ours)
+  assert bool(custom_call_targets(lambda s, i: nnx.merge(graph, s)(i), state, ids)) == kernel
+  query, = random_inputs(5, [(3, 6)])
+  assert_same_dtypes_and_close(ours.attend(query), theirs.attend(query))
 
 
 def test_linen_embed_clamps_out_of_range_ids():
@@ -46,19 +77,6 @@ def test_linen_embed_clamps_out_of_range_ids():
   np.testing.assert_array_equal(out, table[jnp.array([0, 3, 3])])
   with pytest.raises(TypeError, match="Embed: inputs must have an integer dtype, got float32"):
     ours.apply(params, jnp.zeros((2,)))
-
-
-def test_nnx_embed_matches_flax():
-  ids = jax.random.randint(jax.random.key(3), (2, 9), 0, 30)
-  ours, theirs = jnnx.Embed(30, 8, rngs=nnx.Rngs(0)), nnx.Embed(30, 8, rngs=nnx.Rngs(0))
-  state = _perturbed(nnx.state(theirs, nnx.Param), 4)
-  nnx.update(theirs, state)
-  nnx.update(ours, state)
-  np.testing.assert_array_equal(ours(ids), theirs(ids))
-  loss = lambda module: jnp.sum(jnp.sin(module(ids)))
-  assert_tree_close(nnx.grad(loss)(ours), nnx.grad(loss)(theirs), atol=1e-6, rtol=1e-6)
-  query, = random_inputs(5, [(3, 8)])
-  assert_close(ours.attend(query), theirs.attend(query))
 
 
 def _gated_mlp_reference(params, x, activation):
@@ -77,7 +95,7 @@ def test_linen_gated_mlp(activation, use_bias):
   for name, shape in names.items():
     assert params["params"][name]["kernel"].shape == shape
     assert ("bias" in params["params"][name]) == use_bias
-  params = _perturbed(params, 8)
+  params = perturbed(params, 8)
   assert_close(module.apply(params, x), _gated_mlp_reference(params["params"], x, activation),
                atol=1e-5, rtol=1e-5)
   grad = jax.grad(lambda p: jnp.sum(jnp.sin(module.apply(p, x))))(params)

@@ -79,3 +79,10 @@ def no_mask_with_cache(op, mask, bias):
   for name, value in (("mask", mask), ("bias", bias)):
     if value is not None:
       raise validation.value_error(op, name, "be None with kv_cache", validation.describe(value))
+
+
+def no_decode_with_cache(op, decode):
+  """``kv_cache`` (jaxops' cache, passed in and returned) and Flax's ``decode``
+  (the cache kept in the module's variables) are two caches: one at a time."""
+  if decode:
+    raise validation.value_error(op, "decode", "be False with kv_cache", repr(decode))

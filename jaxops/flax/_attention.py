@@ -1,31 +1,34 @@
-"""Attention shared by the linen and nnx wrappers: an ``attention_fn`` for Flax's
-multi-head attention modules, and the attention step of jaxops' own modules."""
+"""Attention shared by the linen and nnx wrappers: the ``attention_fn`` of each
+flavour (Flax's signature, Flax's own function where the attention weights
+must exist), the kernel over any number of batch axes, RoPE, the kv_cache step,
+and what Flax's functions need to run jaxops' extras (grouped-query heads,
+``is_causal`` at an offset)."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
+import flax.linen as nn
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx.nn import dtypes as nnx_dtypes
 from jax import lax
 
 import jaxops
 from jaxops._src import validation
+from jaxops.flax._dtypes import is_kernel_dtype
 
 
 def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_offset=0,
-           rope=None, implementation=None):
-  """``jaxops.attention`` over any number of batch axes, with an optional RoPE hook.
+           implementation=None):
+  """``jaxops.attention`` over any number of batch axes.
 
   query [batch..., T, N, H], key/value [batch..., S, K, H]; bias and mask
-  broadcastable to [batch..., N, T, S]. As in Flax, a mask of any dtype attends
-  where it is nonzero. ``rope(x, positions)`` (if given) is applied to the
-  query at positions query_offset + t and to the key at j.
+  broadcastable to [batch..., N, T, S]. As in Flax, a mask of any dtype
+  attends where it is nonzero.
   """
   mask = None if mask is None else jnp.asarray(mask).astype(bool)
-  if rope is not None:
-    query = rope(query, jnp.arange(query.shape[-3]) + jnp.asarray(query_offset, jnp.int32))
-    key = rope(key, jnp.arange(key.shape[-3]))
   batch_shape = query.shape[:-3]
   n = len(batch_shape)
 
@@ -46,6 +49,34 @@ def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_of
   return out.reshape(batch_shape + out.shape[1:])
 
 
+def rotate(rope, query, key, query_offset, key_offset=0):
+  """``rope(x, positions)`` (if given) on the query at positions
+  query_offset + t and on the key at key_offset + j."""
+  if rope is None:
+    return query, key
+  positions = lambda x, offset: jnp.arange(x.shape[-3]) + jnp.asarray(offset, jnp.int32)
+  return rope(query, positions(query, query_offset)), rope(key, positions(key, key_offset))
+
+
+def self_attention_inputs(inputs_q, inputs_k, inputs_v, inputs_kv=None):
+  """Flax's defaults for the key and value inputs: ``inputs_k`` defaults to
+  ``inputs_q`` and ``inputs_v`` to ``inputs_k``; linen's deprecated
+  ``inputs_kv`` sets both."""
+  if inputs_kv is not None:
+    if inputs_k is not None or inputs_v is not None:
+      raise ValueError("If either `inputs_k` or `inputs_v` is not None, `inputs_kv` must be "
+                       "None. If `inputs_kv` is not None, both `inputs_k` and `inputs_v` "
+                       "must be None.")
+    warnings.warn("The inputs_kv arg will be deprecated soon. Use inputs_k and inputs_v "
+                  "instead.", DeprecationWarning, stacklevel=3)
+    return inputs_kv, inputs_kv
+  if inputs_k is None:
+    if inputs_v is not None:
+      raise ValueError("`inputs_k` cannot be None if `inputs_v` is not None.")
+    inputs_k = inputs_q
+  return inputs_k, inputs_k if inputs_v is None else inputs_v
+
+
 def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False, rope=None,
                   implementation=None):
   """Attention of T new query rows against a fixed-length key/value cache.
@@ -60,9 +91,7 @@ def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False,
   """
   validation.rank("attend_cached", "query", query, low=4, high=4, labels="[B, T, N, H]")
   offset = jnp.asarray(query_offset, jnp.int32)
-  if rope is not None:
-    positions = jnp.arange(query.shape[1], dtype=jnp.int32) + offset
-    query, key = rope(query, positions), rope(key, positions)
+  query, key = rotate(rope, query, key, offset, offset)
   cached_key, cached_value = kv_cache
   zero = jnp.zeros((), jnp.int32)
   start = (zero, offset, zero, zero)
@@ -75,33 +104,98 @@ def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False,
   return out, (cached_key, cached_value)
 
 
-def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
-                          dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
-                          precision=None, module=None, is_causal=False, implementation=None,
-                          **unused):
-  """``flax.linen``/``flax.nnx`` ``dot_product_attention``'s signature on ``jaxops.attention``.
+def _causal_mask(query, key, query_offset):
+  """[T, S] boolean: query row t (at position query_offset + t) sees keys j <= its position."""
+  rows = jnp.arange(query.shape[-3]) + jnp.asarray(query_offset, jnp.int32)
+  return rows[:, None] >= jnp.arange(key.shape[-3])[None, :]
 
-  Pass it as ``attention_fn`` to ``flax.linen.MultiHeadDotProductAttention`` or
-  ``flax.nnx.MultiHeadAttention``. query [batch..., T, N, H], key/value
-  [batch..., S, K, H] (any number of batch axes, N % K == 0); mask and bias
-  broadcastable to [batch..., N, T, S]; as in Flax, a mask of any dtype
-  attends where it is nonzero (``flax.linen.make_causal_mask`` gives float32).
-  Computed in ``dtype`` (else the promotion of the inputs' dtypes).
 
-  The fused kernel has no dropout on the attention weights and never
-  materialises them: when such dropout is active (``dropout_rate > 0`` and not
-  ``deterministic``) or the weights are to be sown (``module``), this falls
-  back to Flax's own ``dot_product_attention``. A row whose keys are all
-  masked gives 0 (Flax averages V there). ``precision`` is not used: the
-  kernel accumulates in float32.
+def flax_inputs(query, key, value, mask, *, is_causal=False, query_offset=0):
+  """The inputs of Flax's linen ``dot_product_attention``, which knows neither
+  grouped-query attention nor ``is_causal``: key/value heads repeated to the
+  query's, and the causal mask folded into ``mask``."""
+  repeats = query.shape[-2] // key.shape[-2]
+  if repeats > 1:
+    key, value = (jnp.repeat(x, repeats, axis=-2) for x in (key, value))
+  if is_causal:
+    mask = _and(mask, _causal_mask(query, key, query_offset))
+  return key, value, mask
+
+
+def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+                                dropout_rng=None, dropout_rate=0.0, deterministic=False,
+                                dtype=None, precision=None, module=None,
+                                force_fp32_for_softmax=False, einsum_dot_general=None,
+                                qk_attn_weights_einsum=None, attn_weights_value_einsum=None,
+                                *, is_causal=False, query_offset=0, implementation=None):
+  """``flax.linen.dot_product_attention`` on ``jaxops.attention``: the same
+  signature (so ``flax.linen.MultiHeadDotProductAttention`` passes it every
+  argument), and Flax's own function wherever the kernel cannot give Flax's result.
+
+  Runs Flax's ``flax.linen.dot_product_attention`` when the attention weights
+  must exist: ``module`` is given (``sow_weights=True``: Flax sows them into the
+  ``intermediates`` collection), dropout on the weights is active
+  (``dropout_rate > 0`` and not ``deterministic``), or a custom einsum /
+  ``einsum_dot_general`` is given; and for dtypes the kernel lacks (float64,
+  complex). Otherwise the fused kernel, in ``dtype`` (else the promotion of the
+  inputs' dtypes), with softmax statistics in float32 whatever the dtype; with
+  ``force_fp32_for_softmax`` the output is float32, as Flax's is.
+
+  Beyond Flax: grouped-query key/value (fewer heads dividing the query's) and
+  ``is_causal`` (at ``query_offset``). Differences on the kernel path:
+  ``precision`` is not used (the kernel accumulates in float32), and a query
+  row whose keys are all masked gives 0 where Flax averages the values.
   """
-  del precision, unused
-  if module is not None or (dropout_rate > 0.0 and not deterministic):
+  query, key, value = nn.dtypes.promote_dtype(query, key, value, dtype=dtype)
+  if (module is not None or (dropout_rate > 0.0 and not deterministic)
+      or einsum_dot_general is not None or qk_attn_weights_einsum is not None
+      or attn_weights_value_einsum is not None or not is_kernel_dtype(query.dtype)):
+    key, value, mask = flax_inputs(query, key, value, mask, is_causal=is_causal,
+                                   query_offset=query_offset)
+    return nn.dot_product_attention(
+        query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
+        deterministic, dtype, precision, module, force_fp32_for_softmax, einsum_dot_general,
+        qk_attn_weights_einsum, attn_weights_value_einsum)
+  out = attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
+               implementation=implementation)
+  # Flax's fp32 softmax leaves float32 weights, whose product with V is float32.
+  return out.astype(jnp.float32) if force_fp32_for_softmax else out
+
+
+def nnx_dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+                              dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
+                              precision=None, module=None,
+                              promote_dtype=nnx_dtypes.promote_dtype, is_causal=False,
+                              *, query_offset=0, implementation=None):
+  """``flax.nnx.dot_product_attention`` on ``jaxops.attention``, with its
+  signature; pass it as ``attention_fn`` to ``flax.nnx.MultiHeadAttention``.
+
+  Runs Flax's ``flax.nnx.dot_product_attention`` when the attention weights
+  must exist (``module`` given: ``sow_weights=True`` sows them as
+  ``nnx.Intermediate``; dropout on the weights active) and for dtypes the
+  kernel lacks (float64, complex); otherwise the fused kernel on the inputs
+  promoted by ``promote_dtype`` (grouped-query key/value and ``is_causal`` at
+  ``query_offset`` included). ``precision`` is not used by the kernel (it
+  accumulates in float32); a query row whose keys are all masked gives 0.
+  """
+  query, key, value = promote_dtype((query, key, value), dtype=dtype)
+  if (module is not None or (dropout_rate > 0.0 and not deterministic)
+      or not is_kernel_dtype(query.dtype)):
+    mask, is_causal = nnx_causality(query, key, mask, is_causal, query_offset)
     return nnx.dot_product_attention(
-        query, key, value, bias=bias, mask=mask, broadcast_dropout=broadcast_dropout,
-        dropout_rng=dropout_rng, dropout_rate=dropout_rate, deterministic=deterministic,
-        dtype=dtype, module=module, is_causal=is_causal)
-  dtype = jnp.result_type(query, key, value) if dtype is None else dtype
-  query, key, value = (x.astype(dtype) for x in (query, key, value))
-  return attend(query, key, value, bias, mask, is_causal=is_causal,
+        query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
+        deterministic, dtype, precision, module, promote_dtype, is_causal)
+  return attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
                 implementation=implementation)
+
+
+def nnx_causality(query, key, mask, is_causal, query_offset):
+  """(mask, is_causal) for Flax's nnx attention, whose ``is_causal`` puts query
+  row 0 at position 0: another ``query_offset`` goes into the mask."""
+  if not is_causal or (isinstance(query_offset, int) and query_offset == 0):
+    return mask, is_causal
+  return _and(mask, _causal_mask(query, key, query_offset)), False
+
+
+def _and(mask, causal):
+  return causal if mask is None else jnp.logical_and(jnp.asarray(mask).astype(bool), causal)

@@ -2,101 +2,99 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
 import jaxops
 from jaxops.flax import _arguments
-from jaxops.flax._attention import attend, attend_cached
-from jaxops.flax._attention import dot_product_attention  # noqa: F401  (an attention_fn for Flax)
-from jaxops.flax._dtypes import compute_dtype
+from jaxops.flax._attention import (attend_cached, flax_inputs, rotate,
+                                     self_attention_inputs)
+from jaxops.flax._attention import linen_dot_product_attention as dot_product_attention
+from jaxops.flax._dtypes import compute_dtype, is_kernel_dtype
+from jaxops.flax._norms import runs_kernel
 
 Initializer = Callable[..., Any]
 
 
-class LayerNorm(nn.Module):
-  """``flax.linen.LayerNorm`` over the last axis, on ``jaxops.layer_norm``.
+class LayerNorm(nn.LayerNorm):
+  """``flax.linen.LayerNorm`` on ``jaxops.layer_norm``: a subclass taking every
+  attribute of Flax's (same defaults) plus ``implementation``, with Flax's
+  parameters (``scale``, ``bias``) and call (``x, *, mask=None``).
 
-  Same parameters (``scale``, ``bias``), defaults (``epsilon=1e-6``) and dtype
-  rule as Flax's; only the last axis is normalised.
+  The kernel normalises the last axis with float32 statistics. Any other
+  configuration runs Flax's own computation on the same parameters (same
+  values and trees): ``reduction_axes``/``feature_axes`` other than the last
+  axis, a ``mask``, ``axis_name`` (statistics across devices),
+  ``force_float32_reductions=False``, float64 or complex inputs.
+  ``use_fast_variance`` does not change the kernel, whose variance is exact up
+  to float32 rounding.
   """
 
-  epsilon: float = 1e-6
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-  use_bias: bool = True
-  use_scale: bool = True
-  bias_init: Initializer = nn.initializers.zeros
-  scale_init: Initializer = nn.initializers.ones
   implementation: str | None = None
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, *, mask=None):
     _arguments.norm("jaxops.flax.linen.LayerNorm", epsilon=self.epsilon,
                     implementation=self.implementation)
-    features = (x.shape[-1],)
-    scale = self.param("scale", self.scale_init, features, self.param_dtype) if self.use_scale else None
-    bias = self.param("bias", self.bias_init, features, self.param_dtype) if self.use_bias else None
     dtype = compute_dtype(x, self.dtype, self.param_dtype, self.use_scale or self.use_bias)
+    if not runs_kernel(self, x, dtype, mask):
+      return super().__call__(x, mask=mask)
+    param = lambda name, init: self.param(name, init, (x.shape[-1],), self.param_dtype)
+    scale = param("scale", self.scale_init) if self.use_scale else None
+    bias = param("bias", self.bias_init) if self.use_bias else None
     return jaxops.layer_norm(x.astype(dtype), scale, bias, epsilon=self.epsilon,
                              implementation=self.implementation)
 
 
-class RMSNorm(nn.Module):
-  """``flax.linen.RMSNorm`` over the last axis, on ``jaxops.rms_norm``."""
+class RMSNorm(nn.RMSNorm):
+  """``flax.linen.RMSNorm`` on ``jaxops.rms_norm``: every attribute of Flax's
+  plus ``implementation``; the kernel and Flax's fallback as for
+  :class:`LayerNorm`."""
 
-  epsilon: float = 1e-6
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-  use_scale: bool = True
-  scale_init: Initializer = nn.initializers.ones
   implementation: str | None = None
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, *, mask=None):
     _arguments.norm("jaxops.flax.linen.RMSNorm", epsilon=self.epsilon,
                     implementation=self.implementation)
+    dtype = compute_dtype(x, self.dtype, self.param_dtype, self.use_scale)
+    if not runs_kernel(self, x, dtype, mask):
+      return super().__call__(x, mask=mask)
     scale = (self.param("scale", self.scale_init, (x.shape[-1],), self.param_dtype)
              if self.use_scale else None)
-    dtype = compute_dtype(x, self.dtype, self.param_dtype, self.use_scale)
     return jaxops.rms_norm(x.astype(dtype), scale, epsilon=self.epsilon,
                            implementation=self.implementation)
 
 
-class Embed(nn.Module):
-  """``flax.linen.Embed`` on ``jaxops.embedding``: the same parameter
-  (``embedding``, shape ``(num_embeddings, features)``), initializer and dtype
-  rule as Flax's, and its ``attend``.
+class Embed(nn.Embed):
+  """``flax.linen.Embed`` on ``jaxops.embedding``: every attribute of Flax's
+  (``promote_dtype`` included) plus ``implementation``; the same parameter
+  (``embedding``, shape ``(num_embeddings, features)``) and Flax's own ``attend``.
+  Tables in float64 or complex run Flax's ``jnp.take``.
 
   One difference: out-of-range ids (negative ones included) are clamped to
   ``[0, num_embeddings - 1]`` (see :func:`jaxops.embedding`), where Flax's
   ``jnp.take`` returns NaN past the end and wraps negative ids around.
+  Non-integer ids raise ``TypeError`` (Flax: ``ValueError``).
   """
 
-  num_embeddings: int
-  features: int
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-  embedding_init: Initializer = nn.linear.default_embed_init
   implementation: str | None = None
 
   def setup(self):
     _arguments.embed("jaxops.flax.linen.Embed", num_embeddings=self.num_embeddings,
                      features=self.features, implementation=self.implementation)
-    self.embedding = self.param("embedding", self.embedding_init,
-                                (self.num_embeddings, self.features), self.param_dtype)
+    super().setup()
 
   def __call__(self, inputs):
     inputs = _arguments.embed_ids("jaxops.flax.linen.Embed", inputs)
-    table = self.embedding if self.dtype is None else self.embedding.astype(self.dtype)
+    (table,) = self.promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
+    if not is_kernel_dtype(table.dtype):
+      return super().__call__(inputs)
     return jaxops.embedding(table, inputs, implementation=self.implementation)
-
-  def attend(self, query):
-    """``query @ embedding.T``: logits over the vocabulary, as Flax's ``attend``."""
-    dtype = self.dtype if self.dtype is not None else jnp.result_type(query, self.embedding)
-    return jnp.dot(query.astype(dtype), self.embedding.astype(dtype).T)
 
 
 class GatedMLP(nn.Module):
@@ -154,86 +152,173 @@ class RotaryEmbedding(nn.Module):
 _MHA = "jaxops.flax.linen.MultiHeadAttention"
 
 
-class MultiHeadAttention(nn.Module):
-  """Multi-head attention on ``jaxops.attention`` (fused flash-attention kernel).
+class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
+  """``flax.linen.MultiHeadDotProductAttention`` on ``jaxops.attention`` (fused
+  flash-attention kernel): a subclass taking every attribute and call argument
+  of Flax's, with Flax's parameters (DenseGeneral ``query``, ``key``,
+  ``value``, ``out``; ``query_ln``/``key_ln`` with ``normalize_qk``) and its
+  ``cache`` collection with ``decode``, so checkpoints load unchanged.
 
-  Parameters are those of ``flax.linen.MultiHeadDotProductAttention`` (Dense
-  ``query``, ``key``, ``value`` [features, heads, head_dim] and ``out``), so
-  its checkpoints load unchanged; with ``num_kv_heads`` < ``num_heads``
-  (grouped-query attention) ``key``/``value`` have ``num_kv_heads`` heads.
+  The one changed default is ``attention_fn``:
+  :func:`jaxops.flax.linen.dot_product_attention`, which runs the kernel and
+  falls back to Flax's ``flax.linen.dot_product_attention`` wherever the
+  attention weights must exist: ``sow_weights=True`` (the weights land in
+  ``intermediates`` as with Flax), dropout on the weights (``dropout_rate > 0``
+  and not ``deterministic``: Flax's dropout, same rng, same values), custom
+  einsums (``qk_attn_weights_einsum_cls``...), float64/complex. Any other
+  ``attention_fn`` is called as Flax calls it.
 
-  Differences from Flax's module: dropout (``dropout_rate``) applies to the
-  attention output, not to the attention weights (which the kernel never
-  stores); ``is_causal`` masks without building a mask; ``rope(x, positions)``,
-  if given, is applied to the projected query (positions query_offset + t) and
-  key (positions j); a query row with no attended key gives 0.
+  Beyond Flax (attributes after Flax's, call arguments after Flax's):
 
-  KV-cache decoding: pass ``kv_cache=(keys, values)``, each [batch, S_max,
-  num_kv_heads, head_dim] (zeros to start), and the new tokens' absolute
-  position as ``query_offset``; the call writes the new keys and values into
-  the cache, attends over the cached prefix and returns ``(output, kv_cache)``.
+  - ``num_kv_heads``: grouped-query attention; ``key``/``value`` then have
+    ``num_kv_heads`` heads (default ``num_heads``, Flax's layout).
+  - ``is_causal``: masks without building a mask; ``query_offset`` (call,
+    may be traced) places query row 0.
+  - ``rope(x, positions)``: applied to the projected query (positions
+    query_offset + t, or the cache index with ``decode``) and key.
+  - ``bias`` (call): added to the attention logits.
+  - ``kv_cache=(keys, values)`` (call): each [batch, S_max, num_kv_heads,
+    head_dim] (zeros to start); the call writes the new keys and values at
+    ``query_offset``, attends over the cached prefix and returns
+    ``(output, kv_cache)``. Flax's ``decode`` (one token a call, the cache in
+    the ``cache`` collection) works as in Flax.
+  - ``implementation``: passed to ``jaxops.attention``.
 
-  Attributes:
-    num_heads: query heads.
-    num_kv_heads: key/value heads (default ``num_heads``); divides ``num_heads``.
-    qkv_features: query features over all heads (default: the input's).
-    out_features: output features (default: the query input's).
-    is_causal, rope, dropout_rate, deterministic: see above.
-    dtype, param_dtype, kernel_init, out_kernel_init, bias_init, out_bias_init,
-      use_bias: as in Flax.
-    implementation: passed to ``jaxops.attention``.
+  Differences on the kernel path: ``precision`` applies to the projections
+  only (the kernel accumulates in float32); a query row with no attended key
+  gives 0 (Flax averages the values).
   """
 
-  num_heads: int
+  attention_fn: Callable[..., Any] = dot_product_attention
   num_kv_heads: int | None = None
-  qkv_features: int | None = None
-  out_features: int | None = None
   is_causal: bool = False
   rope: Callable[[Any, Any], Any] | None = None
-  dropout_rate: float = 0.0
-  deterministic: bool | None = None
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-  kernel_init: Initializer = nn.linear.default_kernel_init
-  out_kernel_init: Initializer | None = None
-  bias_init: Initializer = nn.initializers.zeros_init()
-  out_bias_init: Initializer | None = None
-  use_bias: bool = True
   implementation: str | None = None
 
   @nn.compact
-  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, bias=None,
-               query_offset=0, kv_cache=None, deterministic: bool | None = None, dropout_rng=None):
-    """Attends from ``inputs_q`` [batch..., T, F] to ``inputs_k``/``inputs_v``
-    [batch..., S, F] (default: ``inputs_q``). ``mask`` (bool) and ``bias`` are
-    broadcastable to [batch..., heads, T, S]; ``query_offset`` places query row 0
-    (for ``is_causal`` and RoPE; may be traced). With ``kv_cache`` (see the
-    class docstring) returns ``(output, kv_cache)``."""
-    inputs_k = inputs_q if inputs_k is None else inputs_k
-    inputs_v = inputs_k if inputs_v is None else inputs_v
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
+               deterministic: bool | None = None, dropout_rng=None, sow_weights: bool = False,
+               bias=None, query_offset=0, kv_cache=None):
+    """Flax's call (``inputs_q``, ``inputs_k``/``inputs_v`` default
+    ``inputs_q``, ``mask`` broadcastable to [batch..., heads, T, S], ...) plus
+    ``bias``, ``query_offset`` and ``kv_cache`` (see the class docstring)."""
+    inputs_k, inputs_v = self_attention_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
     num_kv_heads, head_dim = _arguments.attention_heads(
         _MHA, qkv_features=self.qkv_features or inputs_q.shape[-1], num_heads=self.num_heads,
         num_kv_heads=self.num_kv_heads, dropout_rate=self.dropout_rate,
         is_causal=self.is_causal, implementation=self.implementation)
     dense = lambda heads, name: nn.DenseGeneral(
         features=(heads, head_dim), axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias, name=name)
+        kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias,
+        precision=self.precision, dot_general=self.qkv_dot_general,
+        dot_general_cls=self.qkv_dot_general_cls, name=name)
     query = dense(self.num_heads, "query")(inputs_q)
     key = dense(num_kv_heads, "key")(inputs_k)
     value = dense(num_kv_heads, "value")(inputs_v)
+    if self.normalize_qk:
+      norm = lambda name: LayerNorm(use_bias=False, dtype=self.dtype,
+                                    param_dtype=self.param_dtype,
+                                    implementation=self.implementation, name=name)
+      query, key = norm("query_ln")(query), norm("key_ln")(key)
     if kv_cache is not None:
       _arguments.no_mask_with_cache(_MHA, mask, bias)
+      _arguments.no_decode_with_cache(_MHA, self.decode)
       x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
                                   is_causal=self.is_causal, rope=self.rope,
                                   implementation=self.implementation)
     else:
-      x = attend(query, key, value, bias, mask, is_causal=self.is_causal,
-                 query_offset=query_offset, rope=self.rope, implementation=self.implementation)
+      if self.decode:
+        query, key, value, mask, query_offset = self._decode_step(query, key, value, mask)
+      else:
+        query, key = rotate(self.rope, query, key, query_offset)
+      x = self._attention(query, key, value, mask=mask, bias=bias, query_offset=query_offset,
+                          deterministic=deterministic, dropout_rng=dropout_rng,
+                          sow_weights=sow_weights)
     out = nn.DenseGeneral(
-        features=self.out_features or inputs_q.shape[-1], axis=(-2, -1), dtype=self.dtype,
-        param_dtype=self.param_dtype, kernel_init=self.out_kernel_init or self.kernel_init,
-        bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias, name="out")(x)
+        features=self.out_features or inputs_q.shape[-1], axis=(-2, -1),
+        kernel_init=self.out_kernel_init or self.kernel_init,
+        bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype, precision=self.precision, dot_general=self.out_dot_general,
+        dot_general_cls=self.out_dot_general_cls, name="out")(x)
+    return out if kv_cache is None else (out, kv_cache)
+
+  def _decode_step(self, query, key, value, mask):
+    """Flax's ``decode``: one new token written into the ``cache`` collection at
+    ``cache_index``; the mask hides the rows not written yet. RoPE sees the
+    token's position (the cache index). Returns the query, the whole cached
+    keys/values, the mask and the query's position."""
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
+    if not initialized:  # Flax's init pass: attend over the (rotated) inputs themselves
+      return (*rotate(self.rope, query, key, 0), value, mask, 0)
+    *batch, max_length, heads, depth = cached_key.value.shape
+    if key.shape != (*batch, 1, heads, depth):
+      raise ValueError("Autoregressive cache shape error, expected key shape "
+                       f"{(*batch, 1, heads, depth)} instead got {key.shape}.")
+    index = cache_index.value
+    query, key = rotate(self.rope, query, key, index, index)
+    zero = jnp.zeros((), index.dtype)
+    at = (zero,) * len(batch) + (index, zero, zero)
+    cached_key.value = lax.dynamic_update_slice(cached_key.value, key, at)
+    cached_value.value = lax.dynamic_update_slice(cached_value.value, value, at)
+    cache_index.value = index + 1
+    written = jnp.broadcast_to(jnp.arange(max_length) <= index, (*batch, 1, 1, max_length))
+    return (query, cached_key.value, cached_value.value, nn.combine_masks(mask, written), index)
+
+  def _attention(self, query, key, value, *, mask, bias, query_offset, deterministic,
+                 dropout_rng, sow_weights):
+    """``attention_fn`` with Flax's arguments (dropout merged as Flax merges
+    it); jaxops' own also gets grouped-query key/value, ``is_causal``,
+    ``query_offset``, ``bias`` and ``implementation``."""
     if self.dropout_rate > 0.0:
       deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
-      out = nn.Dropout(rate=self.dropout_rate)(out, deterministic=deterministic, rng=dropout_rng)
-    return out if kv_cache is None else (out, kv_cache)
+      if not deterministic and dropout_rng is None:
+        dropout_rng = self.make_rng("dropout")
+    else:
+      deterministic = True
+    einsums = dict(
+        qk_attn_weights_einsum=(self.qk_attn_weights_einsum_cls()
+                                if self.qk_attn_weights_einsum_cls else None),
+        attn_weights_value_einsum=(self.attn_weights_value_einsum_cls()
+                                   if self.attn_weights_value_einsum_cls else None))
+    kwargs = dict(mask=mask, dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
+                  broadcast_dropout=self.broadcast_dropout, deterministic=deterministic,
+                  dtype=self.dtype, precision=self.precision,
+                  force_fp32_for_softmax=self.force_fp32_for_softmax, **einsums)
+    if sow_weights:
+      kwargs["module"] = self
+    if self.attention_fn is dot_product_attention:
+      return dot_product_attention(query, key, value, bias=bias, is_causal=self.is_causal,
+                                   query_offset=query_offset,
+                                   implementation=self.implementation, **kwargs)
+    # Another attention_fn gets what Flax gives it: equal heads, causality as a mask.
+    key, value, kwargs["mask"] = flax_inputs(query, key, value, mask, is_causal=self.is_causal,
+                                             query_offset=query_offset)
+    if bias is not None:
+      kwargs["bias"] = bias
+    accepted = inspect.signature(self.attention_fn).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in accepted or k in ("module", "bias")}
+    return self.attention_fn(query, key, value, **kwargs)
+
+
+class MultiHeadAttention(MultiHeadDotProductAttention):
+  """``flax.linen.MultiHeadAttention`` (Flax's alias of
+  ``MultiHeadDotProductAttention``, named ``MultiHeadAttention_<i>`` by
+  default) on jaxops: see :class:`MultiHeadDotProductAttention`."""
+
+
+class SelfAttention(MultiHeadDotProductAttention):
+  """``flax.linen.SelfAttention`` on jaxops: attention of ``inputs_q`` to
+  itself, with Flax's call (``inputs_q, mask, deterministic, dropout_rng,
+  sow_weights``) plus ``bias``, ``query_offset`` and ``kv_cache``; see
+  :class:`MultiHeadDotProductAttention`. (Flax's warns that it will be
+  deprecated; this one does not.)"""
+
+  @nn.compact
+  def __call__(self, inputs_q, mask=None, deterministic: bool | None = None, dropout_rng=None,
+               sow_weights: bool = False, *, bias=None, query_offset=0, kv_cache=None):
+    return super().__call__(inputs_q, mask=mask, deterministic=deterministic,
+                            dropout_rng=dropout_rng, sow_weights=sow_weights, bias=bias,
+                            query_offset=query_offset, kv_cache=kv_cache)

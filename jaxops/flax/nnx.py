@@ -6,91 +6,96 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 import jaxops
 from jaxops.flax import _arguments
-from jaxops.flax._attention import attend, attend_cached
-from jaxops.flax._attention import dot_product_attention  # noqa: F401  (an attention_fn for Flax)
-from jaxops.flax._dtypes import compute_dtype
+from jaxops.flax._attention import (attend_cached, nnx_causality, rotate,
+                                     self_attention_inputs)
+from jaxops.flax._attention import nnx_dot_product_attention as dot_product_attention
+from jaxops.flax._dtypes import is_kernel_dtype
+from jaxops.flax._norms import runs_kernel
+from jaxops.flax._signature import bind, extended
 
 Initializer = Callable[..., Any]
 
+_LAYER_NORM = extended(nnx.LayerNorm.__init__, implementation=None)
+_RMS_NORM = extended(nnx.RMSNorm.__init__, implementation=None)
+_EMBED = extended(nnx.Embed.__init__, implementation=None)
 
-class LayerNorm(nnx.Module):
-  """``flax.nnx.LayerNorm`` over the last axis, on ``jaxops.layer_norm``."""
 
-  def __init__(self, num_features: int, *, epsilon: float = 1e-6, dtype: Any = None,
-               param_dtype: Any = jnp.float32, use_bias: bool = True, use_scale: bool = True,
-               bias_init: Initializer = nnx.initializers.zeros,
-               scale_init: Initializer = nnx.initializers.ones,
-               implementation: str | None = None, rngs: nnx.Rngs):
-    _arguments.norm("jaxops.flax.nnx.LayerNorm", num_features=num_features,
-                    epsilon=epsilon, implementation=implementation)
-    self.num_features = num_features
-    self.epsilon, self.dtype, self.param_dtype = epsilon, dtype, param_dtype
+class LayerNorm(nnx.LayerNorm):
+  """``flax.nnx.LayerNorm`` on ``jaxops.layer_norm``: a subclass taking every
+  constructor argument of Flax's (same defaults) plus ``implementation``, with
+  Flax's parameters and call (``x, *, mask=None``). The kernel runs on the last
+  axis; every other configuration runs Flax's own computation (see
+  :class:`jaxops.flax.linen.LayerNorm`). ``promote_dtype`` is applied as Flax
+  applies it.
+  """
+
+  def __init__(self, *args, implementation=None, **kwargs):
+    arguments = bind(_LAYER_NORM, self, *args, implementation=implementation, **kwargs)
+    _arguments.norm("jaxops.flax.nnx.LayerNorm", num_features=arguments["num_features"],
+                    epsilon=arguments["epsilon"], implementation=implementation)
+    super().__init__(*args, **kwargs)
     self.implementation = implementation
-    self.scale = (nnx.Param(scale_init(rngs.params(), (num_features,), param_dtype))
-                  if use_scale else None)
-    self.bias = (nnx.Param(bias_init(rngs.params(), (num_features,), param_dtype))
-                 if use_bias else None)
 
-  def __call__(self, x):
-    dtype = compute_dtype(x, self.dtype, self.param_dtype, self.scale is not None or self.bias is not None)
-    return jaxops.layer_norm(x.astype(dtype), _value(self.scale), _value(self.bias),
-                             epsilon=self.epsilon, implementation=self.implementation)
+  __init__.__signature__ = _LAYER_NORM
+
+  def __call__(self, x, *, mask=None):
+    x_promoted, scale, bias = self.promote_dtype((x, _value(self.scale), _value(self.bias)),
+                                                 dtype=self.dtype)
+    if not runs_kernel(self, x, x_promoted.dtype, mask):
+      return super().__call__(x, mask=mask)
+    return jaxops.layer_norm(x_promoted, scale, bias, epsilon=self.epsilon,
+                             implementation=self.implementation)
 
 
-class RMSNorm(nnx.Module):
-  """``flax.nnx.RMSNorm`` over the last axis, on ``jaxops.rms_norm``."""
+class RMSNorm(nnx.RMSNorm):
+  """``flax.nnx.RMSNorm`` on ``jaxops.rms_norm``: every constructor argument
+  of Flax's plus ``implementation``, and Flax's call (``x, mask=None``); the
+  kernel and the fallback as for :class:`LayerNorm`."""
 
-  def __init__(self, num_features: int, *, epsilon: float = 1e-6, dtype: Any = None,
-               param_dtype: Any = jnp.float32, use_scale: bool = True,
-               scale_init: Initializer = nnx.initializers.ones,
-               implementation: str | None = None, rngs: nnx.Rngs):
-    _arguments.norm("jaxops.flax.nnx.RMSNorm", num_features=num_features,
-                    epsilon=epsilon, implementation=implementation)
-    self.num_features = num_features
-    self.epsilon, self.dtype, self.param_dtype = epsilon, dtype, param_dtype
+  def __init__(self, *args, implementation=None, **kwargs):
+    arguments = bind(_RMS_NORM, self, *args, implementation=implementation, **kwargs)
+    _arguments.norm("jaxops.flax.nnx.RMSNorm", num_features=arguments["num_features"],
+                    epsilon=arguments["epsilon"], implementation=implementation)
+    super().__init__(*args, **kwargs)
     self.implementation = implementation
-    self.scale = (nnx.Param(scale_init(rngs.params(), (num_features,), param_dtype))
-                  if use_scale else None)
 
-  def __call__(self, x):
-    dtype = compute_dtype(x, self.dtype, self.param_dtype, self.scale is not None)
-    return jaxops.rms_norm(x.astype(dtype), _value(self.scale), epsilon=self.epsilon,
+  __init__.__signature__ = _RMS_NORM
+
+  def __call__(self, x, mask=None):
+    x_promoted, scale = self.promote_dtype((x, _value(self.scale)), dtype=self.dtype)
+    if not runs_kernel(self, x, x_promoted.dtype, mask):
+      return super().__call__(x, mask=mask)
+    return jaxops.rms_norm(x_promoted, scale, epsilon=self.epsilon,
                            implementation=self.implementation)
 
 
-class Embed(nnx.Module):
-  """``flax.nnx.Embed`` on ``jaxops.embedding``: the same parameter
-  (``embedding``), initializer and dtype rule as Flax's, and its ``attend``.
-  Out-of-range ids are clamped (see :class:`jaxops.flax.linen.Embed`).
+class Embed(nnx.Embed):
+  """``flax.nnx.Embed`` on ``jaxops.embedding``: every constructor argument of
+  Flax's plus ``implementation``, the same parameter (``embedding``) and Flax's
+  own ``attend``. ``out_sharding`` and float64/complex tables run Flax's
+  ``jnp.take``. Out-of-range ids are clamped (see
+  :class:`jaxops.flax.linen.Embed`).
   """
 
-  def __init__(self, num_embeddings: int, features: int, *, dtype: Any = None,
-               param_dtype: Any = jnp.float32,
-               embedding_init: Initializer = nnx.nn.linear.default_embed_init,
-               implementation: str | None = None, rngs: nnx.Rngs):
-    _arguments.embed("jaxops.flax.nnx.Embed", num_embeddings=num_embeddings, features=features,
-                     implementation=implementation)
-    self.num_embeddings, self.features = num_embeddings, features
-    self.dtype, self.param_dtype = dtype, param_dtype
+  def __init__(self, *args, implementation=None, **kwargs):
+    arguments = bind(_EMBED, self, *args, implementation=implementation, **kwargs)
+    _arguments.embed("jaxops.flax.nnx.Embed", num_embeddings=arguments["num_embeddings"],
+                     features=arguments["features"], implementation=implementation)
+    super().__init__(*args, **kwargs)
     self.implementation = implementation
-    self.embedding = nnx.Param(
-        embedding_init(rngs.params(), (num_embeddings, features), param_dtype))
 
-  def __call__(self, inputs):
+  __init__.__signature__ = _EMBED
+
+  def __call__(self, inputs, out_sharding=None):
     inputs = _arguments.embed_ids("jaxops.flax.nnx.Embed", inputs)
-    table = self.embedding[...]
-    if self.dtype is not None:
-      table = table.astype(self.dtype)
+    (table,) = self.promote_dtype((self.embedding[...],), dtype=self.dtype, inexact=False)
+    if out_sharding is not None or not is_kernel_dtype(table.dtype):
+      return super().__call__(inputs, out_sharding=out_sharding)
     return jaxops.embedding(table, inputs, implementation=self.implementation)
-
-  def attend(self, query):
-    """``query @ embedding.T``: logits over the vocabulary, as Flax's ``attend``."""
-    table = self.embedding[...]
-    dtype = self.dtype if self.dtype is not None else jnp.result_type(query, table)
-    return jnp.dot(query.astype(dtype), table.astype(dtype).T)
 
 
 class GatedMLP(nnx.Module):
@@ -134,81 +139,139 @@ class RotaryEmbedding(nnx.Module):
 
 
 _MHA = "jaxops.flax.nnx.MultiHeadAttention"
+_MULTI_HEAD_ATTENTION = extended(
+    nnx.MultiHeadAttention.__init__, attention_fn=dot_product_attention, is_causal=False,
+    rope=None, implementation=None)
 
 
-class MultiHeadAttention(nnx.Module):
-  """Multi-head attention on ``jaxops.attention`` (fused flash-attention kernel).
+class MultiHeadAttention(nnx.MultiHeadAttention):
+  """``flax.nnx.MultiHeadAttention`` on ``jaxops.attention`` (fused
+  flash-attention kernel): a subclass taking every constructor and call
+  argument of Flax's, with Flax's submodules and parameters (LinearGeneral
+  ``query``, ``key``, ``value``, ``out``; ``query_ln``/``key_ln``;
+  grouped-query ``num_kv_heads``), dropout rngs and ``init_cache``/``decode``
+  cache, so its state transfers unchanged.
 
-  Submodules and parameters are those of ``flax.nnx.MultiHeadAttention``
-  (LinearGeneral ``query``, ``key``, ``value``, ``out``), so its parameters
-  transfer unchanged, grouped-query attention (``num_kv_heads``) included.
+  The one changed default is ``attention_fn``:
+  :func:`jaxops.flax.nnx.dot_product_attention`, which runs the kernel and
+  falls back to Flax's ``flax.nnx.dot_product_attention`` where the attention
+  weights must exist (``sow_weights=True``: sown as ``nnx.Intermediate`` as
+  with Flax; dropout on the weights) and for float64/complex. Any other
+  ``attention_fn`` is called as Flax calls it.
 
-  Differences from Flax's module: dropout (``dropout_rate``) applies to the
-  attention output, not to the attention weights (which the kernel never
-  stores); ``is_causal`` masks without building a mask; ``rope(x, positions)``,
-  if given, is applied to the projected query (positions query_offset + t) and
-  key (positions j); a query row with no attended key gives 0.
+  Beyond Flax: ``is_causal`` (constructor; Flax's call argument ``is_causal``
+  works too), ``rope(x, positions)`` applied to the projected query (positions
+  ``query_offset`` + t, or the cache index with ``decode``) and key, and the
+  call arguments ``bias`` (added to the logits), ``query_offset`` (may be
+  traced) and ``kv_cache=(keys, values)``: each [batch, S_max, num_kv_heads,
+  head_dim] (zeros to start); the call writes the new keys and values at
+  ``query_offset``, attends over the cached prefix and returns
+  ``(output, kv_cache)``. ``decode`` left unset means False (Flax raises).
 
-  KV-cache decoding: pass ``kv_cache=(keys, values)``, each [batch, S_max,
-  num_kv_heads, head_dim] (zeros to start), and the new tokens' absolute
-  position as ``query_offset``; the call writes the new keys and values into
-  the cache, attends over the cached prefix and returns ``(output, kv_cache)``.
+  Differences on the kernel path: ``precision`` applies to the projections
+  only (the kernel accumulates in float32); a query row with no attended key
+  gives 0 (Flax averages the values).
   """
 
-  def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
-               out_features: int | None = None, num_kv_heads: int | None = None,
-               in_kv_features: int | None = None, *, is_causal: bool = False,
-               rope: Callable[[Any, Any], Any] | None = None, dropout_rate: float = 0.0,
-               deterministic: bool | None = None, dtype: Any = None,
-               param_dtype: Any = jnp.float32,
-               kernel_init: Initializer = nnx.nn.linear.default_kernel_init,
-               out_kernel_init: Initializer | None = None,
-               bias_init: Initializer = nnx.initializers.zeros_init(),
-               out_bias_init: Initializer | None = None, use_bias: bool = True,
-               implementation: str | None = None, rngs: nnx.Rngs):
-    self.num_heads = num_heads
-    self.num_kv_heads, self.head_dim = _arguments.attention_heads(
-        _MHA, qkv_features=qkv_features or in_features, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, dropout_rate=dropout_rate, is_causal=is_causal,
+  def __init__(self, *args, attention_fn=dot_product_attention, is_causal=False, rope=None,
+               implementation=None, **kwargs):
+    a = bind(_MULTI_HEAD_ATTENTION, self, *args, attention_fn=attention_fn,
+             is_causal=is_causal, rope=rope, implementation=implementation, **kwargs)
+    _arguments.attention_heads(
+        _MHA, qkv_features=a["qkv_features"] or a["in_features"], num_heads=a["num_heads"],
+        num_kv_heads=a["num_kv_heads"], dropout_rate=a["dropout_rate"], is_causal=is_causal,
         implementation=implementation)
+    super().__init__(*args, attention_fn=attention_fn, **kwargs)
     self.is_causal, self.rope, self.implementation = is_causal, rope, implementation
-    self.deterministic = deterministic
-    linear = lambda in_f, heads: nnx.LinearGeneral(
-        in_f, (heads, self.head_dim), dtype=dtype, param_dtype=param_dtype,
-        kernel_init=kernel_init, bias_init=bias_init, use_bias=use_bias, rngs=rngs)
-    kv_in = in_kv_features or in_features
-    self.query = linear(in_features, num_heads)
-    self.key = linear(kv_in, self.num_kv_heads)
-    self.value = linear(kv_in, self.num_kv_heads)
-    self.out = nnx.LinearGeneral(
-        (num_heads, self.head_dim), out_features or in_features, axis=(-2, -1), dtype=dtype,
-        param_dtype=param_dtype, kernel_init=out_kernel_init or kernel_init,
-        bias_init=out_bias_init or bias_init, use_bias=use_bias, rngs=rngs)
-    self.dropout = (nnx.Dropout(dropout_rate, deterministic=deterministic, rngs=rngs)
-                    if dropout_rate > 0.0 else None)
 
-  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, bias=None,
-               query_offset=0, kv_cache=None, deterministic: bool | None = None):
-    """Attends from ``inputs_q`` [batch..., T, F] to ``inputs_k``/``inputs_v``
-    [batch..., S, F] (default: ``inputs_q``). ``mask`` (bool) and ``bias`` are
-    broadcastable to [batch..., heads, T, S]; ``query_offset`` places query row 0
-    (for ``is_causal`` and RoPE; may be traced). With ``kv_cache`` (see the
-    class docstring) returns ``(output, kv_cache)``."""
-    inputs_k = inputs_q if inputs_k is None else inputs_k
-    inputs_v = inputs_k if inputs_v is None else inputs_v
-    query, key, value = self.query(inputs_q), self.key(inputs_k), self.value(inputs_v)
+  __init__.__signature__ = _MULTI_HEAD_ATTENTION
+
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
+               deterministic: bool | None = None, rngs=None, sow_weights: bool = False,
+               decode: bool | None = None, is_causal: bool = False, out_sharding=None,
+               qkv_sharding=None, bias=None, query_offset=0, kv_cache=None):
+    """Flax's call plus ``bias``, ``query_offset`` and ``kv_cache`` (see the
+    class docstring)."""
+    inputs_k, inputs_v = self_attention_inputs(inputs_q, inputs_k, inputs_v)
+    if inputs_q.shape[-1] != self.in_features:
+      raise ValueError(f"Incompatible input dimension, got {inputs_q.shape[-1]} "
+                       f"but module expects {self.in_features}.")
+    query = self.query(inputs_q, out_sharding=qkv_sharding)
+    key = self.key(inputs_k, out_sharding=qkv_sharding)
+    value = self.value(inputs_v, out_sharding=qkv_sharding)
+    if self.normalize_qk:
+      query, key = self.query_ln(query), self.key_ln(key)
+    is_causal = is_causal or self.is_causal
+    decode = decode if decode is not None else bool(self.decode)
     if kv_cache is not None:
       _arguments.no_mask_with_cache(_MHA, mask, bias)
+      _arguments.no_decode_with_cache(_MHA, decode)
       x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
-                                  is_causal=self.is_causal, rope=self.rope,
+                                  is_causal=is_causal, rope=self.rope,
                                   implementation=self.implementation)
     else:
-      x = attend(query, key, value, bias, mask, is_causal=self.is_causal,
-                 query_offset=query_offset, rope=self.rope, implementation=self.implementation)
-    out = self.out(x)
-    if self.dropout is not None:
-      out = self.dropout(out, deterministic=deterministic)
+      if decode:
+        query, key, value, mask, query_offset = self._decode_step(query, key, value, mask)
+      else:
+        query, key = rotate(self.rope, query, key, query_offset)
+      x = self._attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+                          query_offset=query_offset, deterministic=deterministic, rngs=rngs,
+                          sow_weights=sow_weights)
+    out = self.out(x, out_sharding=out_sharding)
     return out if kv_cache is None else (out, kv_cache)
+
+  def _decode_step(self, query, key, value, mask):
+    """Flax's ``decode``: the new token written into the cache made by
+    ``init_cache`` at ``cache_index``; the mask hides rows not written yet.
+    RoPE sees the token's position (the cache index)."""
+    if self.cached_key is None or self.cached_value is None or self.cache_index is None:
+      raise ValueError("Autoregressive cache not initialized, call ``init_cache`` first.")
+    *batch, max_length, heads, depth = self.cached_key.shape
+    if key.shape != (*batch, 1, heads, depth):
+      raise ValueError("Autoregressive cache shape error, expected key shape "
+                       f"{(*batch, 1, heads, depth)} instead got {key.shape}.")
+    index = self.cache_index[...]
+    query, key = rotate(self.rope, query, key, index, index)
+    zero = jnp.zeros((), index.dtype)
+    at = (zero,) * len(batch) + (index, zero, zero)
+    self.cached_key[...] = lax.dynamic_update_slice(self.cached_key[...], key, at)
+    self.cached_value[...] = lax.dynamic_update_slice(self.cached_value[...], value, at)
+    self.cache_index[...] += 1
+    written = jnp.broadcast_to(jnp.arange(max_length) <= index, (*batch, 1, 1, max_length))
+    return (query, self.cached_key[...], self.cached_value[...],
+            nnx.combine_masks(mask, written), index)
+
+  def _attention(self, query, key, value, *, mask, bias, is_causal, query_offset, deterministic,
+                 rngs, sow_weights):
+    """``attention_fn`` with the arguments Flax gives it (dropout rng and
+    ``deterministic`` resolved as Flax resolves them); jaxops' own also gets
+    ``bias``, ``query_offset`` and ``implementation``."""
+    dropout_rng = None
+    if self.dropout_rate > 0.0:
+      deterministic = deterministic if deterministic is not None else self.deterministic
+      if deterministic is None:
+        raise ValueError("No `deterministic` argument was provided to MultiHeadAttention "
+                         "as either a __call__ argument, class attribute, or nnx.flag.")
+      if not deterministic:
+        rngs = self.rngs if rngs is None else rngs
+        if rngs is None:
+          raise ValueError("'rngs' must be provided to __call__ method if "
+                           "MultiHeadAttention instance is defined with keep_rngs=False.")
+        dropout_rng = rngs.dropout() if isinstance(rngs, nnx.Rngs) else rngs()
+    else:
+      deterministic = True
+    kwargs = dict(mask=mask, dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
+                  broadcast_dropout=self.broadcast_dropout, deterministic=deterministic,
+                  dtype=self.dtype, precision=self.precision,
+                  module=self if sow_weights else None)
+    if self.attention_fn is dot_product_attention:
+      return dot_product_attention(query, key, value, bias=bias, is_causal=is_causal,
+                                   query_offset=query_offset,
+                                   implementation=self.implementation, **kwargs)
+    kwargs["mask"], is_causal = nnx_causality(query, key, mask, is_causal, query_offset)
+    if bias is not None:
+      kwargs["bias"] = bias
+    return self.attention_fn(query, key, value, is_causal=is_causal, **kwargs)
 
 
 def _value(param):
