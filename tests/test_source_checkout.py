@@ -6,8 +6,10 @@ installed package. Without a build in place the import must say that, and
 what to do, instead of a bare "No module named 'jaxops._jaxops_cpu'".
 """
 
+import os
 import pathlib
 import shutil
+import site
 import subprocess
 import sys
 
@@ -26,9 +28,12 @@ def test_a_checkout_without_extension_says_what_to_do(tmp_path):
   # A stand-in for the installed package that the checkout shadows.
   (installed / "jaxops").mkdir(parents=True)
   (installed / "jaxops" / "__init__.py").write_text("")
+  # -S: no .pth files, so an editable install's import hook (a developer's
+  # environment) cannot redirect the import; site-packages stays reachable.
+  search_path = os.pathsep.join([str(installed), *site.getsitepackages()])
   result = subprocess.run(
-      [sys.executable, "-c", "import jaxops"], cwd=checkout, capture_output=True, text=True,
-      env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"},
+      [sys.executable, "-S", "-c", "import jaxops"], cwd=checkout, capture_output=True,
+      text=True, env={"PYTHONPATH": search_path, "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"},
       timeout=120)
   assert result.returncode != 0
   last_line = result.stderr.strip().splitlines()[-1]
