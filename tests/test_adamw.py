@@ -216,20 +216,22 @@ def test_bad_input_is_a_clear_error(call, error, match):
     call()
 
 
+_SCALARS = np.ones(12, np.float32)
+
+
 @pytest.mark.parametrize("operands,match", [
-    ([np.ones(4, np.float32), np.ones(3, np.float32)] + [np.ones(3, np.float32)] * 2
-     + [np.ones(3, np.float32)], "grads has shape"),
-    ([np.ones(3, np.float16), np.ones(3, np.float32)] + [np.ones(3, np.float32)] * 2
-     + [np.ones(3, np.float32)], "grads must have the dtype of params"),
-    ([np.ones(3, np.float32)] * 4 + [np.ones(2, np.float32)], "scalars has 2 elements"),
+    ([np.ones(4, np.float32)] + [np.ones(3, np.float32)] * 3 + [_SCALARS], "grads has shape"),
+    ([np.ones(3, np.float16)] + [np.ones(3, np.float32)] * 3 + [_SCALARS],
+     "grads must have the dtype of params"),
+    ([np.ones(3, np.float32)] * 2 + [np.ones(3, np.float16), np.ones(3, np.float32), _SCALARS],
+     "m must be float32 or bfloat16"),
+    ([np.ones(3, np.float32)] * 4 + [np.ones(11, np.float32)], "scalars has 11 elements"),
 ])
 def test_handler_rejects_inconsistent_buffers(operands, match):
-  attrs = dict(b1=np.float32(0.9), one_minus_b1=np.float32(0.1), b2=np.float32(0.999),
-               one_minus_b2=np.float32(0.001), eps=np.float32(1e-8),
-               weight_decay=np.float32(0.0), apply_updates=False)
+  attrs = dict(apply_updates=False, nesterov=False, decay=True)
   shape = operands[1].shape
   call = jax.ffi.ffi_call("jaxops_adamw", [jax.ShapeDtypeStruct(shape, operands[1].dtype),
-                                           jax.ShapeDtypeStruct(shape, np.float32),
+                                           jax.ShapeDtypeStruct(shape, operands[2].dtype),
                                            jax.ShapeDtypeStruct(shape, np.float32)])
   with pytest.raises(Exception, match=match):
     jax.block_until_ready(call(*operands, **attrs))
