@@ -339,6 +339,34 @@ def test_donated_state_and_params_are_updated_in_place():
   np.testing.assert_allclose(new_state.mu["w"], 0.1 * 0.1, rtol=1e-6)
 
 
+def test_update_is_written_over_gradients_computed_in_the_same_jit():
+  """The standard train step (grads from jax.grad, params and state donated):
+  the update reuses the gradient buffer and nothing is copied; gradients
+  passed in as arguments get a fresh output instead (no copy either)."""
+  tx = jaxops.optim.adamw(1e-3)
+  params = {"w": jnp.ones((64, 64)), "b": jnp.zeros((64,))}
+  x = jnp.ones((4, 64))
+
+  def apply(grads, params, state):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  def train_step(params, state, x):
+    grads = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"] + p["b"])))(params)
+    return apply(grads, params, state)
+
+  def given_gradients(params, state, grads):
+    return apply(grads, params, state)
+
+  for fn, kernel in ((train_step, "jaxops_adamw_update_in_grads"),
+                     (given_gradients, "jaxops_adamw_update[")):
+    args = (params, tx.init(params), x if fn is train_step else params)
+    assert str(jax.make_jaxpr(fn)(*args)).count(kernel) == 2, kernel
+    compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(*args).compile().as_text()
+    # (In the entry computation: a fusion's body may end in a copy of its own.)
+    assert " copy(" not in compiled[compiled.index("ENTRY"):], kernel
+
+
 def test_implementations_agree_and_kernel_is_used():
   params = _params()
   grads = jax.tree.map(lambda p: jnp.cos(p) * 0.1, params)
