@@ -7,9 +7,11 @@ corrections, so Python floats, schedules and traced scalars
 (``optax.inject_hyperparams``) all run the same compiled kernel; only the
 options that change the arithmetic (apply the update, Nesterov, decay this
 leaf or not) are static attributes. The moments are aliased to their outputs,
-so a donated optimizer state is updated in place; :meth:`AdamW.step` also
-writes the new parameters over the old ones instead of returning updates
-(donate them too and a step allocates nothing).
+so a donated optimizer state is updated in place; the update is written over
+gradients computed in the same jit; :meth:`AdamW.step` also writes the new
+parameters over the old ones instead of returning updates (donate them too
+and a step allocates nothing). float64 and complex parameters, and moments of
+other dtypes, run the jnp reference (``jaxops.reference.adamw_leaf``).
 
 optax is not a separate runtime dependency of jaxops: flax, which is one,
 depends on it.
