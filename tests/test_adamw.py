@@ -366,6 +366,16 @@ def test_update_is_written_over_gradients_computed_in_the_same_jit():
     # (In the entry computation: a fusion's body may end in a copy of its own.)
     assert " copy(" not in compiled[compiled.index("ENTRY"):], kernel
 
+  # Gradients still used after the update (returned here) are not overwritten.
+  def also_returns_gradients(params, state, x):
+    grads = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"] + p["b"])))(params)
+    return apply(grads, params, state), grads
+
+  (new_params, _), grads = jax.jit(also_returns_gradients)(params, tx.init(params), x)
+  expected = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"] + p["b"])))(params)
+  assert_tree_close(grads, expected, atol=0, rtol=0)
+  assert_tree_close(new_params, apply(expected, params, tx.init(params))[0], atol=1e-7, rtol=1e-6)
+
 
 def test_implementations_agree_and_kernel_is_used():
   params = _params()
