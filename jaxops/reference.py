@@ -194,25 +194,37 @@ def embedding_grad(dout, ids, vocab):
 # -- AdamW -------------------------------------------------------------------------
 
 
-def adamw_leaf(grads, params, m, v, scalars, *, b1, one_minus_b1, b2, one_minus_b2, eps,
-               weight_decay, apply_updates):
-  """One AdamW step on one leaf, as optax.adamw computes it, in float32.
+def adamw_leaf(grads, params, m, v, scalars, *, apply_updates, nesterov, decay):
+  """One AdamW step on one leaf, as optax.adamw computes it.
 
-  ``scalars`` = [lr, 1 - b1^t, 1 - b2^t]; m and v are float32. Returns the
-  update ``-lr * u`` (or the new parameters ``params - lr * u`` when
-  ``apply_updates``) in ``params.dtype``, and the new m and v.
+  ``scalars`` holds the hyper-parameters in the layout of params/adamw.h:
+  [-lr, b1, 1 - b1, b2, 1 - b2, eps, eps_root, weight_decay, 1 - b1^t,
+  1 - b2^t, 1 - b1^(t+1), b1 as it multiplies m (rounded to a bfloat16 m's
+  dtype, as optax's weakly typed Python float is)]. The step computes in the parameters' dtype promoted
+  to at least float32 (complex for complex parameters, whose second moment v
+  is real: the EMA of |g|^2); ``decay`` adds ``weight_decay * params``;
+  ``nesterov`` takes NAdamW's first moment estimate. Returns the update
+  ``-lr * u`` (or the new parameters ``params - lr * u`` when
+  ``apply_updates``) in ``params.dtype``, and the new m and v in their dtypes.
   """
-  lr, c1, c2 = scalars[0], scalars[1], scalars[2]
-  g = grads.astype(_F32)
-  p = params.astype(_F32)
-  m = one_minus_b1 * g + b1 * m
-  v = one_minus_b2 * (g * g) + b2 * v
-  u = (m / c1) / (jnp.sqrt(v / c2) + eps)
-  if weight_decay != 0.0:
+  (step, b1, one_minus_b1, b2, one_minus_b2, eps, eps_root, weight_decay, c1, c2,
+   c1_next, b1_moment) = (scalars[i] for i in range(12))
+  compute = jnp.result_type(params.dtype, grads.dtype, m.dtype, scalars.dtype)
+  g = grads.astype(compute)
+  p = params.astype(compute)
+  m_new = one_minus_b1 * g + b1_moment * m.astype(compute)
+  g_sq = (jnp.conj(g) * g).real if jnp.iscomplexobj(g) else g * g
+  v_new = one_minus_b2 * g_sq + b2 * v.astype(g_sq.dtype)
+  if nesterov:
+    m_hat = b1 * (m_new / c1_next) + one_minus_b1 * (g / c1)
+  else:
+    m_hat = m_new / c1
+  u = m_hat / (jnp.sqrt(v_new / c2 + eps_root) + eps)
+  if decay:
     u = u + weight_decay * p
-  u = -lr * u
+  u = step * u
   out = p + u if apply_updates else u
-  return out.astype(params.dtype), m, v
+  return out.astype(params.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
 
 # -- attention -------------------------------------------------------------------
 

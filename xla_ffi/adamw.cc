@@ -13,22 +13,21 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace adamw_common;
 
-ffi::Error AdamW(ffi::AnyBuffer grads, ffi::AnyBuffer params, ffi::Buffer<ffi::F32> m,
+ffi::Error AdamW(ffi::AnyBuffer grads, ffi::AnyBuffer params, ffi::AnyBuffer m,
                  ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> scalars,
-                 ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> m_out,
-                 ffi::Result<ffi::Buffer<ffi::F32>> v_out, float b1, float one_minus_b1,
-                 float b2, float one_minus_b2, float eps, float weight_decay,
-                 bool apply_updates) {
+                 ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> m_out,
+                 ffi::Result<ffi::Buffer<ffi::F32>> v_out, bool apply_updates, bool nesterov,
+                 bool decay) {
   const std::string op = kAdamW.name;
-  AdamWHyperparameters hyper;
-  JAXOPS_RETURN_IF_ERROR(check_adamw(grads, params, m, v, scalars, *out, *m_out, *v_out, b1,
-                                     one_minus_b1, b2, one_minus_b2, eps, weight_decay, &hyper));
-  return dispatch_float<float, cpu::bfloat16, cpu::float16>(
-      op, params.element_type(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::adamw<T>(data<const T>(grads), data<const T>(params), m.typed_data(),
-                      v.typed_data(), scalars.typed_data(), data<T>(*out), m_out->typed_data(),
-                      v_out->typed_data(), params.element_count(), hyper, apply_updates);
+  JAXOPS_RETURN_IF_ERROR(check_adamw(grads, params, m, v, scalars, *out, *m_out, *v_out));
+  return dispatch_adamw<float, cpu::bfloat16, cpu::float16>(
+      op, params.element_type(), m.element_type(), [&](auto t_tag, auto m_tag) {
+        using T = decltype(t_tag);
+        using M = decltype(m_tag);
+        cpu::adamw<T, M>(data<const T>(grads), data<const T>(params), data<const M>(m),
+                         v.typed_data(), scalars.typed_data(), data<T>(*out), data<M>(*m_out),
+                         v_out->typed_data(), params.element_count(),
+                         AdamWOptions{apply_updates, nesterov, decay});
         return ffi::Error::Success();
       });
 }

@@ -1,7 +1,9 @@
 // What the CPU and CUDA handlers of the fused AdamW step share: the validation
 // of every buffer and the FFI binding (`prefix`: nothing for the CPU, the
-// stream for CUDA). grads, params and out share a shape and dtype; m, v and
-// their outputs are float32 of that shape; scalars = {lr, 1 - b1^t, 1 - b2^t}.
+// stream for CUDA). grads, params and out share a shape and dtype; m and m_out
+// (float32 or bfloat16) and v, v_out (float32) that shape; scalars holds every
+// hyper-parameter (layout: params/adamw.h), an operand so that traced ones do
+// not recompile.
 #pragma once
 
 #include <string>
@@ -16,26 +18,23 @@ namespace jaxops::adamw_common {
 
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
-using ::jaxops::params::AdamWHyperparameters;
+using ::jaxops::params::AdamWOptions;
 
 // -- the targets' contract ------------------------------------------------------------
 
 inline constexpr auto kAdamW = contract::target(
-    "jaxops_adamw", contract::Attribute<float>{"b1"}, contract::Attribute<float>{"one_minus_b1"},
-    contract::Attribute<float>{"b2"}, contract::Attribute<float>{"one_minus_b2"},
-    contract::Attribute<float>{"eps"}, contract::Attribute<float>{"weight_decay"},
-    contract::Attribute<bool>{"apply_updates"});  // out: the new params, else the update
+    "jaxops_adamw",
+    contract::Attribute<bool>{"apply_updates"},  // out: the new params, else the update
+    contract::Attribute<bool>{"nesterov"},       // NAdamW's first moment estimate
+    contract::Attribute<bool>{"decay"});         // add weight_decay * params
 
 inline std::vector<contract::TargetDescription> contracts() { return {describe(kAdamW)}; }
 
-// The buffers, and the attributes gathered into the kernel's hyperparameters.
+// The buffers.
 inline ffi::Error check_adamw(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& params,
-                              const ffi::Buffer<ffi::F32>& m, const ffi::Buffer<ffi::F32>& v,
+                              const ffi::AnyBuffer& m, const ffi::Buffer<ffi::F32>& v,
                               const ffi::Buffer<ffi::F32>& scalars, const ffi::AnyBuffer& out,
-                              const ffi::Buffer<ffi::F32>& m_out,
-                              const ffi::Buffer<ffi::F32>& v_out, float b1, float one_minus_b1,
-                              float b2, float one_minus_b2, float eps, float weight_decay,
-                              AdamWHyperparameters* hyper) {
+                              const ffi::AnyBuffer& m_out, const ffi::Buffer<ffi::F32>& v_out) {
   const std::string op = kAdamW.name;
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "grads", grads));
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "params", params, "grads", grads));
@@ -44,21 +43,33 @@ inline ffi::Error check_adamw(const ffi::AnyBuffer& grads, const ffi::AnyBuffer&
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "m", m));
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "v", v));
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "m_out", m_out));
+  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "m", m, "m_out", m_out));
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "params", params, "v_out", v_out));
-  JAXOPS_RETURN_IF_ERROR(element_count_is(op, "scalars", scalars, 3));
-  *hyper = {b1, one_minus_b1, b2, one_minus_b2, eps, weight_decay};
-  return ffi::Error::Success();
+  if (m.element_type() != ffi::DataType::F32 && m.element_type() != ffi::DataType::BF16) {
+    return invalid(op, "m must be float32 or bfloat16");
+  }
+  return element_count_is(op, "scalars", scalars, params::kAdamWScalarCount);
+}
+
+// Calls fn(T{}, M{}) with the parameter type (Float32, BFloat16 or Float16
+// for float32, bfloat16, float16) and the first moment's (Float32 or BFloat16).
+template <typename Float32, typename BFloat16, typename Float16, typename Fn>
+ffi::Error dispatch_adamw(const std::string& op, ffi::DataType params, ffi::DataType m, Fn&& fn) {
+  return dispatch_float<Float32, BFloat16, Float16>(op, params, [&](auto t) {
+    if (m == ffi::DataType::BF16) return fn(t, BFloat16{});
+    return fn(t, Float32{});
+  });
 }
 
 template <typename Binding>
 auto bind_adamw(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // grads
       .template Arg<ffi::AnyBuffer>()                      // params
-      .template Arg<ffi::Buffer<ffi::F32>>()               // m
+      .template Arg<ffi::AnyBuffer>()                      // m (float32 or bfloat16)
       .template Arg<ffi::Buffer<ffi::F32>>()               // v
-      .template Arg<ffi::Buffer<ffi::F32>>()               // scalars {lr, 1 - b1^t, 1 - b2^t}
+      .template Arg<ffi::Buffer<ffi::F32>>()               // scalars (params/adamw.h)
       .template Ret<ffi::AnyBuffer>()                      // out: the update or the new params
-      .template Ret<ffi::Buffer<ffi::F32>>()               // m_out
+      .template Ret<ffi::AnyBuffer>()                      // m_out
       .template Ret<ffi::Buffer<ffi::F32>>();              // v_out
 }
 

@@ -12,7 +12,8 @@
 //   act=N            gelu tanh/erf and silu, plain and gated, forward and backward
 //   rope=BxSxHxDxR/P neox and gptj, forward and inverse (P: position rows, 1 or B)
 //   emb=VxDxT        lookup (with out-of-range ids) and the gradient
-//   adamw=N          update and fused step, with and without weight decay, aliased
+//   adamw=N          update and fused step, weight decay, Nesterov, float32 and
+//                    bfloat16 first moments, aliased
 //   types=LIST       float32,bfloat16,float16 (any of them) for the cases after it
 #include <cmath>
 #include <cstdint>
@@ -253,65 +254,78 @@ void run_embedding(const params::EmbeddingShape& s, std::mt19937& rng) {
 
 // ---------------------------------------------------------------------- adamw
 
-template <typename T>
-void run_adamw(int64_t n, std::mt19937& rng) {
+// One step of cuda/adamw<T, M> against double precision, for every option
+// (update or fused step, weight decay, Nesterov) and both first-moment types,
+// plain and aliased (out over params, m_out over m, v_out over v).
+template <typename T, typename M>
+void run_adamw_moment(int64_t n, std::mt19937& rng) {
   const size_t size = static_cast<size_t>(n);
-  const double b1 = 0.9, b2 = 0.999;
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8, eps_root = 1e-10, weight_decay = 0.1;
   const int step = 3;
   Buffer<T> grads(size), params(size), out(size), aliased(size);
-  Buffer<float> m(size), v(size), m_out(size), v_out(size), m_alias(size), v_alias(size);
-  Buffer<float> scalars(3);
-  std::vector<double> gr, pr;
+  Buffer<M> m(size), m_out(size), m_alias(size);
+  Buffer<float> v(size), v_out(size), v_alias(size);
+  Buffer<float> scalars(jaxops::params::kAdamWScalarCount);
+  std::vector<double> gr, pr, mr;
   fill(grads, gr, rng, 1.f);
   fill(params, pr, rng, 1.f);
+  fill(m, mr, rng, 0.1f);
   std::normal_distribution<float> normal(0.f, 0.1f);
-  for (size_t i = 0; i < size; ++i) {
-    m.data[i] = normal(rng);
-    v.data[i] = std::fabs(normal(rng)) * 0.01f;
+  for (size_t i = 0; i < size; ++i) v.data[i] = std::fabs(normal(rng)) * 0.01f;
+  const double c1 = 1.0 - std::pow(b1, step), c2 = 1.0 - std::pow(b2, step),
+               c1_next = 1.0 - std::pow(b1, step + 1);
+  // b1 as it multiplies the stored moment: in M's precision (optax's bfloat16 product).
+  const double b1_moment = static_cast<float>(M(static_cast<float>(b1)));
+  const double values[] = {-1e-2, b1, 1.0 - b1, b2, 1.0 - b2, eps, eps_root, weight_decay,
+                           c1, c2, c1_next, b1_moment};
+  for (int k = 0; k < jaxops::params::kAdamWScalarCount; ++k) {
+    scalars.data[k] = static_cast<float>(values[k]);
   }
-  scalars.data[0] = 1e-2f;
-  scalars.data[1] = static_cast<float>(1.0 - std::pow(b1, step));
-  scalars.data[2] = static_cast<float>(1.0 - std::pow(b2, step));
-  for (float weight_decay : {0.0f, 0.1f}) {
-    for (bool apply : {false, true}) {
-      const std::string name = std::string(type_name<T>()) + " n=" + std::to_string(n) +
-                               " weight_decay " + std::to_string(weight_decay) +
-                               (apply ? " fused step" : " update");
-      // Qualified in full: `params` is the parameter buffer here.
-      const jaxops::params::AdamWHyperparameters h{
-          static_cast<float>(b1), static_cast<float>(1.0 - b1), static_cast<float>(b2),
-          static_cast<float>(1.0 - b2), 1e-8f, weight_decay};
-      std::vector<double> out_ref(size), m_ref(size), v_ref(size);
-      for (size_t i = 0; i < size; ++i) {
-        const double g = gr[i], p = pr[i];
-        const double mi = (1.0 - b1) * g + b1 * m.data[i];
-        const double vi = (1.0 - b2) * g * g + b2 * v.data[i];
-        double u = (mi / scalars.data[1]) / (std::sqrt(vi / scalars.data[2]) + 1e-8);
-        u = -static_cast<double>(scalars.data[0]) * (u + weight_decay * p);
-        out_ref[i] = apply ? p + u : u;
-        m_ref[i] = mi;
-        v_ref[i] = vi;
-      }
-      check(cuda::adamw<T>(nullptr, grads.data, params.data, m.data, v.data, scalars.data,
-                           out.data, m_out.data, v_out.data, n, h, apply),
-            "adamw " + name);
-      compare("adamw out " + name, out.data, out_ref, tolerance<T>());
-      compare("adamw m " + name, m_out.data, m_ref, 2e-6);
-      compare("adamw v " + name, v_out.data, v_ref, 2e-6);
-      // Aliased: out over params, m_out over m, v_out over v.
-      for (size_t i = 0; i < size; ++i) {
-        aliased.data[i] = params.data[i];
-        m_alias.data[i] = m.data[i];
-        v_alias.data[i] = v.data[i];
-      }
-      check(cuda::adamw<T>(nullptr, grads.data, aliased.data, m_alias.data, v_alias.data,
-                           scalars.data, aliased.data, m_alias.data, v_alias.data, n, h, apply),
-            "aliased adamw " + name);
-      compare("aliased adamw out " + name, aliased.data, out_ref, tolerance<T>());
-      compare("aliased adamw m " + name, m_alias.data, m_ref, 2e-6);
-      compare("aliased adamw v " + name, v_alias.data, v_ref, 2e-6);
+  for (int options = 0; options < 8; ++options) {
+    const jaxops::params::AdamWOptions o{(options & 1) != 0, (options & 2) != 0,
+                                         (options & 4) != 0};
+    const std::string name = std::string(type_name<T>()) + "/m " + type_name<M>() +
+                             " n=" + std::to_string(n) + (o.apply_updates ? " step" : " update") +
+                             (o.nesterov ? " nesterov" : "") + (o.decay ? " decay" : "");
+    std::vector<double> out_ref(size), m_ref(size), v_ref(size);
+    for (size_t i = 0; i < size; ++i) {
+      const double g = gr[i], p = pr[i];
+      const double mi = (1.0 - b1) * g + b1_moment * mr[i];
+      const double vi = (1.0 - b2) * g * g + b2 * v.data[i];
+      const double m_hat = o.nesterov ? b1 * mi / c1_next + (1.0 - b1) * g / c1 : mi / c1;
+      double u = m_hat / (std::sqrt(vi / c2 + eps_root) + eps);
+      if (o.decay) u += weight_decay * p;
+      u *= -1e-2;
+      out_ref[i] = o.apply_updates ? p + u : u;
+      m_ref[i] = mi;
+      v_ref[i] = vi;
     }
+    // A bfloat16 moment is rounded once where it is stored.
+    const double m_tol = std::is_same<M, float>::value ? 2e-6 : tolerance<M>();
+    check(cuda::adamw<T, M>(nullptr, grads.data, params.data, m.data, v.data, scalars.data,
+                            out.data, m_out.data, v_out.data, n, o),
+          "adamw " + name);
+    compare("adamw out " + name, out.data, out_ref, tolerance<T>());
+    compare("adamw m " + name, m_out.data, m_ref, m_tol);
+    compare("adamw v " + name, v_out.data, v_ref, 2e-6);
+    for (size_t i = 0; i < size; ++i) {
+      aliased.data[i] = params.data[i];
+      m_alias.data[i] = m.data[i];
+      v_alias.data[i] = v.data[i];
+    }
+    check(cuda::adamw<T, M>(nullptr, grads.data, aliased.data, m_alias.data, v_alias.data,
+                            scalars.data, aliased.data, m_alias.data, v_alias.data, n, o),
+          "aliased adamw " + name);
+    compare("aliased adamw out " + name, aliased.data, out_ref, tolerance<T>());
+    compare("aliased adamw m " + name, m_alias.data, m_ref, m_tol);
+    compare("aliased adamw v " + name, v_alias.data, v_ref, 2e-6);
   }
+}
+
+template <typename T>
+void run_adamw(int64_t n, std::mt19937& rng) {
+  run_adamw_moment<T, float>(n, rng);
+  run_adamw_moment<T, __nv_bfloat16>(n, rng);
 }
 
 // The dtypes the following cases run in (types=LIST; all three by default).
