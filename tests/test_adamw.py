@@ -152,7 +152,7 @@ def test_complex_parameters_match_optax_on_the_reference():
   assert "jaxops_adamw" not in str(jax.make_jaxpr(pairs[0][0].update)(
       params, pairs[0][0].init(params), params))
   _assert_descents_match(_descend(pairs, params), groups, atol=2e-6, rtol=2e-5)
-  with pytest.raises(TypeError, match="implementation='ffi' supports .*got \\['complex64'\\]"):
+  with pytest.raises(TypeError, match="implementation='ffi' has no kernel for params.* of dtype complex64"):
     tx = jaxops.optim.adamw(1e-2, implementation="ffi")
     tx.update(params, tx.init(params), params)
 

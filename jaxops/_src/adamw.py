@@ -217,13 +217,13 @@ class _AdamWUpdate:
     (float64, complex, a float16 moment) runs the jnp reference, or is a clear
     error with implementation="ffi"."""
     if self.implementation == "ffi" and jnp.dtype(m.dtype) not in _KERNEL_MOMENT_DTYPES:
-      primitive.use_kernel(_OP, self.implementation, [p.dtype])  # names a parameter dtype first
+      primitive.use_kernel(_OP, self.implementation, {f"params{where}": p.dtype})  # names a parameter dtype first
       raise validation.type_error(
           _OP, f"state.mu{where}", "be float32 or bfloat16 for implementation='ffi' (mu_dtype)",
           str(m.dtype))
     return (g.dtype == p.dtype and jnp.dtype(m.dtype) in _KERNEL_MOMENT_DTYPES
             and jnp.dtype(v.dtype) == _F32
-            and primitive.use_kernel(_OP, self.implementation, [p.dtype]))
+            and primitive.use_kernel(_OP, self.implementation, {f"params{where}": p.dtype}))
 
 
 def _unzip(like, results, count):
