@@ -192,10 +192,15 @@ void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, 
     row_logits(p, g, b, n, t0 + i, kv_valid, j0, jn, Bc, inside, prow);
     const VecF shift = vsplat(lse2[i]);
     const VecF row_delta = vsplat(delta[i]);
+    // A masked key (logit -inf) gets P = 0 and dS = 0 even when the row's
+    // statistics are NaN or its dP is (a NaN V row the row does not attend).
+    const VecF masked = vsplat(-kInf);
     for (int64_t j = 0; j < Bc; j += kLanes) {
-      const VecF prob = vexp2(vload(prow + j) - shift);
+      const VecF logit = vload(prow + j);
+      const VecF prob = logit == masked ? VecF{} : vexp2(logit - shift);
       vstore(prow + j, prob);
-      vstore(dsrow + j, prob * (vload(dsrow + j) - row_delta));
+      const VecF ds = prob * (vload(dsrow + j) - row_delta);
+      vstore(dsrow + j, logit == masked ? VecF{} : ds);
     }
   }
 }

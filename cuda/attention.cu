@@ -167,14 +167,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t >= p.q_len || c >= p.head_dim) continue;
     const float sum = sh.row_sum[r];
     out[((b * p.q_len + t) * p.num_heads + n) * p.head_dim + c] =
-        from_float<T>(sum > 0.0f ? sh.o[r * st.ld_o + c] / sum : 0.0f);
+        from_float<T>(sum != 0.0f ? sh.o[r * st.ld_o + c] / sum : 0.0f);  // NaN sum: NaN row
   }
   for (int r = threadIdx.x; r < kBr; r += kThreads) {
     const int64_t t = t0 + r;
     if (t >= p.q_len) continue;
     const float sum = sh.row_sum[r];
     logsumexp[(b * p.num_heads + n) * p.q_len + t] =
-        sum > 0.0f ? sh.row_max[r] + logf(sum) : -CUDART_INF_F;
+        sum != 0.0f ? sh.row_max[r] + logf(sum) : -CUDART_INF_F;
   }
 }
 
@@ -237,7 +237,9 @@ __device__ __forceinline__ void probabilities_and_dscores(const AttentionParams&
     const float x = logit(p, h, t0 + r, j0 + c, sh.s[r * st.ld_s + c]);
     const float lse = sh.row_lse[r];
     const float prob = x == -CUDART_INF_F || lse == -CUDART_INF_F ? 0.0f : __expf(x - lse);
-    const float dscore = prob * (sh.dp[r * st.ld_s + c] - sh.row_d[r]);
+    // A masked key has dS = 0 even when its dP is NaN (a NaN V row the row
+    // does not attend).
+    const float dscore = x == -CUDART_INF_F ? 0.0f : prob * (sh.dp[r * st.ld_s + c] - sh.row_d[r]);
     sh.s[r * st.ld_s + c] = prob;
     sh.p[r * st.ld_p + c] = from_float<T>(prob);
     sh.ds[r * st.ld_p + c] = from_float<T>(dscore);

@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t >= p.q_len || c >= p.head_dim) continue;
     const float sum = sh.row_sum[r];
     float o = 0.0f, dout = 0.0f;
-    if (sum > 0.0f) {
+    if (sum != 0.0f) {  // NaN sum: a NaN row
       o = sh.o[r * st.ld_o + c] / sum;
       dout = sh.a[r * st.ld_o + c] / sum - sh.row_dsum[r] / sum * o;
     }
@@ -258,8 +258,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t >= p.q_len) continue;
     const float sum = sh.row_sum[r];
     const int64_t offset = (b * p.num_heads + n) * p.q_len + t;
-    tensors.logsumexp[offset] = sum > 0.0f ? sh.row_max[r] + logf(sum) : -CUDART_INF_F;
-    tensors.dlogsumexp[offset] = sum > 0.0f ? sh.row_dsum[r] / sum + sh.row_shift[r] : 0.0f;
+    tensors.logsumexp[offset] = sum != 0.0f ? sh.row_max[r] + logf(sum) : -CUDART_INF_F;
+    tensors.dlogsumexp[offset] = sum != 0.0f ? sh.row_dsum[r] / sum + sh.row_shift[r] : 0.0f;
   }
 }
 
