@@ -249,7 +249,12 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
           dq_rows = dq_acc + (((chunk * g.B + b) * g.N + n) * g.T + t0) * Hp;
           ld_dq = Hp;
         }
-        gemm<Update::kAdd>(rows, Hp, jn, s.ds, Bc, 1, kr, ld_k, dq_rows, ld_dq);
+        // Only the keys some of these rows attend: dS is 0 at the others, but
+        // 0 * K is NaN where K holds NaN or inf (an unwritten KV-cache tail).
+        const int64_t c0 = std::clamp<int64_t>(g.lo(t0) - j0, 0, jn);
+        const int64_t c1 = std::clamp<int64_t>(g.hi(t0 + rows - 1, kv_valid) - j0, c0, jn);
+        gemm<Update::kAdd>(rows, Hp, c1 - c0, s.ds + c0, Bc, 1, kr + c0 * ld_k, ld_k, dq_rows,
+                           ld_dq);
       }
     }
     for (int64_t j = 0; j < jn; ++j) {

@@ -118,9 +118,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Range keys = key_range(p, h, t0, t0 + kBr);
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
     __syncthreads();  // the previous tile's readers of k, v and p are done
-    load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
+    load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
+              keys.begin, keys.end);
     load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc,
-              hp);
+              hp, keys.begin, keys.end);
     __syncthreads();
     block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
     __syncthreads();
@@ -260,8 +261,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t b = at.b, kv_head = at.head, j0 = at.row0;
   const int64_t group = p.num_heads / p.num_kv_heads;
 
-  load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
-  load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
+  // Keys past the batch's KV length are never read (whatever they hold).
+  const int64_t kv_valid = head_view(p, b, kv_head * group).kv_valid;
+  load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp, 0,
+            kv_valid);
+  load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp, 0,
+            kv_valid);
   zero(sh.acc0, st.ld_o, kBc, hp);
   zero(sh.acc1, st.ld_o, kBc, hp);
   for (int64_t n = kv_head * group; n < (kv_head + 1) * group; ++n) {
@@ -269,8 +274,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Range rows = query_range(p, h, j0, j0 + kBc);
     for (int64_t t0 = rows.begin / kBr * kBr; t0 < rows.end; t0 += kBr) {
       __syncthreads();  // the previous tile's readers of q, dout, p, ds are done
-      load_rows(sh.q, st.ld_t, query, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
-      load_rows(sh.dout, st.ld_t, dout, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
+      load_rows(sh.q, st.ld_t, query, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp,
+                rows.begin, rows.end);
+      load_rows(sh.dout, st.ld_t, dout, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp,
+                rows.begin, rows.end);
       load_row_stats(p, b, n, t0, kBr, logsumexp, d, sh.row_lse, sh.row_d);
       __syncthreads();
       block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
@@ -314,9 +321,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Range keys = key_range(p, h, t0, t0 + kBr);
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
     __syncthreads();  // the previous tile's readers of k and ds are done
-    load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
+    load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
+              keys.begin, keys.end);
     load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc,
-              hp);
+              hp, keys.begin, keys.end);
     __syncthreads();
     block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
     block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_t, sh.v, st.ld_t, kBr, kBc, hp);

@@ -133,12 +133,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* const q_tile = sh.queries + hp;
   T* const e_tile = sh.probs + kBc;
 
-  // Rows of this block's query head and of its key/value head into tiles.
+  const Range keys = key_range(p, h, t0, t0 + kBr);
+  // Rows of this block's query head and of its key/value head into tiles
+  // (keys outside the rows' range are zeros, see load_rows).
   const auto load_query_rows = [&](T* tile, const T* x) {
     load_rows(tile, st.ld_pair, x, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
   };
   const auto load_key_rows = [&](T* tile, int ld, const T* x, int64_t j0) {
-    load_rows(tile, ld, x, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
+    load_rows(tile, ld, x, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
+              keys.begin, keys.end);
   };
 
   load_query_rows(q_tile, tensors.query);
@@ -151,7 +154,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     sh.row_dsum[r] = 0.0f;
     sh.row_shift[r] = 0.0f;
   }
-  const Range keys = key_range(p, h, t0, t0 + kBr);
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
     __syncthreads();  // the previous tile's readers of keys and probs are done
     load_key_rows(sh.keys, st.ld_pair, tensors.key, j0);
