@@ -8,13 +8,21 @@ reference has NaN, inf where it has inf, the finite entries within the usual
 tolerances (``assert_close``). One jit per op and backend: the poisoned inputs
 are arguments, so every sweep step reuses the compiled computation.
 
-Attention follows one rule on top of the reference: a (query, key) pair that
-the masks exclude (causal, local window, sequence lengths, ``mask``) never
-reads that key's K and V rows, so NaN or inf there cannot reach that query,
-its output or its gradients (what a padded or paged KV cache needs). The
-reference multiplies the zero probability by V (0 * NaN = NaN) instead; the
-sweep compares with ``attention_excluding_masked``, the reference with that
-rule, and ``test_attention_ignores_excluded_keys`` checks the rule directly.
+With an infinite input, NaN and inf count alike ("not finite"): inf - inf or
+0 * inf is NaN in one evaluation order and inf in another.
+
+Attention: NaN or inf in a query, key, value or bias element reaches every
+query row that attends it (output, log-sum-exp, gradients, tangents). A key
+that no query row of the call attends (at or past key_value_seq_lengths, past
+the last row's causal or window limit, before the first row's window) is never
+read, so whatever it holds (an unwritten KV-cache tail) reaches no result:
+``test_attention_ignores_excluded_keys``. A key that some rows attend and
+others exclude may reach the excluding rows too, as in the reference, whose
+every row multiplies its zero weights by V (0 * NaN = NaN). The sweep checks
+between these two: ``attention_excluding_masked`` (the reference in which an
+excluded pair never meets) gives the NaN that must appear, reference.attention
+the NaN that may; a derivative may also be NaN where a NaN row spreads (its
+other entries must match).
 """
 
 import functools
@@ -60,10 +68,10 @@ def _results(fn, diff, ints):
 
 
 def _check(actual, expected, upper, derivative, infinite, dtype, reduce_size):
-  """assert_close, exact NaN mask, when upper is None. Else (attention) NaN may
-  also appear where ``upper`` (the plain reference's result) has NaN, and for a
-  derivative anywhere: a NaN the oracle has must be there, and the kernel's
-  other entries must match the oracle's."""
+  """assert_close (NaN exactly where ``expected`` has it) when upper is None.
+  Else (see the module docstring) ``expected``'s NaN must be there, more may
+  be where ``upper`` has NaN (any derivative: anywhere), and the kernel's
+  other entries must match ``expected``'s."""
   if upper is not None:
     a = np.asarray(actual, np.float32)
     e = np.asarray(expected, np.float32)
