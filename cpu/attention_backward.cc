@@ -192,10 +192,15 @@ void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, 
     row_logits(p, g, b, n, t0 + i, kv_valid, j0, jn, Bc, inside, prow);
     const VecF shift = vsplat(lse2[i]);
     const VecF row_delta = vsplat(delta[i]);
+    // A masked key (logit -inf) gets P = 0 and dS = 0 even when the row's
+    // statistics are NaN or its dP is (a NaN V row the row does not attend).
+    const VecF masked = vsplat(-kInf);
     for (int64_t j = 0; j < Bc; j += kLanes) {
-      const VecF prob = vexp2(vload(prow + j) - shift);
+      const VecF logit = vload(prow + j);
+      const VecF prob = logit == masked ? VecF{} : vexp2(logit - shift);
       vstore(prow + j, prob);
-      vstore(dsrow + j, prob * (vload(dsrow + j) - row_delta));
+      const VecF ds = prob * (vload(dsrow + j) - row_delta);
+      vstore(dsrow + j, logit == masked ? VecF{} : ds);
     }
   }
 }
@@ -244,7 +249,12 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
           dq_rows = dq_acc + (((chunk * g.B + b) * g.N + n) * g.T + t0) * Hp;
           ld_dq = Hp;
         }
-        gemm<Update::kAdd>(rows, Hp, jn, s.ds, Bc, 1, kr, ld_k, dq_rows, ld_dq);
+        // Only the keys some of these rows attend: dS is 0 at the others, but
+        // 0 * K is NaN where K holds NaN or inf (an unwritten KV-cache tail).
+        const int64_t c0 = std::clamp<int64_t>(g.lo(t0) - j0, 0, jn);
+        const int64_t c1 = std::clamp<int64_t>(g.hi(t0 + rows - 1, kv_valid) - j0, c0, jn);
+        gemm<Update::kAdd>(rows, Hp, c1 - c0, s.ds + c0, Bc, 1, kr + c0 * ld_k, ld_k, dq_rows,
+                           ld_dq);
       }
     }
     for (int64_t j = 0; j < jn; ++j) {

@@ -157,7 +157,7 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
     T* out_row = out + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H;
     T* dout_row = dout + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H;
     const int64_t stat = (b * g.N + s.n[i]) * g.T + s.t[i];
-    const bool attended = tile.attends() && s.t[i] < tile.q_valid && s.stats.l[i] > 0.0f;
+    const bool attended = tile.attends() && s.t[i] < tile.q_valid && !(s.stats.l[i] == 0.0f);  // NaN l: a NaN row
     if (attended) {
       const float inv = 1.0f / s.stats.l[i];
       const float mu = s.mu[i] * inv;

@@ -371,7 +371,8 @@ inline SoftmaxRows carve_softmax_rows(int64_t Br, Arena& arena) {
 // tangents (log2 units) and becomes e * ds, the probabilities times the
 // tangents in natural units, and mu[i] accumulates their sum, rescaled by
 // alpha like l. A key the row does not attend has e = 0 and adds nothing,
-// whatever its tangent holds (a non-finite bias tangent at a masked key).
+// whatever its tangent holds (a non-finite bias tangent at a masked key); a
+// NaN e (a NaN reached the row's logits) carries on.
 template <bool kWithTangent = false>
 inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
                            const SoftmaxRows& s, float* dst = nullptr, float* mu = nullptr) {
@@ -395,7 +396,7 @@ inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
       sum += prob;
       if constexpr (kWithTangent) {
         const VecF weighted = prob * (vload(dst + j * Br + c) * vsplat(kLn2));
-        const VecF attended = prob > VecF{} ? weighted : VecF{};
+        const VecF attended = prob != VecF{} ? weighted : VecF{};  // NaN prob: attended
         vstore(dst + j * Br + c, attended);
         tangent_sum += attended;
       }
@@ -423,7 +424,8 @@ inline void store_forward_rows(const Geometry& g, int64_t b, const int64_t* t, c
   for (int64_t i = 0; i < rows; ++i) {
     T* dst = out + ((b * g.T + t[i]) * g.N + n[i]) * g.H;
     float* lse_dst = lse + (b * g.N + n[i]) * g.T + t[i];
-    if (attends && t[i] < q_valid && stats.l[i] > 0.0f) {
+    // l is NaN when a NaN or inf reached the row's logits: the row is NaN then.
+    if (attends && t[i] < q_valid && !(stats.l[i] == 0.0f)) {
       const float inv = 1.0f / stats.l[i];
       const float* o = acc + i * row_stride;
       for (int64_t h = 0; h < g.H; ++h) row[h] = o[h * h_stride] * inv;

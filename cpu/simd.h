@@ -76,6 +76,9 @@ inline VecF vfma(VecF a, VecF b, VecF c) {
 #endif
 }
 
+// max(a, b), as MAXPS computes it: b when either is NaN. A running max that
+// must keep NaN passes the new value as `a` only if NaN is tracked otherwise;
+// exp2 of a NaN score stays NaN (vexp2), which is what carries NaN on.
 inline VecF vmax(VecF a, VecF b) {
 #if defined(__AVX512F__)
   return _mm512_max_ps(a, b);
@@ -96,7 +99,7 @@ inline float vsum(VecF v) {
 #endif
 }
 
-// 2^x for x <= ~0, exactly 0 below -126 (so masked -inf scores give 0).
+// 2^x for x <= ~0, exactly 0 below -126 (so masked -inf scores give 0); NaN for NaN.
 // Relative error 2e-8 (near-minimax degree-6 polynomial on [-1/2, 1/2]).
 inline VecF vexp2(VecF x) {
   const VecF c6 = vsplat(1.533758477307856e-4f), c5 = vsplat(1.3399870367720723e-3f),
@@ -104,14 +107,15 @@ inline VecF vexp2(VecF x) {
              c2 = vsplat(0.24022646248340607f), c1 = vsplat(0.6931471824645996f),
              c0 = vsplat(1.0f);
 #if defined(__AVX512F__)
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  // MAXPS returns its second operand when either is NaN: x second keeps NaN.
+  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
   VecF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   VecF f = x - n;
   VecF poly = vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
   return _mm512_scalef_ps(poly, n);
 #else
   VecI tiny = x < vsplat(-126.0f);
-  x = vmax(x, vsplat(-126.0f));
+  x = vmax(vsplat(-126.0f), x);  // x second: a NaN x stays NaN (see vmax)
   const VecF round_magic = vsplat(12582912.0f);  // 1.5 * 2^23: adds round to integer
   VecF n = (x + round_magic) - round_magic;
   VecF f = x - n;

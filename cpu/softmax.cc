@@ -141,16 +141,16 @@ struct SoftmaxJvp {
 
 struct LogSoftmaxVjp {
   static constexpr bool kStageRows = false;
-  static float term(float y, float g) { return y > kNegInf ? g : 0.f; }
+  static float term(float y, float g) { return y != kNegInf ? g : 0.f; }  // NaN y counts
   static float out(float y, float g, float s) {
-    return y > kNegInf ? g - vexp_nonpositive(y) * s : 0.f;
+    return y != kNegInf ? g - vexp_nonpositive(y) * s : 0.f;
   }
 };
 
 struct LogSoftmaxJvp {
   static constexpr bool kStageRows = true;
-  static float term(float y, float g) { return y > kNegInf ? vexp_nonpositive(y) * g : 0.f; }
-  static float out(float y, float g, float s) { return y > kNegInf ? g - s : 0.f; }
+  static float term(float y, float g) { return y != kNegInf ? vexp_nonpositive(y) * g : 0.f; }
+  static float out(float y, float g, float s) { return y != kNegInf ? g - s : 0.f; }
 };
 
 // out = Map(y, g + g_broadcast) row by row: one pass for s over rows that stay
@@ -215,6 +215,7 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
         z = out;
       }
       const float m = n > 0 ? row_max(z, n) : kNegInf;
+      float inv_sum = 1.f;
       if (m == kNegInf) {
         // max() skips NaN; a NaN beside only invisible columns still poisons the row.
         const bool has_nan = std::any_of(z, z + n, [](float v) { return v != v; });
@@ -233,11 +234,12 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
           out[c] = vexp_nonpositive(z[c] - m);
           sum += out[c];
         }
-        const float inv_sum = 1.f / sum;
+        inv_sum = 1.f / sum;
 #pragma omp simd
         for (int64_t c = 0; c < n; ++c) out[c] *= inv_sum;
       }
-      if (m != kNegInf) std::fill(out + n, out + cols, invisible);
+      // 0 * inv_sum: a NaN row is NaN in its causally invisible columns too.
+      if (m != kNegInf) std::fill(out + n, out + cols, log_output ? invisible : 0.f * inv_sum);
       y_rows.commit(y + r * cols, cols);
     }
   }

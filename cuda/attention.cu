@@ -118,9 +118,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Range keys = key_range(p, h, t0, t0 + kBr);
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
     __syncthreads();  // the previous tile's readers of k, v and p are done
-    load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
+    load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
+              keys.begin, keys.end);
     load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc,
-              hp);
+              hp, keys.begin, keys.end);
     __syncthreads();
     block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
     __syncthreads();
@@ -167,14 +168,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t >= p.q_len || c >= p.head_dim) continue;
     const float sum = sh.row_sum[r];
     out[((b * p.q_len + t) * p.num_heads + n) * p.head_dim + c] =
-        from_float<T>(sum > 0.0f ? sh.o[r * st.ld_o + c] / sum : 0.0f);
+        from_float<T>(sum != 0.0f ? sh.o[r * st.ld_o + c] / sum : 0.0f);  // NaN sum: NaN row
   }
   for (int r = threadIdx.x; r < kBr; r += kThreads) {
     const int64_t t = t0 + r;
     if (t >= p.q_len) continue;
     const float sum = sh.row_sum[r];
     logsumexp[(b * p.num_heads + n) * p.q_len + t] =
-        sum > 0.0f ? sh.row_max[r] + logf(sum) : -CUDART_INF_F;
+        sum != 0.0f ? sh.row_max[r] + logf(sum) : -CUDART_INF_F;
   }
 }
 
@@ -237,7 +238,9 @@ __device__ __forceinline__ void probabilities_and_dscores(const AttentionParams&
     const float x = logit(p, h, t0 + r, j0 + c, sh.s[r * st.ld_s + c]);
     const float lse = sh.row_lse[r];
     const float prob = x == -CUDART_INF_F || lse == -CUDART_INF_F ? 0.0f : __expf(x - lse);
-    const float dscore = prob * (sh.dp[r * st.ld_s + c] - sh.row_d[r]);
+    // A masked key has dS = 0 even when its dP is NaN (a NaN V row the row
+    // does not attend).
+    const float dscore = x == -CUDART_INF_F ? 0.0f : prob * (sh.dp[r * st.ld_s + c] - sh.row_d[r]);
     sh.s[r * st.ld_s + c] = prob;
     sh.p[r * st.ld_p + c] = from_float<T>(prob);
     sh.ds[r * st.ld_p + c] = from_float<T>(dscore);
@@ -258,8 +261,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t b = at.b, kv_head = at.head, j0 = at.row0;
   const int64_t group = p.num_heads / p.num_kv_heads;
 
-  load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
-  load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
+  // Keys past the batch's KV length are never read (whatever they hold).
+  const int64_t kv_valid = head_view(p, b, kv_head * group).kv_valid;
+  load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp, 0,
+            kv_valid);
+  load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp, 0,
+            kv_valid);
   zero(sh.acc0, st.ld_o, kBc, hp);
   zero(sh.acc1, st.ld_o, kBc, hp);
   for (int64_t n = kv_head * group; n < (kv_head + 1) * group; ++n) {
@@ -267,8 +274,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Range rows = query_range(p, h, j0, j0 + kBc);
     for (int64_t t0 = rows.begin / kBr * kBr; t0 < rows.end; t0 += kBr) {
       __syncthreads();  // the previous tile's readers of q, dout, p, ds are done
-      load_rows(sh.q, st.ld_t, query, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
-      load_rows(sh.dout, st.ld_t, dout, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
+      load_rows(sh.q, st.ld_t, query, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp,
+                rows.begin, rows.end);
+      load_rows(sh.dout, st.ld_t, dout, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp,
+                rows.begin, rows.end);
       load_row_stats(p, b, n, t0, kBr, logsumexp, d, sh.row_lse, sh.row_d);
       __syncthreads();
       block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
@@ -312,9 +321,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Range keys = key_range(p, h, t0, t0 + kBr);
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
     __syncthreads();  // the previous tile's readers of k and ds are done
-    load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
+    load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
+              keys.begin, keys.end);
     load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc,
-              hp);
+              hp, keys.begin, keys.end);
     __syncthreads();
     block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
     block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_t, sh.v, st.ld_t, kBr, kBc, hp);

@@ -133,12 +133,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* const q_tile = sh.queries + hp;
   T* const e_tile = sh.probs + kBc;
 
-  // Rows of this block's query head and of its key/value head into tiles.
+  const Range keys = key_range(p, h, t0, t0 + kBr);
+  // Rows of this block's query head and of its key/value head into tiles
+  // (keys outside the rows' range are zeros, see load_rows).
   const auto load_query_rows = [&](T* tile, const T* x) {
     load_rows(tile, st.ld_pair, x, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
   };
   const auto load_key_rows = [&](T* tile, int ld, const T* x, int64_t j0) {
-    load_rows(tile, ld, x, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp);
+    load_rows(tile, ld, x, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
+              keys.begin, keys.end);
   };
 
   load_query_rows(q_tile, tensors.query);
@@ -151,7 +154,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     sh.row_dsum[r] = 0.0f;
     sh.row_shift[r] = 0.0f;
   }
-  const Range keys = key_range(p, h, t0, t0 + kBr);
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
     __syncthreads();  // the previous tile's readers of keys and probs are done
     load_key_rows(sh.keys, st.ld_pair, tensors.key, j0);
@@ -245,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t >= p.q_len || c >= p.head_dim) continue;
     const float sum = sh.row_sum[r];
     float o = 0.0f, dout = 0.0f;
-    if (sum > 0.0f) {
+    if (sum != 0.0f) {  // NaN sum: a NaN row
       o = sh.o[r * st.ld_o + c] / sum;
       dout = sh.a[r * st.ld_o + c] / sum - sh.row_dsum[r] / sum * o;
     }
@@ -258,8 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t >= p.q_len) continue;
     const float sum = sh.row_sum[r];
     const int64_t offset = (b * p.num_heads + n) * p.q_len + t;
-    tensors.logsumexp[offset] = sum > 0.0f ? sh.row_max[r] + logf(sum) : -CUDART_INF_F;
-    tensors.dlogsumexp[offset] = sum > 0.0f ? sh.row_dsum[r] / sum + sh.row_shift[r] : 0.0f;
+    tensors.logsumexp[offset] = sum != 0.0f ? sh.row_max[r] + logf(sum) : -CUDART_INF_F;
+    tensors.dlogsumexp[offset] = sum != 0.0f ? sh.row_dsum[r] / sum + sh.row_shift[r] : 0.0f;
   }
 }
 

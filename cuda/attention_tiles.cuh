@@ -242,13 +242,16 @@ __device__ __forceinline__ Range query_range(const AttentionParams& p, const Hea
   return lo < hi ? Range{lo, hi} : Range{0, 0};
 }
 
-// rows x [hp] of a [B, len, heads, H] tensor into a tile, zero beyond len and H:
+// rows x [hp] of a [B, len, heads, H] tensor into a tile, zero beyond len and H
+// and outside rows [begin, end) (rows no row of the block attends: a NaN or
+// inf there must not meet a zero probability, as 0 * NaN is NaN):
 // 16-byte vectors when H is a multiple of 16 (then H == hp and every row starts
 // 16-byte aligned in an aligned buffer), single elements otherwise.
 template <typename T>
 __device__ __forceinline__ void load_rows(T* tile, int ld, const T* x, int64_t b, int64_t len,
                                           int64_t heads, int64_t head, int64_t head_dim,
-                                          int64_t row0, int rows, int hp) {
+                                          int64_t row0, int rows, int hp,
+                                          int64_t begin = 0, int64_t end = INT64_MAX) {
   if (head_dim == hp && reinterpret_cast<uintptr_t>(x) % sizeof(uint4) == 0) {
     constexpr int kVector = static_cast<int>(sizeof(uint4) / sizeof(T));
     const int vectors = hp / kVector;
@@ -256,7 +259,7 @@ __device__ __forceinline__ void load_rows(T* tile, int ld, const T* x, int64_t b
       const int r = i / vectors, c = i % vectors * kVector;
       const int64_t row = row0 + r;
       uint4 value = {0u, 0u, 0u, 0u};
-      if (row < len) {
+      if (row < len && row >= begin && row < end) {
         value = *reinterpret_cast<const uint4*>(x + ((b * len + row) * heads + head) * head_dim + c);
       }
       *reinterpret_cast<uint4*>(tile + r * ld + c) = value;
@@ -265,7 +268,7 @@ __device__ __forceinline__ void load_rows(T* tile, int ld, const T* x, int64_t b
     for (int i = threadIdx.x; i < rows * hp; i += kThreads) {
       const int r = i / hp, c = i % hp;
       const int64_t row = row0 + r;
-      tile[r * ld + c] = row < len && c < head_dim
+      tile[r * ld + c] = row < len && row >= begin && row < end && c < head_dim
                              ? x[((b * len + row) * heads + head) * head_dim + c]
                              : from_float<T>(0.0f);
     }

@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     const float inv_sum = 1.f / stats.sum;
     const float lse = stats.max + logf(stats.sum);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      float v = invisible;
+      // 0 * inv_sum: a NaN row is NaN in its causally invisible columns too.
+      float v = log_output ? invisible : 0.f * inv_sum;
       if (c < n) v = log_output ? z(c) - lse : expf(z(c) - stats.max) * inv_sum;
       out[c] = from_float<T>(v);
     }
@@ -89,15 +90,15 @@ struct SoftmaxJvp {
 };
 
 struct LogSoftmaxVjp {
-  __device__ static float term(float y, float g) { return y > -CUDART_INF_F ? g : 0.f; }
+  __device__ static float term(float y, float g) { return y != -CUDART_INF_F ? g : 0.f; }
   __device__ static float out(float y, float g, float s) {
-    return y > -CUDART_INF_F ? g - expf(y) * s : 0.f;
+    return y != -CUDART_INF_F ? g - expf(y) * s : 0.f;  // NaN y: NaN
   }
 };
 
 struct LogSoftmaxJvp {
-  __device__ static float term(float y, float g) { return y > -CUDART_INF_F ? expf(y) * g : 0.f; }
-  __device__ static float out(float y, float g, float s) { return y > -CUDART_INF_F ? g - s : 0.f; }
+  __device__ static float term(float y, float g) { return y != -CUDART_INF_F ? expf(y) * g : 0.f; }
+  __device__ static float out(float y, float g, float s) { return y != -CUDART_INF_F ? g - s : 0.f; }
 };
 
 // out = Map(y, g + g_broadcast), either term of g absent (0).
