@@ -295,7 +295,8 @@ def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=N
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   unnormalized = jnp.exp(logits - row_max)
   total = jnp.sum(unnormalized, axis=-1, keepdims=True)
-  attended = jnp.abs(total) > 0
+  # != 0, not > 0: a NaN row (NaN total) keeps NaN in its log-sum-exp too.
+  attended = total != 0
   safe_total = jnp.where(attended, total, 1.0)
   probs = (unnormalized / safe_total).astype(value.dtype)
   out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, G, T, S), value,
