@@ -4,8 +4,7 @@
 
 import jax.numpy as jnp
 
-# What the fused kernels compute in; other dtypes (float64, complex) run Flax's own code.
-KERNEL_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
+from jaxops._src import primitive
 
 
 def compute_dtype(x, dtype, param_dtype, has_params: bool):
@@ -15,4 +14,5 @@ def compute_dtype(x, dtype, param_dtype, has_params: bool):
 
 
 def is_kernel_dtype(dtype) -> bool:
-  return jnp.dtype(dtype) in KERNEL_DTYPES
+  """A dtype the fused kernels compute in; others (float64, complex) run Flax's own code."""
+  return jnp.dtype(dtype) in primitive.SUPPORTED_FLOAT_DTYPES
