@@ -15,18 +15,12 @@ namespace jaxops::cpu::attention_internal {
 namespace {
 
 // One work item: all T * G < kLanes query rows of a kv head, row-major.
-struct DecodeScratch {
+struct DecodeScratch : TileRowState {
   float* qn;    // [kLanes][Hp] query rows
   float* on;    // [kLanes][Hp] unnormalised output rows
   float* kn;    // [Bc][Hp] key rows as float (when not read in place)
   float* vn;    // [Bc][Hp]
   float* sn;    // [kLanes][Bc] logits / probabilities
-  float* row;   // [H]
-  SoftmaxRows stats;
-  int32_t* lo;  // [kLanes] attended key interval
-  int32_t* hi;
-  int64_t* t;   // [kLanes] query index of each row
-  int64_t* n;   // [kLanes] head of each row
 };
 
 DecodeScratch carve_decode(const Geometry& g, Arena& arena) {
@@ -36,12 +30,7 @@ DecodeScratch carve_decode(const Geometry& g, Arena& arena) {
   s.kn = arena.take<float>(kKeyTile * g.Hp);
   s.vn = arena.take<float>(kKeyTile * g.Hp);
   s.sn = arena.take<float>(kLanes * kKeyTile);
-  s.row = arena.take<float>(g.H);
-  s.stats = carve_softmax_rows(kLanes, arena);
-  s.lo = arena.take<int32_t>(kLanes);
-  s.hi = arena.take<int32_t>(kLanes);
-  s.t = arena.take<int64_t>(kLanes);
-  s.n = arena.take<int64_t>(kLanes);
+  carve_tile_row_state(s, g, kLanes, arena);
   return s;
 }
 

@@ -21,7 +21,7 @@ namespace jaxops::cpu {
 using namespace attention_internal;
 namespace {
 
-struct ForwardScratch {
+struct ForwardScratch : TileRowState {
   float* qt;      // [H][Br] query tile, transposed
   float* ot;      // [H][Br] unnormalised output, transposed
   float* st;      // [Bc][Br] scores / probabilities, transposed
@@ -30,12 +30,6 @@ struct ForwardScratch {
   uint32_t* qp;   // [H/2][Br] query tile as bf16 pairs along H (bf16 dot path)
   uint32_t* vp;   // [Bc/2][H] value tile as bf16 pairs along the keys
   uint32_t* pp;   // [Bc/2][Br] probabilities as bf16 pairs along the keys
-  float* row;     // [H]
-  SoftmaxRows stats;
-  int32_t* lo;    // [Br] attended key interval
-  int32_t* hi;
-  int64_t* t;     // [Br] query index of each row
-  int64_t* n;     // [Br] head of each row
 };
 
 ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
@@ -48,12 +42,7 @@ ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
   s.qp = arena.take<uint32_t>((g.H + 1) / 2 * Br);
   s.vp = arena.take<uint32_t>(kKeyTile / 2 * g.H);
   s.pp = arena.take<uint32_t>(kKeyTile / 2 * Br);
-  s.row = arena.take<float>(g.H);
-  s.stats = carve_softmax_rows(Br, arena);
-  s.lo = arena.take<int32_t>(Br);
-  s.hi = arena.take<int32_t>(Br);
-  s.t = arena.take<int64_t>(Br);
-  s.n = arena.take<int64_t>(Br);
+  carve_tile_row_state(s, g, Br, arena);
   return s;
 }
 

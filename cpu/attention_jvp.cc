@@ -36,7 +36,7 @@ struct InputTangents {
   const float* dbias;
 };
 
-struct JvpScratch {
+struct JvpScratch : TileRowState {
   float* qt;    // [H][Br] query tile times scale * log2(e), transposed
   float* dqt;   // [H][Br] its tangent, the same
   float* ot;    // [H][Br] unnormalised output O, transposed
@@ -47,13 +47,7 @@ struct JvpScratch {
   float* dkf;   // [Bc][H]
   float* vf;    // [Bc][H]
   float* dvf;   // [Bc][H]
-  float* row;   // [H]
   float* mu;    // [Br] M, the running sum of e * ds
-  SoftmaxRows stats;
-  int32_t* lo;  // [Br] attended key interval
-  int32_t* hi;
-  int64_t* t;   // [Br] query index of each row
-  int64_t* n;   // [Br] head of each row
 };
 
 JvpScratch carve_jvp(const Geometry& g, int64_t Br, Arena& arena) {
@@ -68,13 +62,8 @@ JvpScratch carve_jvp(const Geometry& g, int64_t Br, Arena& arena) {
   s.dkf = arena.take<float>(kKeyTile * g.H);
   s.vf = arena.take<float>(kKeyTile * g.H);
   s.dvf = arena.take<float>(kKeyTile * g.H);
-  s.row = arena.take<float>(g.H);
   s.mu = arena.take<float>(Br);
-  s.stats = carve_softmax_rows(Br, arena);
-  s.lo = arena.take<int32_t>(Br);
-  s.hi = arena.take<int32_t>(Br);
-  s.t = arena.take<int64_t>(Br);
-  s.n = arena.take<int64_t>(Br);
+  carve_tile_row_state(s, g, Br, arena);
   return s;
 }
 

@@ -362,6 +362,27 @@ inline SoftmaxRows carve_softmax_rows(int64_t Br, Arena& arena) {
   return s;
 }
 
+// What every row tile (forward, decode, JVP) keeps besides its own buffers: a
+// head-sized row, the online-softmax state and, per row, its attended key
+// interval, query index and head. The scratch structs derive from it.
+struct TileRowState {
+  float* row;   // [H]
+  SoftmaxRows stats;
+  int32_t* lo;  // [Br] attended key interval
+  int32_t* hi;
+  int64_t* t;   // [Br] query index of each row
+  int64_t* n;   // [Br] head of each row
+};
+
+inline void carve_tile_row_state(TileRowState& s, const Geometry& g, int64_t Br, Arena& arena) {
+  s.row = arena.take<float>(g.H);
+  s.stats = carve_softmax_rows(Br, arena);
+  s.lo = arena.take<int32_t>(Br);
+  s.hi = arena.take<int32_t>(Br);
+  s.t = arena.take<int64_t>(Br);
+  s.n = arena.take<int64_t>(Br);
+}
+
 // Online softmax over one tile of logits st[j][i] (log2 units, jn keys): updates
 // the running max m, the shift, the rescale alpha of earlier accumulators and
 // the running sum l, and turns st into probabilities. With `max_known` the
