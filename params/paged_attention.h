@@ -109,4 +109,33 @@ inline const char* paged_attention_params_error(const PagedAttentionParams& p) {
   return nullptr;
 }
 
+// jaxops.paged_kv_update: token i's key/value rows ([num_tokens, K, H]) go to
+// slot slot_mapping[i] = page * page_size + offset of every page tensor. A slot
+// outside [0, P * page_size) (a padding token, e.g. -1) is skipped. For int8
+// pages each written row is quantized symmetrically per token and head:
+// scale = max|x| / 127 (0 for an all-zero row), q = round(x / scale) in
+// [-127, 127], and the scale is written to key_scales/value_scales[page, offset, k].
+struct PagedKvUpdateParams {
+  int64_t num_tokens = 0;    // rows of key/value and entries of slot_mapping
+  int64_t num_kv_heads = 0;  // K
+  int64_t head_dim = 0;      // H
+  int64_t num_pages = 0;     // P
+  int64_t page_size = 0;
+};
+
+JAXOPS_HOST_DEVICE bool paged_slot_valid(const PagedKvUpdateParams& p, int64_t slot) {
+  return slot >= 0 && slot < p.num_pages * p.page_size;
+}
+
+inline const char* paged_kv_update_params_error(const PagedKvUpdateParams& p) {
+  if (p.num_tokens < 0 || p.num_kv_heads < 0 || p.head_dim < 0 || p.num_pages < 0 ||
+      p.page_size < 0) {
+    return "paged_kv_update: negative dimension";
+  }
+  if (p.num_pages * p.page_size >= (int64_t{1} << 31)) {
+    return "paged_kv_update: num_pages * page_size must be below 2^31 (int32 slots)";
+  }
+  return nullptr;
+}
+
 }  // namespace jaxops::params
