@@ -235,40 +235,80 @@ inline VecF sum_each(const VecF* acc) {
 #endif
 }
 
-// scores[j] = q . k_rows[j] for j < jn (float rows of Hp elements; q zero-padded).
-// Scores past jn (to the next multiple of kLanes) are written with junk.
-inline void float_scores(const float* q, int64_t Hp, const float* const* k_rows, int64_t jn,
+// Calls f(std::integral_constant<int, n>) for n in 1..8, else
+// f(std::integral_constant<int, 0>) (0: the count is only known at run time).
+// The score kernels keep a query row's n vectors in registers when n is fixed.
+template <typename F>
+inline void with_chunk_count(int64_t n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return f(std::integral_constant<int, 0>{});
+  }
+}
+
+// scores[j] = q . k_rows[j] for j < jn (float rows of Hp = chunks * kLanes
+// elements; q zero-padded). Scores past jn (to the next multiple of kLanes)
+// are written with junk. One key row at a time against the query held in
+// registers (kChunks > 0): a row pointer per key, never 16 live ones (x86 has
+// 16 general registers), and one load per FMA.
+template <int kChunks>
+inline void float_scores(const float* q, int64_t chunks, const float* const* k_rows, int64_t jn,
                          float* scores) {
+  constexpr int kHeld = kChunks > 0 ? kChunks : 1;
+  VecF qv[kHeld];
+  for (int h = 0; h < kHeld; ++h) qv[h] = vload(q + h * kLanes);
   for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {
-    const float* rows[kLanes];
-    for (int c = 0; c < kLanes; ++c) rows[c] = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
     VecF acc[kLanes];
-    for (int c = 0; c < kLanes; ++c) acc[c] = VecF{};
-    for (int64_t h = 0; h < Hp; h += kLanes) {
-      const VecF qv = vload(q + h);
 #pragma GCC unroll 16
-      for (int c = 0; c < kLanes; ++c) acc[c] = vfma(qv, vload(rows[c] + h), acc[c]);
+    for (int c = 0; c < kLanes; ++c) {
+      const float* row = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
+      VecF a{};
+      if constexpr (kChunks > 0) {
+#pragma GCC unroll 8
+        for (int h = 0; h < kChunks; ++h) a = vfma(qv[h], vload(row + h * kLanes), a);
+      } else {
+        for (int64_t h = 0; h < chunks; ++h) a = vfma(vload(q + h * kLanes), vload(row + h * kLanes), a);
+      }
+      acc[c] = a;
     }
     vstore(scores + j0, sum_each(acc));
   }
 }
 
 #if defined(JAXOPS_BF16_DOT)
-// The same with bf16 rows and queries: head_dim / 32 vdpbf16ps per score.
-JAXOPS_BF16_TARGET inline void bf16_scores(const uint32_t* q_pairs, int64_t head_dim,
+// The same with bf16 rows and queries: chunks = head_dim / 32 vdpbf16ps per score.
+template <int kChunks>
+JAXOPS_BF16_TARGET inline void bf16_scores(const uint32_t* q_pairs, int64_t chunks,
                                            const uint16_t* const* k_rows, int64_t jn,
                                            float* scores) {
+  constexpr int kHeld = kChunks > 0 ? kChunks : 1;
+  __m512bh qv[kHeld];
+  for (int h = 0; h < kHeld; ++h) qv[h] = (__m512bh)_mm512_loadu_si512(q_pairs + h * 16);
   for (int64_t j0 = 0; j0 < jn; j0 += 16) {
-    const uint16_t* rows[16];
-    for (int c = 0; c < 16; ++c) rows[c] = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
-    __m512 acc[16];
-    for (int c = 0; c < 16; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t h = 0; h < head_dim; h += 32) {
-      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q_pairs + h / 2);
+    VecF acc[16];
 #pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c) {
-        acc[c] = _mm512_dpbf16_ps(acc[c], qv, (__m512bh)_mm512_loadu_si512(rows[c] + h));
+    for (int c = 0; c < 16; ++c) {
+      const uint16_t* row = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
+      __m512 a = _mm512_setzero_ps();
+      if constexpr (kChunks > 0) {
+#pragma GCC unroll 8
+        for (int h = 0; h < kChunks; ++h) {
+          a = _mm512_dpbf16_ps(a, qv[h], (__m512bh)_mm512_loadu_si512(row + h * 32));
+        }
+      } else {
+        for (int64_t h = 0; h < chunks; ++h) {
+          a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(q_pairs + h * 16),
+                               (__m512bh)_mm512_loadu_si512(row + h * 32));
+        }
       }
+      acc[c] = a;
     }
     vstore(scores + j0, sum_each(acc));
   }
@@ -414,9 +454,11 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
     if (bf16_dot) {
       const uint16_t* kb[kDecodeKeyTile];
       for (int64_t j = 0; j < jn; ++j) kb[j] = reinterpret_cast<const uint16_t*>(src.key(j0 + j));
-      for (int64_t i = 0; i < R; ++i) {
-        bf16_scores(s.q_pairs + i * (H / 2), H, kb, jn, s.scores + i * Bc);
-      }
+      with_chunk_count(H / 32, [&](auto chunks) {
+        for (int64_t i = 0; i < R; ++i) {
+          bf16_scores<chunks()>(s.q_pairs + i * (H / 2), H / 32, kb, jn, s.scores + i * Bc);
+        }
+      });
     }
 #endif
     if (!bf16_dot) {
@@ -433,7 +475,11 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
           k_ptr[j] = s.k_rows + j * Hp;
         }
       }
-      for (int64_t i = 0; i < R; ++i) float_scores(s.q + i * Hp, Hp, k_ptr, jn, s.scores + i * Bc);
+      with_chunk_count(Hp / kLanes, [&](auto chunks) {
+        for (int64_t i = 0; i < R; ++i) {
+          float_scores<chunks()>(s.q + i * Hp, Hp / kLanes, k_ptr, jn, s.scores + i * Bc);
+        }
+      });
     }
 
     // Logits, softmax update, rescale of the earlier output.
