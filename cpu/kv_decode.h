@@ -76,6 +76,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "cpu/attention_tiles.h"
 #include "cpu/float_convert.h"
 #include "cpu/gemm_bf16_microkernels.h"
 #include "cpu/gemm_microkernels.h"
@@ -85,10 +86,13 @@ namespace jaxops::cpu::kv_decode {
 
 using namespace simd;
 using namespace microkernels;
-
-inline constexpr float kDecodeLog2e = 1.4426950408889634f;
-inline constexpr float kDecodeLn2 = 0.6931471805599453f;
-inline constexpr float kDecodeInf = std::numeric_limits<float>::infinity();
+// The attention kernels' units, rounding and scratch arena.
+using attention_internal::Arena;
+using attention_internal::ceil_div;
+using attention_internal::kInf;
+using attention_internal::kLn2;
+using attention_internal::kLog2e;
+using attention_internal::round_up;
 
 // Keys per tile: a tile of K and of V rows (f32, head_dim 128: 16 KiB each)
 // stays in the L1 cache while every query row reads it.
@@ -97,11 +101,8 @@ inline constexpr int64_t kDecodeKeyTile = 32;
 // the parallelism gains.
 inline constexpr int64_t kMinKeysPerSplit = 256;
 
-constexpr int64_t decode_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-constexpr int64_t decode_ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
-
 // The padded head dimension of query and output rows (a whole number of vectors).
-inline int64_t decode_padded_dim(int64_t head_dim) { return decode_round_up(head_dim, kLanes); }
+inline int64_t decode_padded_dim(int64_t head_dim) { return round_up(head_dim, kLanes); }
 
 // What the core computes for one group: `rows` query rows of head_dim.
 struct DecodeShape {
@@ -159,27 +160,7 @@ struct DecodeScratch {
   DecodeState state;   // the thread's own state (unsplit groups, merges)
 };
 
-// Carves 64-byte aligned arrays from a buffer; with a null base it only measures.
-class DecodeArena {
- public:
-  explicit DecodeArena(void* base) : base_(reinterpret_cast<uintptr_t>(base)) {
-    if (base_) used_ = decode_round_up(base_, 64) - base_;
-  }
-  template <typename U>
-  U* take(int64_t count) {
-    U* result = reinterpret_cast<U*>(base_ + used_);
-    used_ += decode_round_up(std::max<int64_t>(count, 1) * sizeof(U), 64);
-    return result;
-  }
-  void skip(size_t bytes) { used_ += bytes; }
-  size_t used() const { return used_; }
-
- private:
-  uintptr_t base_;
-  size_t used_ = 0;
-};
-
-inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, DecodeArena& arena) {
+inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, Arena& arena) {
   DecodeState s;
   s.m = arena.take<float>(rows);
   s.l = arena.take<float>(rows);
@@ -187,7 +168,7 @@ inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, DecodeAren
   return s;
 }
 
-inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, DecodeArena& arena) {
+inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, Arena& arena) {
   const int64_t Hp = decode_padded_dim(head_dim), Bc = kDecodeKeyTile;
   DecodeScratch s;
   s.q = arena.take<float>(rows * Hp);
@@ -348,7 +329,7 @@ inline bool decode_uses_bf16_dot(int64_t head_dim) {
 // tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2 |x|) <= 1: vexp2's range.
 inline VecF soft_cap_vec(VecF x, float cap) {
   const VecF ax = vmax(x, -x);
-  const VecF e = vexp2(ax * vsplat(-2.0f * kDecodeLog2e / cap));
+  const VecF e = vexp2(ax * vsplat(-2.0f * kLog2e / cap));
   const VecF t = (vsplat(1.0f) - e) / (vsplat(1.0f) + e);
   return vsplat(cap) * (x < VecF{} ? -t : t);
 }
@@ -358,37 +339,37 @@ inline VecF soft_cap_vec(VecF x, float cap) {
 inline void scores_to_logits(const DecodeShape& shape, int64_t begin, int64_t end, int64_t j0,
                              int64_t jn, int64_t width, float* row) {
   if (shape.soft_cap > 0.0f) {
-    const VecF scale = vsplat(shape.scale), to_log2 = vsplat(kDecodeLog2e);
+    const VecF scale = vsplat(shape.scale), to_log2 = vsplat(kLog2e);
     for (int64_t j = 0; j < width; j += kLanes) {
       vstore(row + j, soft_cap_vec(vload(row + j) * scale, shape.soft_cap) * to_log2);
     }
   } else {
-    const VecF c = vsplat(shape.scale * kDecodeLog2e);
+    const VecF c = vsplat(shape.scale * kLog2e);
     for (int64_t j = 0; j < width; j += kLanes) vstore(row + j, vload(row + j) * c);
   }
   const int64_t lo = std::max<int64_t>(begin - j0, 0), hi = std::min<int64_t>(end - j0, jn);
   if (lo == 0 && hi == width) return;
   if (lo >= hi) {
-    std::fill(row, row + width, -kDecodeInf);
+    std::fill(row, row + width, -kInf);
     return;
   }
-  std::fill(row, row + lo, -kDecodeInf);
-  std::fill(row + hi, row + width, -kDecodeInf);
+  std::fill(row, row + lo, -kInf);
+  std::fill(row + hi, row + width, -kInf);
 }
 
 // Online-softmax update of one row with a tile of logits (width entries):
 // returns alpha, the rescale of the row's earlier output; turns the logits
 // into probabilities.
 inline float online_softmax_row(float* row, int64_t width, float* m, float* l) {
-  VecF tile_max = vsplat(-kDecodeInf);
+  VecF tile_max = vsplat(-kInf);
   // vmax(tile_max, x): a NaN logit makes tile_max NaN, and std::max below then
   // keeps the old max; the NaN reaches l through exp2.
   for (int64_t j = 0; j < width; j += kLanes) tile_max = vmax(tile_max, vload(row + j));
   float m_new = *m;
   for (int c = 0; c < kLanes; ++c) m_new = std::max(m_new, tile_max[c]);
-  const float shift = m_new == -kDecodeInf ? 0.0f : m_new;
-  const float old_shift = *m == -kDecodeInf ? 0.0f : *m;
-  const float alpha = *m == -kDecodeInf ? 0.0f : vexp2(vsplat(old_shift - shift))[0];
+  const float shift = m_new == -kInf ? 0.0f : m_new;
+  const float old_shift = *m == -kInf ? 0.0f : *m;
+  const float alpha = *m == -kInf ? 0.0f : vexp2(vsplat(old_shift - shift))[0];
   VecF sum{};
   for (int64_t j = 0; j < width; j += kLanes) {
     const VecF prob = vexp2(vload(row + j) - vsplat(shift));
@@ -405,7 +386,7 @@ inline float online_softmax_row(float* row, int64_t width, float* m, float* l) {
 
 inline void reset_decode_state(const DecodeShape& shape, const DecodeState& st) {
   const int64_t Hp = decode_padded_dim(shape.head_dim);
-  std::fill(st.m, st.m + shape.rows, -kDecodeInf);
+  std::fill(st.m, st.m + shape.rows, -kInf);
   std::fill(st.l, st.l + shape.rows, 0.0f);
   std::fill(st.o, st.o + shape.rows * Hp, 0.0f);
 }
@@ -436,7 +417,7 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   const float* k_ptr[kDecodeKeyTile];
   for (int64_t j0 = first; j0 < last; j0 += Bc) {
     const int64_t jn = std::min(Bc, last - j0);
-    const int64_t width = decode_round_up(jn, kLanes);
+    const int64_t width = round_up(jn, kLanes);
     // The next tile's rows, asked for now: each row of a kv head is often a
     // page or more from the previous one, where hardware prefetchers stop.
     for (int64_t j = j0 + jn; j < std::min(last, j0 + jn + Bc); ++j) {
@@ -545,11 +526,11 @@ inline void merge_decode_state(const DecodeShape& shape, const DecodeState& part
   const int64_t Hp = decode_padded_dim(shape.head_dim);
   for (int64_t i = 0; i < shape.rows; ++i) {
     const float m_a = into.m[i], m_b = part.m[i];
-    if (m_b == -kDecodeInf && !std::isnan(part.l[i])) continue;  // part saw no key
+    if (m_b == -kInf && !std::isnan(part.l[i])) continue;  // part saw no key
     const float m = std::max(m_a, m_b);
-    const float shift = m == -kDecodeInf ? 0.0f : m;
-    const float alpha = m_a == -kDecodeInf ? 0.0f : std::exp2(m_a - shift);
-    const float beta = m_b == -kDecodeInf ? 0.0f : std::exp2(m_b - shift);
+    const float shift = m == -kInf ? 0.0f : m;
+    const float alpha = m_a == -kInf ? 0.0f : std::exp2(m_a - shift);
+    const float beta = m_b == -kInf ? 0.0f : std::exp2(m_b - shift);
     into.m[i] = m;
     into.l[i] = into.l[i] * alpha + part.l[i] * beta;
     float* o = into.o + i * Hp;
@@ -568,13 +549,13 @@ inline float finish_decode_row(const DecodeShape& shape, const DecodeState& st, 
   // l is NaN when a NaN or +inf reached the row's logits: the row is NaN then.
   if (l == 0.0f) {
     std::fill(out_row, out_row + shape.head_dim, 0.0f);
-    return -kDecodeInf;
+    return -kInf;
   }
   const float inv = 1.0f / l;
   const float* o = st.o + i * Hp;
   for (int64_t h = 0; h < shape.head_dim; ++h) out_row[h] = o[h] * inv;
-  const float shift = st.m[i] == -kDecodeInf ? 0.0f : st.m[i];
-  return (shift + std::log2(l)) * kDecodeLn2;
+  const float shift = st.m[i] == -kInf ? 0.0f : st.m[i];
+  return (shift + std::log2(l)) * kLn2;
 }
 
 // ---------------------------------------------------------------------------
@@ -586,13 +567,13 @@ inline float finish_decode_row(const DecodeShape& shape, const DecodeState& st, 
 // shape and the thread count only, so the results do too (deterministic).
 inline int64_t decode_key_splits(int64_t groups, int64_t max_keys, int threads) {
   if (threads <= 1 || groups <= 0 || groups >= 2 * static_cast<int64_t>(threads)) return 1;
-  const int64_t wanted = decode_ceil_div(2 * static_cast<int64_t>(threads), groups);
+  const int64_t wanted = ceil_div(2 * static_cast<int64_t>(threads), groups);
   return std::max<int64_t>(1, std::min(wanted, max_keys / kMinKeysPerSplit));
 }
 
 inline size_t decode_workspace_bytes(int64_t groups, const DecodeShape& shape,
                                      int64_t max_keys, int threads) {
-  DecodeArena arena(nullptr);
+  Arena arena(nullptr);
   for (int t = 0; t < threads; ++t) carve_decode_scratch(shape.rows, shape.head_dim, arena);
   const int64_t splits = decode_key_splits(groups, max_keys, threads);
   if (splits > 1) {
@@ -615,18 +596,20 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
   const int64_t R = shape.rows, Hp = decode_padded_dim(shape.head_dim);
 #pragma omp parallel num_threads(threads)
   {
-    DecodeArena arena(workspace);
+    Arena arena(workspace);
     DecodeScratch s = carve_decode_scratch(R, shape.head_dim, arena);
     for (int t = 0; t < omp_get_thread_num(); ++t) s = carve_decode_scratch(R, shape.head_dim, arena);
     // The partial states follow every thread's scratch.
-    DecodeArena partials(workspace);
+    Arena partials(workspace);
     for (int t = 0; t < omp_get_num_threads(); ++t) carve_decode_scratch(R, shape.head_dim, partials);
-    DecodeArena measure(nullptr);
+    Arena measure(nullptr);
     carve_decode_state(R, shape.head_dim, measure);
     const size_t state_bytes = measure.used();  // a multiple of 64
+    // partials.used() counts from the workspace with its alignment, so every
+    // state starts 64-byte aligned and Arena adds no padding there.
+    char* const first_state = static_cast<char*>(workspace) + partials.used();
     auto partial = [&](int64_t item) {
-      DecodeArena at = partials;
-      at.skip(static_cast<size_t>(item) * state_bytes);
+      Arena at(first_state + static_cast<size_t>(item) * state_bytes);
       return carve_decode_state(R, shape.head_dim, at);
     };
     auto store_rows = [&](int64_t g, const DecodeState& st) {
@@ -654,7 +637,7 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
         }
       }
       if (first > last) first = last = 0;
-      const int64_t per = decode_round_up(decode_ceil_div(last - first, splits), kDecodeKeyTile);
+      const int64_t per = round_up(ceil_div(last - first, splits), kDecodeKeyTile);
       const int64_t j_begin = std::min(last, first + split * per);
       const int64_t j_end = std::min(last, j_begin + per);
       const DecodeState st = splits > 1 ? partial(item) : s.state;
