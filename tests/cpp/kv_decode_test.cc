@@ -4,8 +4,10 @@
 // uniformly strided only inside a page), int8 rows with per-row scales, the
 // logits soft cap, empty and partial per-row key intervals, and key splits
 // across threads (one group on four threads) with their merge, which must be
-// deterministic. Every element type (float, bfloat16: the AVX512_BF16 dot
-// path where the CPU has it, float16, int8). Prints "ALL PASSED" and exits 0
+// deterministic; few rows (a dot product per row and key) and a full vector
+// of rows (products with the rows along the lanes). Every element type
+// (float, bfloat16: the AVX512_BF16 dot path where the CPU has it, float16,
+// int8). Prints "ALL PASSED" and exits 0
 // when every case passes (tests/test_cpp_kernels.py builds and runs it).
 #include "cpu/kv_decode.h"
 
@@ -230,6 +232,7 @@ int main() {
       {1, 32, 600, 32, 256, 30.0f, 4}, // T = 8 x G = 4, soft cap, splits
       {2, 1, 1, 17, 1, 5.0f, 1},       // one key, odd head_dim
       {5, 3, 45, 20, 8, 0.0f, 3},
+      {2, 16, 200, 64, 8, 0.0f, 2},    // rows along the lanes, tiles crossing pages
   };
   for (const Case& c : cases) {
     run_case<float>(c, "float32", 2e-5, rng);
