@@ -15,8 +15,10 @@
 // than threads (batch 1).
 //
 // Reading each row once: a tile of kDecodeKeyTile keys is read and every query
-// row's scores against it computed while it is in the L1 cache; the values
-// are then added to every row's output by one register-blocked product. All
+// row's scores against it computed while it is in the L1 cache (a dot product
+// per row and key for fewer rows than vector lanes, else a register-blocked
+// product with the rows along the lanes); the values are then added to every
+// row's output by one register-blocked product. All
 // arithmetic is float32 (accumulation included), except the bfloat16 dot
 // path: with bfloat16 rows, an even head_dim that is a multiple of 32 and a
 // CPU with AVX512_BF16, the scores are vdpbf16ps products of the rows against
