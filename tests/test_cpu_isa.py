@@ -65,6 +65,9 @@ SUBSET = [
     "tests/test_adamw.py::test_low_precision_parameters[cpu-float16]",
     "tests/test_adamw.py::test_implementations_agree_and_kernel_is_used",
     "tests/test_cpu_isa.py::test_cpu_isa_follows_the_variable",
+    # The decode core's vector code: split keys, and an odd head dim in bf16.
+    "tests/test_attention_decode.py::test_decode_against_reference[(1, 1, 1031, 4, 1, 128)-float32]",
+    "tests/test_attention_decode.py::test_decode_against_reference[(3, 1, 97, 6, 2, 17)-bfloat16]",
 ]
 
 
