@@ -434,9 +434,13 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   first = std::max(first, j_begin);
   last = std::min(last, j_end);
 
+  // Rows read where they lie when uniformly strided (else converted, and
+  // a shorter tile would only add per-tile work).
+  const bool reads_in_place = (std::is_same_v<Element, float> && H == Hp) || bf16_dot;
   const float* k_ptr[kDecodeKeyTile];
   for (int64_t j0 = first, jn = 0; j0 < last; j0 += jn) {
-    jn = uniform_tile_length(src, j0, std::min(Bc, last - j0));
+    jn = std::min(Bc, last - j0);
+    if (reads_in_place) jn = uniform_tile_length(src, j0, jn);
     const int64_t width = round_up(jn, kLanes);
     // The next tile's rows, asked for now: each row of a kv head is often a
     // page or more from the previous one, where hardware prefetchers stop.
