@@ -68,6 +68,10 @@ SUBSET = [
     # The decode core's vector code: split keys, and an odd head dim in bf16.
     "tests/test_attention_decode.py::test_decode_against_reference[(1, 1, 1031, 4, 1, 128)-float32]",
     "tests/test_attention_decode.py::test_decode_against_reference[(3, 1, 97, 6, 2, 17)-bfloat16]",
+    "tests/test_paged_attention.py::test_values_against_reference[cpu-(1, 5, 16, 2, 64, 16, 2)-bfloat16-None]",
+    "tests/test_paged_attention.py::test_values_against_reference[cpu-(2, None, 8, 2, 7, 5, 4)-int8-bfloat16]",
+    "tests/test_paged_attention.py::test_one_sequence_splits_its_keys_across_threads[cpu-float32]",
+    "tests/test_paged_attention.py::test_update_round_trip[cpu-int8-float32]",
 ]
 
 
