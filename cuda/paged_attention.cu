@@ -16,8 +16,9 @@
 // takes one block per row tile and reads K/V once per tile: correct, not
 // tuned.
 //
-// The update writes one (token, kv head) row per warp: a copy for float
-// pages, the symmetric per-row int8 quantization (a warp max) for int8 pages.
+// The update writes one token's rows per warp (unless a later token names the
+// same slot: the last one wins): a copy for float pages, the symmetric per-row
+// int8 quantization (a warp max) for int8 pages.
 #include "cuda/paged_attention.h"
 
 #include <cstdint>
@@ -41,6 +42,7 @@ using params::paged_slot_valid;
 
 constexpr int kThreads = 128;
 constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kKeyTile = static_cast<int>(params::kPagedKeyTile);
 // A grid's x extent (and so every index the kernels keep in 32 bits).
 constexpr int64_t kMaxBlocks = int64_t{1} << 31;
@@ -319,23 +321,41 @@ __device__ __forceinline__ void write_page_row(const In* src, int8_t* dst, float
   if (lane == 0) *scale = row_scale;
 }
 
+// True when a token after `token` names the same slot: the header's rule is
+// that the last token's rows land, so this one is not written (a warp-wide
+// scan of the later slots, no workspace; cheap for the decode step's few
+// tokens, quadratic but coalesced for a long prefill).
+__device__ __forceinline__ bool overwritten_later(const PagedKvUpdateParams& p,
+                                                  const int32_t* slot_mapping, int64_t token,
+                                                  int32_t slot, int lane) {
+  for (int64_t first = token + 1; first < p.num_tokens; first += kWarpSize) {
+    const int64_t later = first + lane;
+    if (__any_sync(kFullWarp, later < p.num_tokens && slot_mapping[later] == slot)) return true;
+  }
+  return false;
+}
+
 template <typename In, typename KV>
 __global__ void __launch_bounds__(kThreads)
     paged_kv_update_kernel(PagedKvUpdateParams p, const In* key, const In* value,
                            const int32_t* slot_mapping, KV* key_pages, KV* value_pages,
                            float* key_scales, float* value_scales) {
-  // A warp per (token, kv head) row; a warp leaves as a whole (its shuffles).
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  // A warp per token, for all its kv heads; a warp leaves as a whole (its
+  // shuffles and votes).
+  const int64_t token = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  if (row >= p.num_tokens * p.num_kv_heads) return;
-  const int64_t token = row / p.num_kv_heads, kv_head = row % p.num_kv_heads;
-  const int64_t slot = slot_mapping[token];
+  if (token >= p.num_tokens) return;
+  const int32_t slot = slot_mapping[token];
   if (!paged_slot_valid(p, slot)) return;  // padding
-  const int64_t to = slot * p.num_kv_heads + kv_head;
-  write_page_row(key + row * p.head_dim, key_pages + to * p.head_dim,
-                 key_scales != nullptr ? key_scales + to : nullptr, lane, p.head_dim);
-  write_page_row(value + row * p.head_dim, value_pages + to * p.head_dim,
-                 value_scales != nullptr ? value_scales + to : nullptr, lane, p.head_dim);
+  if (overwritten_later(p, slot_mapping, token, slot, lane)) return;
+  for (int64_t kv_head = 0; kv_head < p.num_kv_heads; ++kv_head) {
+    const int64_t row = token * p.num_kv_heads + kv_head;
+    const int64_t to = static_cast<int64_t>(slot) * p.num_kv_heads + kv_head;
+    write_page_row(key + row * p.head_dim, key_pages + to * p.head_dim,
+                   key_scales != nullptr ? key_scales + to : nullptr, lane, p.head_dim);
+    write_page_row(value + row * p.head_dim, value_pages + to * p.head_dim,
+                   value_scales != nullptr ? value_scales + to : nullptr, lane, p.head_dim);
+  }
 }
 
 template <typename KV>
@@ -349,11 +369,11 @@ cudaError_t launch_paged_attention(cudaStream_t stream, const PagedAttentionPara
                                    const KV* key_pages, const KV* value_pages, Q* out,
                                    float* logsumexp, void* workspace) {
   if (params::paged_attention_params_error(p) != nullptr ||
-      p.head_dim > kCudaPagedAttentionMaxHeadDim ||
-      (kQuantized<KV> && p.key_scales == nullptr) || (!kQuantized<KV> && p.key_scales != nullptr)) {
+      p.head_dim > kCudaPagedAttentionMaxHeadDim) {
     return cudaErrorInvalidValue;
   }
   if (p.batch * p.num_heads * p.q_len == 0) return cudaSuccess;
+  if (kQuantized<KV> != (p.key_scales != nullptr)) return cudaErrorInvalidValue;
   if (plan.splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
   // The kernels' 32-bit indices: block counts, rows and positions.
   const int64_t blocks = p.batch * p.num_kv_heads * plan.row_tiles * plan.splits;
@@ -385,14 +405,18 @@ cudaError_t launch_paged_kv_update(cudaStream_t stream, const PagedKvUpdateParam
                                    const In* key, const In* value, const int32_t* slot_mapping,
                                    KV* key_pages, KV* value_pages, float* key_scales,
                                    float* value_scales) {
-  if (params::paged_kv_update_params_error(p) != nullptr ||
-      kQuantized<KV> != (key_scales != nullptr && value_scales != nullptr)) {
+  if (params::paged_kv_update_params_error(p) != nullptr) return cudaErrorInvalidValue;
+  // Nothing to write, or no slot to write to.
+  if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_dim == 0 ||
+      p.num_pages * p.page_size == 0) {
+    return cudaSuccess;
+  }
+  if (kQuantized<KV> != (key_scales != nullptr && value_scales != nullptr)) {
     return cudaErrorInvalidValue;
   }
-  const int64_t rows = p.num_tokens * p.num_kv_heads;
-  if (rows == 0 || p.head_dim == 0) return cudaSuccess;
-  return launch_kernel(paged_kv_update_kernel<In, KV>,
-                       dim3(static_cast<unsigned>(ceil_div(rows * kWarpSize, kThreads))),
+  const int64_t blocks = ceil_div(p.num_tokens * kWarpSize, kThreads);
+  if (blocks >= kMaxBlocks) return cudaErrorInvalidValue;
+  return launch_kernel(paged_kv_update_kernel<In, KV>, dim3(static_cast<unsigned>(blocks)),
                        dim3(kThreads), stream, p, key, value, slot_mapping, key_pages,
                        value_pages, key_scales, value_scales);
 }

@@ -54,8 +54,8 @@ cudaError_t launch_paged_attention(cudaStream_t stream, const PagedAttentionPara
 // [P, page_size, K, H] (type KV) at slot_mapping[i] (int32, [num_tokens]);
 // invalid slots (padding) are skipped. Float pages (KV == In) receive copies;
 // int8 pages the header's symmetric quantization, with the scales written to
-// key_scales/value_scales [P, page_size, K] (null for float pages). Two tokens
-// mapped to one slot race: which one lands is unspecified.
+// key_scales/value_scales [P, page_size, K] (null for float pages). Of the
+// tokens mapped to one slot, the last one's rows land.
 template <typename In, typename KV>
 cudaError_t launch_paged_kv_update(cudaStream_t stream, const PagedKvUpdateParams& p,
                                    const In* key, const In* value, const int32_t* slot_mapping,

@@ -4,10 +4,10 @@ checks).
 
 tests/cuda_harness/paged_attention_driver.cc runs attention over the pages
 (unsplit, split-K with three splits and the default plan, with and without a
-logsumexp) and paged_kv_update (padding slots, the int8 quantization rule bit
-for bit) for every (query, page) type pair: float32, bfloat16 and float16
-pages, and int8 pages with scales under all three query types, against a
-double-precision reference, on tiny shapes: page sizes 1, 5 and 16, GQA and
+logsumexp) and paged_kv_update (padding slots, a slot named twice, the int8
+quantization rule bit for bit) for every (query, page) type pair: float32,
+bfloat16 and float16 pages, and int8 pages with scales under all three query
+types, against a double-precision reference, on tiny shapes: page sizes 1, 5 and 16, GQA and
 MQA, decode (T = 1) and chunked prefill (T > 1 with query_lens, clamped where
 they exceed T or kv_len), kv_lens of 0, part of the capacity, the capacity and
 beyond, page ids below 0 and past the last page, a soft cap, a window, more

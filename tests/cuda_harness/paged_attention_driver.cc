@@ -10,8 +10,8 @@
 //     below 0 and past the last page (clamped), kv_lens of 0, part of the
 //     capacity, the capacity and beyond it (clamped), and for T > 1 query_lens
 //     of T, 1, beyond T and beyond kv_len (clamped); GQA; rows that see no key;
-//   - paged_kv_update with padding slots (-1, past the last slot), a copy for
-//     float pages, the int8 quantization rule bit for bit (scales included),
+//   - paged_kv_update with padding slots (-1, past the last slot), a slot
+//     named twice (the later token lands), a copy for float pages, the int8 quantization rule bit for bit (scales included),
 //     every other slot untouched;
 //   - params the launchers reject (head dim above the limit, int8 pages
 //     without scales) return cudaErrorInvalidValue without launching.
@@ -271,7 +271,7 @@ void run_update(const Shape& s, const Cache& cache, std::mt19937& rng) {
   Buffer<In> key(p.num_tokens * row), value(p.num_tokens * row);
   fill(key, rng);
   fill(value, rng);
-  for (int64_t h = 0; h < s.H; ++h) key.data[h] = In(0.0f);  // an all-zero row: scale 0
+  for (int64_t h = 0; h < s.H; ++h) key.data[3 * row + h] = In(0.0f);  // all zero: scale 0
   Buffer<int32_t> slot_mapping(p.num_tokens);
   std::vector<int32_t> order(slots);
   for (int64_t i = 0; i < slots; ++i) order[i] = static_cast<int32_t>(i);
@@ -279,6 +279,7 @@ void run_update(const Shape& s, const Cache& cache, std::mt19937& rng) {
   for (int64_t i = 0; i < p.num_tokens; ++i) {
     slot_mapping.data[i] = i < slots ? order[i] : -1;  // distinct slots (no race)
   }
+  slot_mapping.data[3] = slot_mapping.data[0];  // token 3 lands, token 0 does not
   slot_mapping.data[1] = -1;
   slot_mapping.data[2] = static_cast<int32_t>(slots);
   slot_mapping.data[p.num_tokens - 1] = -7;
