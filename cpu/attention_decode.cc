@@ -4,12 +4,19 @@
 // would leave most of them idle; here a score is a dot product over H and the
 // output accumulates rows of V, both vectorised over H, so the work is
 // proportional to the rows (the pass is bound by reading K and V once).
+//
+// Without a bias or mask operand the pass is the decode core's
+// (cpu/kv_decode.h: every (sequence, kv head) a group of T * G rows, each with
+// its own key interval, keys split across threads when the groups are fewer
+// than the threads); with one, decode_kv_head below, which reads the operands
+// per row.
 #include "cpu/attention.h"
 
 #include <algorithm>
 #include <type_traits>
 
 #include "cpu/attention_tiles.h"
+#include "cpu/kv_decode.h"
 
 namespace jaxops::cpu::attention_internal {
 namespace {
@@ -130,11 +137,74 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
                      out, lse);
 }
 
+// The rows of kv head kh of batch b in a dense [B, S, K, H] cache.
+template <typename T>
+struct DenseKvRows {
+  using Element = T;
+  const T* k;      // key 0 of the head
+  const T* v;
+  int64_t stride;  // K * H: from one key to the next
+  const T* key(int64_t j) const { return k + j * stride; }
+  const T* value(int64_t j) const { return v + j * stride; }
+  float key_scale(int64_t) const { return 1.0f; }
+  float value_scale(int64_t) const { return 1.0f; }
+  int64_t uniform_stride(int64_t, int64_t) const { return stride; }
+};
+
+// The decode core's groups: (batch, kv head) pairs, rows t-major over the
+// head's G query heads. A row past q_seq_lengths[b] attends nothing (output 0,
+// logsumexp -inf); the lengths and the offset are clamped by Geometry.
+template <typename T>
+struct DenseDecodeGroups {
+  using Source = DenseKvRows<T>;
+  const Geometry& g;
+  const T* q;
+  const T* k;
+  const T* v;
+  T* out;
+  float* lse;
+
+  Source setup(int64_t group, float* qf, int64_t ld, int64_t* begin, int64_t* end) const {
+    const int64_t b = group / g.K, kh = group % g.K;
+    const int64_t q_valid = g.q_valid(b), kv_valid = g.kv_valid(b);
+    for (int64_t i = 0; i < g.T * g.G; ++i) {
+      const int64_t t = i / g.G, n = kh * g.G + i % g.G;
+      kv_decode::load_query_row(q + ((b * g.T + t) * g.N + n) * g.H, qf + i * ld, g.H, ld);
+      begin[i] = t < q_valid ? g.lo(t) : 0;
+      end[i] = t < q_valid ? g.hi(t, kv_valid) : 0;
+    }
+    const int64_t at = (b * g.S * g.K + kh) * g.H;
+    return Source{k + at, v + at, g.K * g.H};
+  }
+
+  void store(int64_t group, int64_t i, const float* row, float row_lse) const {
+    const int64_t b = group / g.K, kh = group % g.K;
+    const int64_t t = i / g.G, n = kh * g.G + i % g.G;
+    store_row(row, out + ((b * g.T + t) * g.N + n) * g.H, g.H);
+    lse[(b * g.N + n) * g.T + t] = row_lse;
+  }
+};
+
+kv_decode::DecodeShape decode_core_shape(const AttentionParams& p, const Geometry& g) {
+  kv_decode::DecodeShape shape;
+  shape.rows = g.T * g.G;
+  shape.head_dim = g.H;
+  shape.scale = p.scale;
+  return shape;
+}
+
+// The core covers everything but the bias and mask operands.
+bool uses_decode_core(const AttentionParams& p) { return !p.bias && !p.mask; }
+
 }  // namespace
 
 template <typename T>
 size_t decode_fwd_workspace_bytes(const AttentionParams& p) {
   const Geometry g(p);
+  if (uses_decode_core(p)) {
+    return kv_decode::decode_workspace_bytes(g.B * g.K, decode_core_shape(p, g), g.S,
+                                             thread_count(p));
+  }
   return row_tile_workspace_bytes(p, [&](Arena& arena) { return carve_decode(g, arena); });
 }
 
@@ -142,6 +212,12 @@ template <typename T>
 void decode_fwd(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
                 void* workspace) {
   const Geometry g(p);
+  if (uses_decode_core(p)) {
+    const DenseDecodeGroups<T> groups{g, q, k, v, out, lse};
+    kv_decode::run_decode(groups, g.B * g.K, decode_core_shape(p, g), g.S, thread_count(p),
+                          workspace);
+    return;
+  }
   // One row tile per kv head: its T * G rows fit in kLanes.
   run_row_tile_items(
       g, kLanes, thread_count(p), workspace, [&](Arena& arena) { return carve_decode(g, arena); },

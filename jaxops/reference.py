@@ -448,3 +448,131 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index=-100,
   loss, _ = cross_entropy_per_token(logits, labels, ignore_index=ignore_index,
                                     label_smoothing=label_smoothing, z_loss=z_loss)
   return reduce_loss(loss, labels, ignore_index, reduction).astype(x.dtype)
+
+# -- paged KV cache ------------------------------------------------------------------
+#
+# Layouts, masking and the clamping of traced data follow params/paged_attention.h:
+# pages [P, page_size, K, H]; block_tables [B, M]; kv_lens [B]; the queries are
+# the last query_lens[b] tokens of sequence b; int8 pages carry float32 scales
+# [P, page_size, K].
+
+
+def paged_gather(pages, block_tables, scales=None):
+  """Each sequence's cache as a dense [B, M * page_size, K, H] array, read
+  through block_tables (page ids clamped to [0, P - 1]); int8 pages come out
+  dequantized (pages * scales) in float32."""
+  P, page_size, K, H = pages.shape
+  B, M = block_tables.shape
+  ids = jnp.clip(block_tables, 0, P - 1)
+  dense = pages[ids]
+  if scales is not None:
+    dense = dense.astype(_F32) * scales[ids][..., None]
+  return dense.reshape(B, M * page_size, K, H)
+
+
+def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, kv_lens,
+                                   query_lens=None, *, scale=None, logits_soft_cap=None,
+                                   local_window_size=None, key_scales=None,
+                                   value_scales=None):
+  """Attention of query [B, T, N, H] over the paged cache: the output
+  [B, T, N, H] in the query's dtype and the log-sum-exp [B, N, T] float32.
+
+  Query row t < query_lens[b] sits at position kv_lens[b] - query_lens[b] + t
+  and attends keys j <= position (and j >= position - local_window_size);
+  logits are scale * q.k, then logits_soft_cap * tanh(logits / cap) when a cap
+  is given. Padding rows and rows without a key give 0 and -inf.
+  """
+  B, T, N, H = query.shape
+  keys = paged_gather(key_pages, block_tables, key_scales)
+  values = paged_gather(value_pages, block_tables, value_scales)
+  S, K = keys.shape[1], keys.shape[2]
+  G = N // K
+  scale = 1.0 / math.sqrt(H) if scale is None else scale
+  dtype = compute_dtype(query.dtype)
+  kv = jnp.clip(kv_lens.astype(jnp.int32), 0, S)
+  rows = T if query_lens is None else query_lens.astype(jnp.int32)
+  rows = jnp.clip(jnp.minimum(rows, kv), 0, T)
+  t = jnp.arange(T, dtype=jnp.int32)
+  position = (kv - rows)[:, None] + t[None, :]
+  key_index = jnp.arange(S, dtype=jnp.int32)
+  allowed = (key_index[None, None, :] <= position[:, :, None]) & (t[None, :] < rows[:, None])[..., None]
+  if local_window_size is not None:
+    allowed &= key_index[None, None, :] >= position[:, :, None] - min(int(local_window_size), 2**30)
+  grouped = query.reshape(B, T, K, G, H)
+  logits = jnp.einsum("btkgh,bskh->bkgts", grouped.astype(dtype), keys.astype(dtype),
+                      precision=lax.Precision.HIGHEST)
+  logits = logits.reshape(B, N, T, S) * jnp.asarray(scale, dtype)
+  if logits_soft_cap is not None:
+    logits = logits_soft_cap * jnp.tanh(logits / logits_soft_cap)
+  logits = jnp.where(allowed[:, None], logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  unnormalized = jnp.exp(logits - row_max)
+  total = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  attended = total != 0
+  probs = unnormalized / jnp.where(attended, total, 1.0)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, G, T, S), values.astype(dtype),
+                   precision=lax.Precision.HIGHEST)
+  lse = jnp.where(attended, row_max + jnp.log(jnp.where(attended, total, 1.0)), -jnp.inf)[..., 0]
+  return out.reshape(B, T, N, H).astype(query.dtype), lse.astype(_F32)
+
+
+def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, query_lens=None,
+                    scale=None, logits_soft_cap=None, local_window_size=None,
+                    return_residual=False, key_scales=None, value_scales=None):
+  """jaxops.paged_attention's arguments and results: query [B, N, H] (decode)
+  or [B, T, N, H]; the log-sum-exp [B, N] or [B, N, T] with return_residual."""
+  decode = query.ndim == 3
+  out, lse = paged_attention_with_logsumexp(
+      query[:, None] if decode else query, key_pages, value_pages, block_tables, kv_lens,
+      query_lens, scale=scale, logits_soft_cap=logits_soft_cap,
+      local_window_size=local_window_size, key_scales=key_scales, value_scales=value_scales)
+  if decode:
+    out, lse = out[:, 0], lse[..., 0]
+  return (out, lse) if return_residual else out
+
+
+def quantize_int8_rows(rows):
+  """Symmetric int8 quantization over the last axis: scale = max|x| / 127 (0
+  for an all-zero row), q = round(x / scale) in [-127, 127]. Returns (q, scale)."""
+  x = rows.astype(_F32)
+  amax = jnp.max(jnp.abs(x), axis=-1)
+  # A true division, as the kernels compute it: XLA would turn a division by a
+  # constant into a product with its rounded reciprocal, 1 ulp off at times.
+  scale = amax / lax.optimization_barrier(jnp.full(amax.shape, 127.0, _F32))
+  safe = jnp.where(scale > 0, scale, 1.0)[..., None]
+  q = jnp.where(scale[..., None] > 0, jnp.round(x / safe), 0.0)
+  return jnp.clip(q, -127, 127).astype(jnp.int8), scale
+
+
+def paged_kv_update(key_pages, value_pages, key, value, slot_mapping, key_scales=None,
+                    value_scales=None):
+  """Token i's key/value rows [num_tokens, K, H] written to slot
+  slot_mapping[i] (= page * page_size + offset) of the pages; slots outside
+  [0, P * page_size) are skipped, and a slot named twice keeps the last
+  token's rows. int8 pages quantize each row (quantize_int8_rows) and write its
+  scale. Returns the pages (and the scales for int8 pages)."""
+  P, page_size, K, H = key_pages.shape
+  slots = P * page_size
+  n = slot_mapping.shape[0]
+  token = jnp.arange(n, dtype=jnp.int32)
+  slot = slot_mapping.astype(jnp.int32)
+  valid = (slot >= 0) & (slot < slots)
+  slot = jnp.where(valid, slot, slots)
+  last = jnp.full((slots + 1,), -1, jnp.int32).at[slot].max(token)
+  target = jnp.where(valid & (last[slot] == token), slot, slots)  # slots: dropped
+
+  def write(pages, rows, scales):
+    flat = pages.reshape(slots, K, H)
+    if scales is None:
+      return flat.at[target].set(rows.astype(pages.dtype), mode="drop").reshape(pages.shape), None
+    q, s = quantize_int8_rows(rows)
+    pages = flat.at[target].set(q, mode="drop").reshape(pages.shape)
+    scales = scales.reshape(slots, K).at[target].set(s, mode="drop").reshape(scales.shape)
+    return pages, scales
+
+  key_pages, key_scales = write(key_pages, key, key_scales)
+  value_pages, value_scales = write(value_pages, value, value_scales)
+  if key_scales is None:
+    return key_pages, value_pages
+  return key_pages, value_pages, key_scales, value_scales

@@ -111,7 +111,9 @@ inline const char* paged_attention_params_error(const PagedAttentionParams& p) {
 
 // jaxops.paged_kv_update: token i's key/value rows ([num_tokens, K, H]) go to
 // slot slot_mapping[i] = page * page_size + offset of every page tensor. A slot
-// outside [0, P * page_size) (a padding token, e.g. -1) is skipped. For int8
+// outside [0, P * page_size) (a padding token, e.g. -1) is skipped. A slot
+// named by several tokens keeps the last one's rows (and scales): the kernels
+// write the tokens of each kv head in token order. For int8
 // pages each written row is quantized symmetrically per token and head:
 // scale = max|x| / 127 (0 for an all-zero row), q = round(x / scale) in
 // [-127, 127], and the scale is written to key_scales/value_scales[page, offset, k].

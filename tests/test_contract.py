@@ -151,6 +151,11 @@ PROGRAMS = {
                   (Q, KV, KV)),
     "attention_jvp": (_jvp(lambda q, k, v: jaxops.attention(q, k, v, local_window_size=(2, 1),
                                                             **FFI)), (Q, KV, KV)),
+    "paged_attention": (lambda q, pages: jaxops.paged_attention(
+        q, pages, pages, jnp.array([[0, 1], [1, 0]], jnp.int32), jnp.array([7, 3], jnp.int32),
+        logits_soft_cap=5.0, local_window_size=4, **FFI), (Q[:, 0], Q)),
+    "paged_kv_update": (lambda pages, rows: jaxops.paged_kv_update(
+        pages, pages, rows, rows, jnp.arange(5, dtype=jnp.int32), **FFI), (Q, Q[0])),
 }
 
 

@@ -1,0 +1,632 @@
+// The decode core: attention of a few query rows (T = 1..8 query tokens x the
+// G query heads of one kv head) against the keys of that kv head, bound by
+// reading each key/value row once. Shared by jaxops.attention's decode path
+// (cpu/attention_decode.cc, dense [B, S, K, H] cache) and the paged cache
+// (block tables), which differ only in where key j's rows live: the core is
+// templated on a *row source* that says so.
+//
+// Units and state. Scores are kept in log2 units (x = logit * log2(e)) so the
+// exponential is exp2, as in cpu/attention_tiles.h. Each query row carries an
+// online-softmax partial state over the keys seen so far: the running max m
+// (-inf while no key was attended), the sum l of exp2(x - m) and the
+// unnormalised output o = sum exp2(x - m) v. Partial states over disjoint key
+// ranges merge exactly (merge_decode_state), which lets the keys of one
+// (sequence, kv head) be split across threads when there are fewer of those
+// than threads (batch 1).
+//
+// Reading each row once: a tile of kDecodeKeyTile keys is read and every query
+// row's scores against it computed while it is in the L1 cache; the values
+// are then added to every row's output by one register-blocked product. All
+// arithmetic is float32 (accumulation included), except the bfloat16 dot
+// path: with bfloat16 rows, an even head_dim that is a multiple of 32 and a
+// CPU with AVX512_BF16, the scores are vdpbf16ps products of the rows against
+// the queries rounded to bfloat16 (exact for bfloat16 queries), and the
+// values are accumulated against the probabilities rounded to bfloat16
+// (float32 accumulation), as the bfloat16 forward does.
+//
+// Masking. Query row i attends keys j in [key_begin[i], key_end[i]) (the
+// caller's intervals: causal limit, left/right window, sequence lengths, all
+// folded into them, so each row has its own last key). Optional soft cap:
+// logit = cap * tanh(logit / cap) after the scale. A row that attends no key
+// ends with output 0 and logsumexp -inf. A NaN or +inf reaching a row's
+// logits makes that row NaN.
+//
+// Element types of the rows: float, bfloat16 (Eigen::bfloat16), float16
+// (Eigen::half) and int8_t with a float32 scale per row (the real value of
+// element h of key j is row[h] * scale(j)).
+//
+// The row source concept (a small copyable struct):
+//
+//   struct MySource {
+//     using Element = float | bfloat16 | float16 | int8_t;
+//     const Element* key(int64_t j) const;    // head_dim elements of key j
+//     const Element* value(int64_t j) const;  // head_dim elements of value j
+//     float key_scale(int64_t j) const;       // int8_t rows only
+//     float value_scale(int64_t j) const;     // int8_t rows only
+//     // Elements between rows j and j + 1 if every row of keys j .. j + n - 1
+//     // is that far from the previous one (both K and V), else 0. Lets the
+//     // tile be read where it lies (a dense cache; a paged one within a page).
+//     int64_t uniform_stride(int64_t j, int64_t n) const;
+//   };
+//
+// The row sources are read, never written; key j is only asked for j inside
+// the key range the caller passes, so a source clamps nothing itself but
+// must be valid for every key of that range (a paged source clamps page ids).
+//
+// The group concept (run_decode's problems: one per (sequence, kv head)):
+//
+//   struct MyGroups {
+//     using Source = MySource;
+//     // Fills the `rows` query rows of group g as float, q[i * ld + h]
+//     // (h < head_dim; the core zero-pads to ld) with load_query_row, and
+//     // each row's key interval; returns the group's row source.
+//     Source setup(int64_t g, float* q, int64_t ld, int64_t* key_begin,
+//                  int64_t* key_end) const;
+//     // Stores row i of group g: out_row (head_dim floats, normalised) and
+//     // its natural-log logsumexp.
+//     void store(int64_t g, int64_t i, const float* out_row, float lse) const;
+//   };
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "cpu/float_convert.h"
+#include "cpu/gemm_bf16_microkernels.h"
+#include "cpu/gemm_microkernels.h"
+#include "cpu/simd.h"
+
+namespace jaxops::cpu::kv_decode {
+
+using namespace simd;
+using namespace microkernels;
+
+inline constexpr float kDecodeLog2e = 1.4426950408889634f;
+inline constexpr float kDecodeLn2 = 0.6931471805599453f;
+inline constexpr float kDecodeInf = std::numeric_limits<float>::infinity();
+
+// Keys per tile: a tile of K and of V rows (f32, head_dim 128: 16 KiB each)
+// stays in the L1 cache while every query row reads it.
+inline constexpr int64_t kDecodeKeyTile = 32;
+// A key split is never shorter than this: below it, merging costs more than
+// the parallelism gains.
+inline constexpr int64_t kMinKeysPerSplit = 256;
+
+constexpr int64_t decode_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+constexpr int64_t decode_ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+// The padded head dimension of query and output rows (a whole number of vectors).
+inline int64_t decode_padded_dim(int64_t head_dim) { return decode_round_up(head_dim, kLanes); }
+
+// What the core computes for one group: `rows` query rows of head_dim.
+struct DecodeShape {
+  int64_t rows = 0;
+  int64_t head_dim = 0;
+  float scale = 1.0f;     // multiplies q . k
+  float soft_cap = 0.0f;  // > 0: logit = cap * tanh(logit / cap) after the scale
+};
+
+// Online-softmax partial state of a group's rows over some keys.
+struct DecodeState {
+  float* m;  // [rows] running max of the log2-unit logits; -inf: no key yet
+  float* l;  // [rows] sum of exp2(x - shift), shift = m (0 while m is -inf)
+  float* o;  // [rows][padded_dim] unnormalised output
+};
+
+// ---------------------------------------------------------------------------
+// Row conversions.
+
+// A query row into float, zero-padded to ld.
+template <typename T>
+inline void load_query_row(const T* src, float* dst, int64_t head_dim, int64_t ld) {
+  load_row(src, dst, head_dim);
+  std::fill(dst + head_dim, dst + ld, 0.0f);
+}
+
+// A cache row as float (scaled for int8), zero-padded to ld.
+template <typename Element>
+inline void load_cache_row(const Element* src, float scale, float* dst, int64_t head_dim,
+                           int64_t ld) {
+  if constexpr (std::is_same_v<Element, int8_t>) {
+#pragma omp simd
+    for (int64_t h = 0; h < head_dim; ++h) dst[h] = static_cast<float>(src[h]) * scale;
+  } else {
+    (void)scale;
+    load_row(src, dst, head_dim);
+  }
+  std::fill(dst + head_dim, dst + ld, 0.0f);
+}
+
+// ---------------------------------------------------------------------------
+// Scratch of one thread.
+
+struct DecodeScratch {
+  float* q;            // [rows][Hp] queries
+  uint32_t* q_pairs;   // [rows][H/2] queries as bf16 pairs (bf16 dot path)
+  int64_t* key_begin;  // [rows]
+  int64_t* key_end;    // [rows]
+  float* scores;       // [rows][kDecodeKeyTile] logits, then probabilities
+  uint16_t* p_bf16;    // [rows][kDecodeKeyTile] probabilities as bf16 (bf16 dot path)
+  float* k_rows;       // [kDecodeKeyTile][Hp] converted key rows
+  float* v_rows;       // [kDecodeKeyTile][Hp] converted value rows
+  uint32_t* v_pairs;   // [kDecodeKeyTile/2][H] value rows as bf16 pairs along the keys
+  float* out_row;      // [Hp]
+  DecodeState state;   // the thread's own state (unsplit groups, merges)
+};
+
+// Carves 64-byte aligned arrays from a buffer; with a null base it only measures.
+class DecodeArena {
+ public:
+  explicit DecodeArena(void* base) : base_(reinterpret_cast<uintptr_t>(base)) {
+    if (base_) used_ = decode_round_up(base_, 64) - base_;
+  }
+  template <typename U>
+  U* take(int64_t count) {
+    U* result = reinterpret_cast<U*>(base_ + used_);
+    used_ += decode_round_up(std::max<int64_t>(count, 1) * sizeof(U), 64);
+    return result;
+  }
+  void skip(size_t bytes) { used_ += bytes; }
+  size_t used() const { return used_; }
+
+ private:
+  uintptr_t base_;
+  size_t used_ = 0;
+};
+
+inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, DecodeArena& arena) {
+  DecodeState s;
+  s.m = arena.take<float>(rows);
+  s.l = arena.take<float>(rows);
+  s.o = arena.take<float>(rows * decode_padded_dim(head_dim));
+  return s;
+}
+
+inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, DecodeArena& arena) {
+  const int64_t Hp = decode_padded_dim(head_dim), Bc = kDecodeKeyTile;
+  DecodeScratch s;
+  s.q = arena.take<float>(rows * Hp);
+  s.q_pairs = arena.take<uint32_t>(rows * (head_dim / 2));
+  s.key_begin = arena.take<int64_t>(rows);
+  s.key_end = arena.take<int64_t>(rows);
+  s.scores = arena.take<float>(rows * Bc);
+  s.p_bf16 = arena.take<uint16_t>(rows * Bc);
+  s.k_rows = arena.take<float>(Bc * Hp);
+  s.v_rows = arena.take<float>(Bc * Hp);
+  s.v_pairs = arena.take<uint32_t>(Bc / 2 * head_dim);
+  s.out_row = arena.take<float>(Hp);
+  s.state = carve_decode_state(rows, head_dim, arena);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Scores.
+
+// Lane c of the result is the sum of the lanes of acc[c]. With AVX-512 a
+// transposing tree (45 shuffles and adds for 16 sums instead of ~8 each).
+inline VecF sum_each(const VecF* acc) {
+#if defined(__AVX512F__)
+  __m512 pairs[8], quads[4], octs[2];
+  for (int c = 0; c < 8; ++c) {
+    const __m512 a = acc[2 * c], b = acc[2 * c + 1];
+    // Per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3].
+    pairs[c] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 a = pairs[2 * c], b = pairs[2 * c + 1];
+    // Per 128-bit chunk: one partial sum of each of the four accumulators.
+    quads[c] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  }
+  for (int c = 0; c < 2; ++c) {
+    const __m512 a = quads[2 * c], b = quads[2 * c + 1];
+    octs[c] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], 0x88),
+                       _mm512_shuffle_f32x4(octs[0], octs[1], 0xDD));
+#else
+  VecF out;
+  for (int c = 0; c < kLanes; ++c) out[c] = vsum(acc[c]);
+  return out;
+#endif
+}
+
+// scores[j] = q . k_rows[j] for j < jn (float rows of Hp elements; q zero-padded).
+// Scores past jn (to the next multiple of kLanes) are written with junk.
+inline void float_scores(const float* q, int64_t Hp, const float* const* k_rows, int64_t jn,
+                         float* scores) {
+  for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {
+    const float* rows[kLanes];
+    for (int c = 0; c < kLanes; ++c) rows[c] = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
+    VecF acc[kLanes];
+    for (int c = 0; c < kLanes; ++c) acc[c] = VecF{};
+    for (int64_t h = 0; h < Hp; h += kLanes) {
+      const VecF qv = vload(q + h);
+#pragma GCC unroll 16
+      for (int c = 0; c < kLanes; ++c) acc[c] = vfma(qv, vload(rows[c] + h), acc[c]);
+    }
+    vstore(scores + j0, sum_each(acc));
+  }
+}
+
+#if defined(JAXOPS_BF16_DOT)
+// The same with bf16 rows and queries: head_dim / 32 vdpbf16ps per score.
+JAXOPS_BF16_TARGET inline void bf16_scores(const uint32_t* q_pairs, int64_t head_dim,
+                                           const uint16_t* const* k_rows, int64_t jn,
+                                           float* scores) {
+  for (int64_t j0 = 0; j0 < jn; j0 += 16) {
+    const uint16_t* rows[16];
+    for (int c = 0; c < 16; ++c) rows[c] = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
+    __m512 acc[16];
+    for (int c = 0; c < 16; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t h = 0; h < head_dim; h += 32) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q_pairs + h / 2);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) {
+        acc[c] = _mm512_dpbf16_ps(acc[c], qv, (__m512bh)_mm512_loadu_si512(rows[c] + h));
+      }
+    }
+    vstore(scores + j0, sum_each(acc));
+  }
+}
+
+// Queries rounded to bf16 (round to nearest even), consecutive pairs along H.
+JAXOPS_BF16_TARGET inline void pack_query_pairs(const float* q, int64_t head_dim,
+                                                uint32_t* out) {
+  uint16_t* bits = reinterpret_cast<uint16_t*>(out);
+  for (int64_t h = 0; h < head_dim; h += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + h),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(q + h)));
+  }
+}
+
+// Probabilities rounded to bf16: a row's consecutive keys form the pairs.
+JAXOPS_BF16_TARGET inline void pack_probability_row(const float* p, int64_t width,
+                                                    uint16_t* out) {
+  for (int64_t j = 0; j < width; j += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + j)));
+  }
+}
+#endif
+
+// Whether rows of Element take the bf16 dot path.
+template <typename Element>
+inline bool decode_uses_bf16_dot(int64_t head_dim) {
+#if defined(JAXOPS_BF16_DOT)
+  return std::is_same_v<Element, bfloat16> && head_dim % 32 == 0 && cpu_has_bf16_dot();
+#else
+  (void)head_dim;
+  return false;
+#endif
+}
+
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2 |x|) <= 1: vexp2's range.
+inline VecF soft_cap_vec(VecF x, float cap) {
+  const VecF ax = vmax(x, -x);
+  const VecF e = vexp2(ax * vsplat(-2.0f * kDecodeLog2e / cap));
+  const VecF t = (vsplat(1.0f) - e) / (vsplat(1.0f) + e);
+  return vsplat(cap) * (x < VecF{} ? -t : t);
+}
+
+// Raw scores q . k of keys j0 .. j0 + jn (width: jn rounded up to kLanes) into
+// log2-unit logits, -inf outside [begin, end).
+inline void scores_to_logits(const DecodeShape& shape, int64_t begin, int64_t end, int64_t j0,
+                             int64_t jn, int64_t width, float* row) {
+  if (shape.soft_cap > 0.0f) {
+    const VecF scale = vsplat(shape.scale), to_log2 = vsplat(kDecodeLog2e);
+    for (int64_t j = 0; j < width; j += kLanes) {
+      vstore(row + j, soft_cap_vec(vload(row + j) * scale, shape.soft_cap) * to_log2);
+    }
+  } else {
+    const VecF c = vsplat(shape.scale * kDecodeLog2e);
+    for (int64_t j = 0; j < width; j += kLanes) vstore(row + j, vload(row + j) * c);
+  }
+  const int64_t lo = std::max<int64_t>(begin - j0, 0), hi = std::min<int64_t>(end - j0, jn);
+  if (lo == 0 && hi == width) return;
+  if (lo >= hi) {
+    std::fill(row, row + width, -kDecodeInf);
+    return;
+  }
+  std::fill(row, row + lo, -kDecodeInf);
+  std::fill(row + hi, row + width, -kDecodeInf);
+}
+
+// Online-softmax update of one row with a tile of logits (width entries):
+// returns alpha, the rescale of the row's earlier output; turns the logits
+// into probabilities.
+inline float online_softmax_row(float* row, int64_t width, float* m, float* l) {
+  VecF tile_max = vsplat(-kDecodeInf);
+  // vmax(tile_max, x): a NaN logit makes tile_max NaN, and std::max below then
+  // keeps the old max; the NaN reaches l through exp2.
+  for (int64_t j = 0; j < width; j += kLanes) tile_max = vmax(tile_max, vload(row + j));
+  float m_new = *m;
+  for (int c = 0; c < kLanes; ++c) m_new = std::max(m_new, tile_max[c]);
+  const float shift = m_new == -kDecodeInf ? 0.0f : m_new;
+  const float old_shift = *m == -kDecodeInf ? 0.0f : *m;
+  const float alpha = *m == -kDecodeInf ? 0.0f : vexp2(vsplat(old_shift - shift))[0];
+  VecF sum{};
+  for (int64_t j = 0; j < width; j += kLanes) {
+    const VecF prob = vexp2(vload(row + j) - vsplat(shift));
+    vstore(row + j, prob);
+    sum += prob;
+  }
+  *m = m_new;
+  *l = *l * alpha + vsum(sum);
+  return alpha;
+}
+
+// ---------------------------------------------------------------------------
+// The core.
+
+inline void reset_decode_state(const DecodeShape& shape, const DecodeState& st) {
+  const int64_t Hp = decode_padded_dim(shape.head_dim);
+  std::fill(st.m, st.m + shape.rows, -kDecodeInf);
+  std::fill(st.l, st.l + shape.rows, 0.0f);
+  std::fill(st.o, st.o + shape.rows * Hp, 0.0f);
+}
+
+// Accumulates keys [j_begin, j_end) (each row limited to its own interval in
+// s.key_begin/key_end) into st, which reset_decode_state (or an earlier call
+// over other keys) set. s.q holds the rows' queries (padded); with the bf16
+// dot path prepare_decode_queries must have packed them.
+template <typename Source>
+void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, int64_t j_end,
+                 const DecodeScratch& s, const DecodeState& st) {
+  using Element = typename Source::Element;
+  constexpr bool kScaled = std::is_same_v<Element, int8_t>;
+  const int64_t R = shape.rows, H = shape.head_dim, Hp = decode_padded_dim(H);
+  const int64_t Bc = kDecodeKeyTile;
+  const bool bf16_dot = decode_uses_bf16_dot<Element>(H);
+  // The rows' union interval within [j_begin, j_end).
+  int64_t first = j_end, last = j_begin;
+  for (int64_t i = 0; i < R; ++i) {
+    if (s.key_begin[i] < s.key_end[i]) {
+      first = std::min(first, s.key_begin[i]);
+      last = std::max(last, s.key_end[i]);
+    }
+  }
+  first = std::max(first, j_begin);
+  last = std::min(last, j_end);
+
+  const float* k_ptr[kDecodeKeyTile];
+  for (int64_t j0 = first; j0 < last; j0 += Bc) {
+    const int64_t jn = std::min(Bc, last - j0);
+    const int64_t width = decode_round_up(jn, kLanes);
+    // The next tile's rows, asked for now: each row of a kv head is often a
+    // page or more from the previous one, where hardware prefetchers stop.
+    for (int64_t j = j0 + jn; j < std::min(last, j0 + jn + Bc); ++j) {
+      const char* kr = reinterpret_cast<const char*>(src.key(j));
+      const char* vr = reinterpret_cast<const char*>(src.value(j));
+      for (int64_t at = 0; at < H * static_cast<int64_t>(sizeof(Element)); at += 64) {
+        __builtin_prefetch(kr + at, 0, 1);
+        __builtin_prefetch(vr + at, 0, 1);
+      }
+    }
+    const int64_t stride = src.uniform_stride(j0, jn);
+
+    // Scores of every row against the tile.
+#if defined(JAXOPS_BF16_DOT)
+    if (bf16_dot) {
+      const uint16_t* kb[kDecodeKeyTile];
+      for (int64_t j = 0; j < jn; ++j) kb[j] = reinterpret_cast<const uint16_t*>(src.key(j0 + j));
+      for (int64_t i = 0; i < R; ++i) {
+        bf16_scores(s.q_pairs + i * (H / 2), H, kb, jn, s.scores + i * Bc);
+      }
+    }
+#endif
+    if (!bf16_dot) {
+      if constexpr (std::is_same_v<Element, float>) {
+        if (H == Hp) {
+          for (int64_t j = 0; j < jn; ++j) k_ptr[j] = src.key(j0 + j);
+        }
+      }
+      if (!std::is_same_v<Element, float> || H != Hp) {
+        for (int64_t j = 0; j < jn; ++j) {
+          float scale = 1.0f;
+          if constexpr (kScaled) scale = src.key_scale(j0 + j);
+          load_cache_row(src.key(j0 + j), scale, s.k_rows + j * Hp, H, Hp);
+          k_ptr[j] = s.k_rows + j * Hp;
+        }
+      }
+      for (int64_t i = 0; i < R; ++i) float_scores(s.q + i * Hp, Hp, k_ptr, jn, s.scores + i * Bc);
+    }
+
+    // Logits, softmax update, rescale of the earlier output.
+    for (int64_t i = 0; i < R; ++i) {
+      float* row = s.scores + i * Bc;
+      scores_to_logits(shape, s.key_begin[i], s.key_end[i], j0, jn, width, row);
+      const float alpha = online_softmax_row(row, width, st.m + i, st.l + i);
+      if (alpha != 1.0f) {
+        float* o = st.o + i * Hp;
+        const VecF a = vsplat(alpha);
+        for (int64_t h = 0; h < Hp; h += kLanes) vstore(o + h, vload(o + h) * a);
+      }
+    }
+
+    // Values: o += P V.
+#if defined(JAXOPS_BF16_DOT)
+    if (bf16_dot && stride > 0) {
+      for (int64_t i = 0; i < R; ++i) {
+        pack_probability_row(s.scores + i * Bc, width, s.p_bf16 + i * Bc);
+      }
+      pack_value_pairs(reinterpret_cast<const uint16_t*>(src.value(j0)), stride, jn, H,
+                       s.v_pairs);
+      dot_gemm<Update::kAdd>(R, H, (jn + 1) / 2, reinterpret_cast<const uint32_t*>(s.p_bf16),
+                             Bc / 2, 1, s.v_pairs, H, st.o, Hp);
+      continue;
+    }
+#endif
+    const float* v_rows;
+    int64_t ldv;
+    if (std::is_same_v<Element, float> && H == Hp && stride > 0) {
+      v_rows = reinterpret_cast<const float*>(src.value(j0));
+      ldv = stride;
+    } else {
+      for (int64_t j = 0; j < jn; ++j) {
+        float scale = 1.0f;
+        if constexpr (kScaled) scale = src.value_scale(j0 + j);
+        load_cache_row(src.value(j0 + j), scale, s.v_rows + j * Hp, H, Hp);
+      }
+      v_rows = s.v_rows;
+      ldv = Hp;
+    }
+    gemm<Update::kAdd>(R, Hp, jn, s.scores, Bc, 1, v_rows, ldv, st.o, Hp);
+  }
+}
+
+// After s.q holds the rows' queries: the bf16 pairs the bf16 dot path reads.
+template <typename Element>
+inline void prepare_decode_queries(const DecodeShape& shape, const DecodeScratch& s) {
+#if defined(JAXOPS_BF16_DOT)
+  if (decode_uses_bf16_dot<Element>(shape.head_dim)) {
+    const int64_t Hp = decode_padded_dim(shape.head_dim), H = shape.head_dim;
+    for (int64_t i = 0; i < shape.rows; ++i) pack_query_pairs(s.q + i * Hp, H, s.q_pairs + i * (H / 2));
+  }
+#else
+  (void)shape;
+  (void)s;
+#endif
+}
+
+// into = into (+) part, row by row: the state over the union of their keys.
+inline void merge_decode_state(const DecodeShape& shape, const DecodeState& part,
+                               const DecodeState& into) {
+  const int64_t Hp = decode_padded_dim(shape.head_dim);
+  for (int64_t i = 0; i < shape.rows; ++i) {
+    const float m_a = into.m[i], m_b = part.m[i];
+    if (m_b == -kDecodeInf && !std::isnan(part.l[i])) continue;  // part saw no key
+    const float m = std::max(m_a, m_b);
+    const float shift = m == -kDecodeInf ? 0.0f : m;
+    const float alpha = m_a == -kDecodeInf ? 0.0f : std::exp2(m_a - shift);
+    const float beta = m_b == -kDecodeInf ? 0.0f : std::exp2(m_b - shift);
+    into.m[i] = m;
+    into.l[i] = into.l[i] * alpha + part.l[i] * beta;
+    float* o = into.o + i * Hp;
+    const float* po = part.o + i * Hp;
+    const VecF a = vsplat(alpha), b = vsplat(beta);
+    for (int64_t h = 0; h < Hp; h += kLanes) vstore(o + h, vload(o + h) * a + vload(po + h) * b);
+  }
+}
+
+// Row i's normalised output (head_dim floats into out_row) and natural-log
+// logsumexp: 0 and -inf for a row that attended no key.
+inline float finish_decode_row(const DecodeShape& shape, const DecodeState& st, int64_t i,
+                               float* out_row) {
+  const int64_t Hp = decode_padded_dim(shape.head_dim);
+  const float l = st.l[i];
+  // l is NaN when a NaN or +inf reached the row's logits: the row is NaN then.
+  if (l == 0.0f) {
+    std::fill(out_row, out_row + shape.head_dim, 0.0f);
+    return -kDecodeInf;
+  }
+  const float inv = 1.0f / l;
+  const float* o = st.o + i * Hp;
+  for (int64_t h = 0; h < shape.head_dim; ++h) out_row[h] = o[h] * inv;
+  const float shift = st.m[i] == -kDecodeInf ? 0.0f : st.m[i];
+  return (shift + std::log2(l)) * kDecodeLn2;
+}
+
+// ---------------------------------------------------------------------------
+// The parallel driver: `groups` independent problems of one shape.
+
+// Key splits per group: enough work items for every thread (two each) when
+// the groups alone are too few, never splits shorter than kMinKeysPerSplit
+// keys of max_keys (the longest key range a group can have). Depends on the
+// shape and the thread count only, so the results do too (deterministic).
+inline int64_t decode_key_splits(int64_t groups, int64_t max_keys, int threads) {
+  if (threads <= 1 || groups <= 0 || groups >= 2 * static_cast<int64_t>(threads)) return 1;
+  const int64_t wanted = decode_ceil_div(2 * static_cast<int64_t>(threads), groups);
+  return std::max<int64_t>(1, std::min(wanted, max_keys / kMinKeysPerSplit));
+}
+
+inline size_t decode_workspace_bytes(int64_t groups, const DecodeShape& shape,
+                                     int64_t max_keys, int threads) {
+  DecodeArena arena(nullptr);
+  for (int t = 0; t < threads; ++t) carve_decode_scratch(shape.rows, shape.head_dim, arena);
+  const int64_t splits = decode_key_splits(groups, max_keys, threads);
+  if (splits > 1) {
+    for (int64_t p = 0; p < groups * splits; ++p) carve_decode_state(shape.rows, shape.head_dim, arena);
+  }
+  return arena.used() + 64;
+}
+
+// Runs every group on `threads` OpenMP threads with the workspace
+// decode_workspace_bytes gave for the same arguments. max_keys bounds every
+// row's key_end (the source's key count). A split group's partial states are
+// merged in key order by one thread: the result does not depend on which
+// thread ran which split.
+template <typename Groups>
+void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shape,
+                int64_t max_keys, int threads, void* workspace) {
+  using Source = typename Groups::Source;
+  using Element = typename Source::Element;
+  const int64_t splits = decode_key_splits(groups, max_keys, threads);
+  const int64_t R = shape.rows, Hp = decode_padded_dim(shape.head_dim);
+#pragma omp parallel num_threads(threads)
+  {
+    DecodeArena arena(workspace);
+    DecodeScratch s = carve_decode_scratch(R, shape.head_dim, arena);
+    for (int t = 0; t < omp_get_thread_num(); ++t) s = carve_decode_scratch(R, shape.head_dim, arena);
+    // The partial states follow every thread's scratch.
+    DecodeArena partials(workspace);
+    for (int t = 0; t < omp_get_num_threads(); ++t) carve_decode_scratch(R, shape.head_dim, partials);
+    DecodeArena measure(nullptr);
+    carve_decode_state(R, shape.head_dim, measure);
+    const size_t state_bytes = measure.used();  // a multiple of 64
+    auto partial = [&](int64_t item) {
+      DecodeArena at = partials;
+      at.skip(static_cast<size_t>(item) * state_bytes);
+      return carve_decode_state(R, shape.head_dim, at);
+    };
+    auto store_rows = [&](int64_t g, const DecodeState& st) {
+      for (int64_t i = 0; i < R; ++i) {
+        const float lse = finish_decode_row(shape, st, i, s.out_row);
+        groups_fn.store(g, i, s.out_row, lse);
+      }
+    };
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < groups * splits; ++item) {
+      const int64_t g = item / splits, split = item % splits;
+      const Source src = groups_fn.setup(g, s.q, Hp, s.key_begin, s.key_end);
+      for (int64_t i = 0; i < R; ++i) {
+        std::fill(s.q + i * Hp + shape.head_dim, s.q + (i + 1) * Hp, 0.0f);
+        s.key_begin[i] = std::clamp<int64_t>(s.key_begin[i], 0, max_keys);
+        s.key_end[i] = std::clamp<int64_t>(s.key_end[i], 0, max_keys);
+      }
+      prepare_decode_queries<Element>(shape, s);
+      // This split's share of the group's union interval, in whole tiles.
+      int64_t first = max_keys, last = 0;
+      for (int64_t i = 0; i < R; ++i) {
+        if (s.key_begin[i] < s.key_end[i]) {
+          first = std::min(first, s.key_begin[i]);
+          last = std::max(last, s.key_end[i]);
+        }
+      }
+      if (first > last) first = last = 0;
+      const int64_t per = decode_round_up(decode_ceil_div(last - first, splits), kDecodeKeyTile);
+      const int64_t j_begin = std::min(last, first + split * per);
+      const int64_t j_end = std::min(last, j_begin + per);
+      const DecodeState st = splits > 1 ? partial(item) : s.state;
+      reset_decode_state(shape, st);
+      decode_keys(shape, src, j_begin, j_end, s, st);
+      if (splits == 1) store_rows(g, st);
+    }
+    if (splits > 1) {
+#pragma omp for schedule(static)
+      for (int64_t g = 0; g < groups; ++g) {
+        reset_decode_state(shape, s.state);
+        for (int64_t split = 0; split < splits; ++split) {
+          merge_decode_state(shape, partial(g * splits + split), s.state);
+        }
+        store_rows(g, s.state);
+      }
+    }
+  }
+}
+
+}  // namespace jaxops::cpu::kv_decode

@@ -1,0 +1,142 @@
+"""``python -m jaxops.bench decode``: decoding against a KV cache, at the memory-bandwidth limit.
+
+Decoding reads the whole KV cache for a few query rows, so its measure is the
+cache's bytes over the time, against what the machine can stream. The bench
+first measures the streaming read bandwidth in the same run (the best of a
+few jnp reductions over a 512 MiB buffer, far larger than the caches; it
+prints which), then times each case: jaxops.attention with T new query tokens
+at the end of an S-token cache (causal, traced query_offset = S - T), against
+the jnp reference (jaxops.reference.attention under jit). Per case: median ms,
+cache GB/s (K and V bytes / time), % of the streaming bandwidth, the
+reference's ms and the speed-up; then each bfloat16 case's time over its
+float32 twin's (half the bytes: ideally 0.5).
+
+Cases are objects with a label, the cache bytes they read and a ``build()``
+that gives (jaxops function, reference function, arguments), so other cache
+layouts (the paged cache) add their own case lists to ``run_cases``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxops
+from jaxops import reference
+from jaxops.bench.timing import machine_line, time_jitted
+
+_STREAM_BYTES = 512 << 20
+
+# Reductions XLA may lower differently (one thread or several, vector width):
+# the fastest stands for the machine's streaming read bandwidth.
+_STREAM_PROBES = {
+    "jnp.sum": lambda x: jnp.sum(x),
+    "jnp.max over rows": lambda x: jnp.max(x.reshape(-1, 4096), axis=1),
+    "jnp.sum over rows": lambda x: jnp.sum(x.reshape(-1, 4096), axis=1),
+}
+
+
+def stream_bandwidth(runs: int) -> tuple[float, str]:
+  """(GB/s, probe name) of the fastest jnp reduction reading a 512 MiB buffer."""
+  x = jnp.ones((_STREAM_BYTES // 4,), jnp.float32)
+  best = (0.0, "")
+  for name, probe in _STREAM_PROBES.items():
+    t = time_jitted(probe, x, runs=runs)
+    best = max(best, (x.nbytes / (t.median_ms * 1e-3) / 1e9, name))
+  return best
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseDecodeCase:
+  """jaxops.attention decoding T tokens of B sequences against a dense [B, S, K, H] cache."""
+  batch: int
+  q_len: int
+  kv_len: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  dtype: str
+
+  @property
+  def label(self) -> str:
+    return (f"dense B={self.batch} T={self.q_len} S={self.kv_len} "
+            f"N/K={self.num_heads}/{self.num_kv_heads} H={self.head_dim} {self.dtype}")
+
+  @property
+  def twin(self) -> str:
+    """The label of the same case in float32 (for the bf16/f32 time ratio)."""
+    return self.label.rsplit(" ", 1)[0] + " float32"
+
+  @property
+  def cache_bytes(self) -> int:
+    return (2 * self.batch * self.kv_len * self.num_kv_heads * self.head_dim *
+            jnp.dtype(self.dtype).itemsize)
+
+  def build(self):
+    rng = np.random.default_rng(0)
+    B, T, S, N, K, H = (self.batch, self.q_len, self.kv_len, self.num_heads,
+                        self.num_kv_heads, self.head_dim)
+    q = jnp.asarray(rng.standard_normal((B, T, N, H)), self.dtype)
+    k = jnp.asarray(rng.standard_normal((B, S, K, H)), self.dtype)
+    v = jnp.asarray(rng.standard_normal((B, S, K, H)), self.dtype)
+    offset = jnp.asarray(S - T, jnp.int32)
+    ours = lambda q, k, v, o: jaxops.attention(q, k, v, is_causal=True, query_offset=o)
+    ref = lambda q, k, v, o: reference.attention(q, k, v, is_causal=True, query_offset=o)
+    return ours, ref, (q, k, v, offset)
+
+
+def dense_cases(dtypes, q_lens) -> list[DenseDecodeCase]:
+  cases = []
+  for dtype in dtypes:
+    for T in q_lens:
+      cases.append(DenseDecodeCase(8, T, 4096, 32, 8, 128, dtype))
+    cases.append(DenseDecodeCase(1, 1, 4096, 32, 8, 128, dtype))
+  return cases
+
+
+def run_cases(cases, stream_gbs: float, runs: int) -> dict[str, float]:
+  """Times every case, prints its row; returns each label's median ms."""
+  print(f"{'case':<52} {'jaxops ms':>9} {'GB/s':>6} {'stream':>6} {'ref ms':>8} {'speed-up':>8}")
+  medians = {}
+  for case in cases:
+    ours, ref, args = case.build()
+    t_ours = time_jitted(ours, *args, runs=runs)
+    t_ref = time_jitted(ref, *args, runs=runs)
+    gbs = case.cache_bytes / (t_ours.median_ms * 1e-3) / 1e9
+    medians[case.label] = t_ours.median_ms
+    print(f"{case.label:<52} {t_ours.median_ms:>9.2f} {gbs:>6.1f} {gbs / stream_gbs:>6.0%} "
+          f"{t_ref.median_ms:>8.2f} {t_ref.median_ms / t_ours.median_ms:>7.2f}x", flush=True)
+  return medians
+
+
+def print_dtype_ratios(cases, medians: dict[str, float]) -> None:
+  for case in cases:
+    if case.dtype != "float32" and case.twin in medians:
+      print(f"{case.label}: {medians[case.label] / medians[case.twin]:.2f}x the float32 time")
+
+
+def _parse(argv):
+  parser = argparse.ArgumentParser(prog="python -m jaxops.bench decode", description=__doc__)
+  parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+  parser.add_argument("--q-lens", nargs="+", type=int, default=[1, 4])
+  parser.add_argument("--runs", type=int, default=9)
+  return parser.parse_args(argv)
+
+
+def main(argv):
+  args = _parse(argv)
+  print(f"# {machine_line()}")
+  start = time.perf_counter()
+  stream_gbs, probe = stream_bandwidth(args.runs)
+  print(f"# streaming read bandwidth: {stream_gbs:.1f} GB/s ({probe}, {_STREAM_BYTES >> 20} MiB, "
+        f"median of {args.runs})")
+  cases = dense_cases(args.dtypes, args.q_lens)
+  medians = run_cases(cases, stream_gbs, args.runs)
+  print_dtype_ratios(cases, medians)
+  print(f"# {time.perf_counter() - start:.0f} s")
+  return 0

@@ -1,0 +1,415 @@
+"""paged_attention and paged_kv_update against their jnp references.
+
+Tests taking `backend` run on the CPU kernels (cpu/paged_attention.cc); they
+are marked for the CPU only until the CUDA handler (xla_ffi/cuda/
+paged_attention.cc) lands, when `BACKENDS` gains the harness. The reference
+itself is checked against jaxops.reference.attention on a contiguous cache.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+import jaxops
+from jaxops import reference
+from jaxops.testing import assert_close, custom_call_targets, tolerance, vmap_against_loop
+from support import backends
+
+# The backends with a paged handler (the CUDA one is written separately).
+BACKENDS = (backends.CPU,)
+FFI = {"implementation": "ffi"}
+INT8 = jnp.int8
+
+
+def make_cache(seed, *, batch, heads, kv_heads, head_dim, page_size, max_pages, dtype,
+               q_len=None, kv_lens=None, query_dtype=None, spare_pages=1):
+  """(query, key_pages, value_pages, block_tables, kv_lens, scales): the pages
+  of every sequence scattered over a shuffled pool with spare pages; int8
+  pages come with random scales (a (key, value) pair, else None)."""
+  rng = np.random.default_rng(seed)
+  P = batch * max_pages + spare_pages
+  tables = rng.permutation(P)[:batch * max_pages].reshape(batch, max_pages).astype(np.int32)
+  capacity = max_pages * page_size
+  if kv_lens is None:
+    kv_lens = rng.integers(max(1, q_len or 1), capacity + 1, size=batch)
+  shape = (P, page_size, kv_heads, head_dim)
+  query_dtype = query_dtype or (jnp.float32 if dtype == INT8 else dtype)
+  q_shape = (batch, heads, head_dim) if q_len is None else (batch, q_len, heads, head_dim)
+  query = jnp.asarray(rng.standard_normal(q_shape), jnp.float32).astype(query_dtype)
+  if dtype == INT8:
+    pages = [jnp.asarray(rng.integers(-127, 128, shape), INT8) for _ in range(2)]
+    scales = tuple(jnp.asarray(rng.uniform(0.004, 0.02, shape[:3]), jnp.float32)
+                   for _ in range(2))
+  else:
+    pages = [jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
+             for _ in range(2)]
+    scales = None
+  return query, pages[0], pages[1], jnp.asarray(tables), jnp.asarray(kv_lens, jnp.int32), scales
+
+
+def _scale_kwargs(scales):
+  return {} if scales is None else {"key_scales": scales[0], "value_scales": scales[1]}
+
+
+def check_against_reference(cache, *, query_lens=None, **options):
+  query, kp, vp, tables, kv_lens, scales = cache
+  kwargs = dict(query_lens=query_lens, return_residual=True, **_scale_kwargs(scales), **options)
+  out, lse = jaxops.paged_attention(query, kp, vp, tables, kv_lens, **kwargs, **FFI)
+  ref_out, ref_lse = reference.paged_attention(query, kp, vp, tables, kv_lens, **kwargs)
+  keys = tables.shape[1] * kp.shape[1]
+  assert out.dtype == query.dtype and lse.dtype == jnp.float32
+  assert_close(out, ref_out, reduce_size=keys, name="out")
+  atol, rtol = tolerance(query.dtype, keys)
+  assert_close(lse, ref_lse, atol=atol, rtol=rtol, name="logsumexp")
+  return out, lse
+
+
+# (batch, T or None (decode), heads, kv_heads, head_dim, page_size, max_pages): GQA
+# ratios 1, 4, 8 and MQA, page sizes 1, 16 and 5, odd head dims.
+CASES = [
+    (3, None, 4, 4, 16, 16, 3),    # MHA
+    (2, None, 8, 2, 7, 5, 4),      # GQA 4, page size 5, odd head dim
+    (2, 3, 8, 1, 33, 1, 9),        # MQA, page size 1, prefill
+    (1, 5, 16, 2, 64, 16, 2),      # GQA 8, prefill
+    (2, 2, 3, 1, 1, 5, 3),         # head dim 1
+]
+DTYPES = [(jnp.float32, None), (jnp.bfloat16, None), (jnp.float16, None),
+          (INT8, jnp.float32), (INT8, jnp.bfloat16)]
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("dtype,query_dtype", DTYPES, ids=lambda d: backends.param_id(d))
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_values_against_reference(backend, case, dtype, query_dtype):
+  batch, T, heads, kv_heads, head_dim, page_size, max_pages = case
+  cache = make_cache(sum(case[2:]), batch=batch, heads=heads, kv_heads=kv_heads,
+                     head_dim=head_dim, page_size=page_size, max_pages=max_pages, dtype=dtype,
+                     q_len=T, query_dtype=query_dtype)
+  query_lens = None
+  if T is not None:
+    query_lens = jnp.asarray(np.arange(batch) % T + 1, jnp.int32)  # some rows are padding
+  check_against_reference(cache, query_lens=query_lens)
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("options", [
+    {"logits_soft_cap": 2.0}, {"local_window_size": 0}, {"local_window_size": 6},
+    {"logits_soft_cap": 30.0, "local_window_size": 3, "scale": 0.7}], ids=str)
+def test_soft_cap_window_and_scale(backend, options):
+  cache = make_cache(1, batch=2, heads=4, kv_heads=2, head_dim=16, page_size=5, max_pages=4,
+                     dtype=jnp.float32, q_len=3)
+  check_against_reference(cache, query_lens=jnp.array([3, 2], jnp.int32), **options)
+
+
+@pytest.mark.backends(*BACKENDS)
+def test_lengths_and_page_ids_are_clamped(backend):
+  """kv_lens 0, 1, full, beyond capacity and negative; query_lens beyond T
+  and kv_lens; page ids out of range: clamped as the header says."""
+  page_size, max_pages = 5, 3
+  capacity = page_size * max_pages
+  cache = make_cache(2, batch=6, heads=4, kv_heads=2, head_dim=8, page_size=page_size,
+                     max_pages=max_pages, dtype=jnp.float32, q_len=2,
+                     kv_lens=[0, 1, capacity, capacity + 1000, -4, 3])
+  query, kp, vp, tables, kv_lens, _ = cache
+  tables = tables.at[5, 0].set(-7).at[5, 1].set(10**6)
+  query_lens = jnp.array([2, 9, 2, 2, 1, 5], jnp.int32)
+  out, lse = check_against_reference((query, kp, vp, tables, kv_lens, None),
+                                     query_lens=query_lens)
+  assert (out[0] == 0).all() and (lse[0] == -jnp.inf).all()   # no cached token
+  assert (out[4] == 0).all() and (lse[4] == -jnp.inf).all()   # negative length
+  assert (out[1, 1] == 0).all() and (lse[1, :, 1] == -jnp.inf).all()  # query_lens > kv_lens
+  # Beyond capacity reads exactly what a full cache does; bad ids read the edge pages.
+  full = jaxops.paged_attention(query[2:4], kp, vp, tables[2:4],
+                                jnp.array([capacity, capacity], jnp.int32), **FFI)
+  np.testing.assert_array_equal(out[3], full[1])
+  edge = tables.at[5, 0].set(0).at[5, 1].set(kp.shape[0] - 1)
+  again = jaxops.paged_attention(query, kp, vp, edge, kv_lens, query_lens=query_lens, **FFI)
+  np.testing.assert_array_equal(out[5], again[5])
+
+
+def test_reference_equals_dense_attention_on_a_contiguous_cache():
+  """A cache whose pages are in order is jaxops.reference.attention's dense
+  K/V with the queries at the end (causal with a query offset)."""
+  B, T, N, K, H, page_size, M = 2, 3, 4, 2, 8, 4, 3
+  query, kp, vp, _, _, _ = make_cache(3, batch=B, heads=N, kv_heads=K, head_dim=H,
+                                      page_size=page_size, max_pages=M, dtype=jnp.float32,
+                                      q_len=T, spare_pages=0)
+  tables = jnp.arange(B * M, dtype=jnp.int32).reshape(B, M)
+  S = M * page_size
+  out = reference.paged_attention(query, kp, vp, tables, jnp.full((B,), S, jnp.int32),
+                                  local_window_size=5)
+  dense = lambda pages: pages.reshape(B, S, K, H)
+  expected = reference.attention(query, dense(kp), dense(vp), is_causal=True,
+                                 query_offset=S - T, local_window_size=(5, 0))
+  assert_close(out, expected, reduce_size=S)
+
+
+@pytest.mark.backends(*BACKENDS)
+def test_jit_and_decode_rank(backend):
+  query, kp, vp, tables, kv_lens, _ = make_cache(4, batch=2, heads=4, kv_heads=4, head_dim=16,
+                                                 page_size=16, max_pages=2, dtype=jnp.bfloat16)
+  fn = lambda q, kp, vp, t, n: jaxops.paged_attention(q, kp, vp, t, n, return_residual=True,
+                                                      **FFI)
+  out, lse = jax.jit(fn)(query, kp, vp, tables, kv_lens)
+  eager = fn(query, kp, vp, tables, kv_lens)
+  assert out.shape == query.shape and lse.shape == (2, 4)
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(eager[0], np.float32))
+  assert "jaxops_paged_attention_fwd" in custom_call_targets(fn, query, kp, vp, tables, kv_lens)
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("in_axes", [(0, None, None, 0, 0), (0, 0, 0, 0, 0), (None, 0, 0, None, 1),
+                                     (1, None, None, None, None)], ids=str)
+def test_vmap(backend, in_axes):
+  query, kp, vp, tables, kv_lens, _ = make_cache(5, batch=2, heads=4, kv_heads=2, head_dim=8,
+                                                 page_size=5, max_pages=2, dtype=jnp.float32)
+  stack = lambda x, axis, k: x if axis is None else jnp.stack(
+      [x + i if x.dtype == jnp.int32 and x.ndim == 1 else x * (1 + i) for i in range(k)], axis)
+  args = [stack(a, ax, 3) for a, ax in zip((query, kp, vp, tables, kv_lens), in_axes)]
+  fn = lambda q, kp, vp, t, n: jaxops.paged_attention(q, kp, vp, t, n, **FFI)
+  vmap_against_loop(fn, args, in_axes, atol=0, rtol=0)
+  jaxpr = str(jax.make_jaxpr(jax.vmap(fn, in_axes=in_axes))(*args))
+  assert jaxpr.count("jaxops_paged_attention_fwd") == 1  # folded, not looped
+
+
+def test_grad_is_a_clear_error():
+  query, kp, vp, tables, kv_lens, _ = make_cache(6, batch=1, heads=2, kv_heads=1, head_dim=4,
+                                                 page_size=2, max_pages=2, dtype=jnp.float32)
+  loss = lambda q: jaxops.paged_attention(q, kp, vp, tables, kv_lens, **FFI).sum()
+  with pytest.raises(TypeError, match="inference op"):
+    jax.grad(loss)(query)
+  with pytest.raises(TypeError, match="inference op"):
+    jax.jvp(loss, (query,), (query,))
+  # Gradients of something else flow around it.
+  other = lambda x: x * jaxops.paged_attention(query, kp, vp, tables, kv_lens, **FFI).sum()
+  assert jax.grad(other)(1.0) == pytest.approx(float(other(1.0)))
+
+
+# -- paged_kv_update --------------------------------------------------------------------
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("dtype,row_dtype", [(jnp.float32, None), (jnp.bfloat16, None),
+                                             (jnp.float16, None), (INT8, jnp.float32),
+                                             (INT8, jnp.bfloat16)], ids=backends.param_id)
+def test_update_round_trip(backend, dtype, row_dtype):
+  """Written rows read back through the block tables; padding slots are
+  skipped, a repeated slot keeps the last token, int8 follows the rule."""
+  P, page_size, K, H = 5, 4, 2, 9
+  _, kp, vp, _, _, scales = make_cache(7, batch=1, heads=2, kv_heads=K, head_dim=H,
+                                       page_size=page_size, max_pages=4, dtype=dtype)
+  row_dtype = row_dtype or dtype
+  rng = np.random.default_rng(8)
+  rows = [jnp.asarray(rng.standard_normal((7, K, H)), jnp.float32).astype(row_dtype)
+          for _ in range(2)]
+  rows[0] = rows[0].at[3].set(0)  # an all-zero row: scale 0
+  slots = jnp.array([6, -1, 19, 2, 6, P * page_size, 0], jnp.int32)  # 6 twice: token 4 wins
+  kwargs = _scale_kwargs(scales)
+  out = jaxops.paged_kv_update(kp, vp, rows[0], rows[1], slots, **kwargs, **FFI)
+  expected = reference.paged_kv_update(kp, vp, rows[0], rows[1], slots, *kwargs.values())
+  assert len(out) == (4 if dtype == INT8 else 2)
+  for a, e in zip(out, expected):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32))
+  written = [(2, 19), (3, 2), (4, 6), (6, 0)]  # (token, slot)
+  for name, pages, source, scale in ((0, out[0], rows[0], out[2] if dtype == INT8 else None),
+                                     (1, out[1], rows[1], out[3] if dtype == INT8 else None)):
+    flat = pages.reshape(P * page_size, K, H).astype(jnp.float32)
+    for token, slot in written:
+      got = flat[slot]
+      if scale is not None:
+        got = got * scale.reshape(P * page_size, K)[slot][:, None]
+        atol = float(jnp.max(jnp.abs(source[token].astype(jnp.float32)))) / 254 + 1e-7
+        np.testing.assert_allclose(got, source[token].astype(jnp.float32), atol=atol, rtol=0)
+      else:
+        np.testing.assert_array_equal(got, source[token].astype(jnp.float32))
+    untouched = np.setdiff1d(np.arange(P * page_size), [s for _, s in written])
+    before = (kp, vp)[name].reshape(P * page_size, K, H)
+    np.testing.assert_array_equal(np.asarray(flat[untouched]),
+                                  np.asarray(before[untouched], np.float32))
+
+
+@pytest.mark.backends(*BACKENDS)
+def test_update_then_attend_is_attention_over_the_new_tokens(backend):
+  """A decode step: write the token at position kv_len - 1, then attend it."""
+  query, kp, vp, tables, kv_lens, _ = make_cache(9, batch=3, heads=4, kv_heads=2, head_dim=8,
+                                                 page_size=5, max_pages=3, dtype=jnp.float32)
+  rng = np.random.default_rng(10)
+  new = [jnp.asarray(rng.standard_normal((3, 2, 8)), jnp.float32) for _ in range(2)]
+  pos = kv_lens - 1
+  slots = tables[jnp.arange(3), pos // 5] * 5 + pos % 5
+  kp2, vp2 = jax.jit(lambda *a: jaxops.paged_kv_update(*a, **FFI))(kp, vp, *new, slots)
+  dense_k = reference.paged_gather(kp2, tables)
+  np.testing.assert_array_equal(dense_k[jnp.arange(3), pos], new[0])
+  check_against_reference((query, kp2, vp2, tables, kv_lens, None))
+
+
+def test_update_writes_the_donated_cache_in_place():
+  _, kp, vp, _, _, scales = make_cache(11, batch=2, heads=2, kv_heads=2, head_dim=16,
+                                       page_size=16, max_pages=8, dtype=INT8)
+  rows = jnp.ones((4, 2, 16), jnp.float32)
+  slots = jnp.arange(4, dtype=jnp.int32)
+  update = lambda kp, vp, ks, vs, k, v, s: jaxops.paged_kv_update(
+      kp, vp, k, v, s, key_scales=ks, value_scales=vs, **FFI)
+  args = (kp, vp, *scales, rows, rows, slots)
+  compiled = jax.jit(update, donate_argnums=(0, 1, 2, 3)).lower(*args).compile().as_text()
+  assert compiled.count("output_to_operand_aliasing") == 1
+  assert "input_output_alias" in compiled
+  assert " copy(" not in compiled[compiled.index("ENTRY"):]
+  out = jax.jit(update, donate_argnums=(0, 1, 2, 3))(*args)
+  assert kp.is_deleted() and scales[0].is_deleted()
+  np.testing.assert_array_equal(out[0][0, :4], 127)
+  # Not donated: XLA copies first, and the inputs are unchanged.
+  _, kp, vp, _, _, scales = make_cache(11, batch=2, heads=2, kv_heads=2, head_dim=16,
+                                       page_size=16, max_pages=8, dtype=INT8)
+  before = np.asarray(kp)
+  jax.jit(update)(kp, vp, *scales, rows, rows, slots)
+  np.testing.assert_array_equal(np.asarray(kp), before)
+
+
+@pytest.mark.backends(*BACKENDS)
+def test_update_vmap(backend):
+  _, kp, vp, _, _, _ = make_cache(12, batch=1, heads=2, kv_heads=2, head_dim=4, page_size=3,
+                                  max_pages=3, dtype=jnp.float32)
+  rows = jnp.arange(2 * 2 * 2 * 4, dtype=jnp.float32).reshape(2, 2, 2, 4)
+  slots = jnp.array([[0, 5], [-1, 7]], jnp.int32)
+  fn = lambda kp, vp, k, v, s: jaxops.paged_kv_update(kp, vp, k, v, s, **FFI)
+  stacked = lambda x: jnp.stack([x, x + 1])
+  for pages in [(kp, vp), (stacked(kp), stacked(vp))]:
+    in_axes = (None if pages[0] is kp else 0,) * 2 + (0, 0, 0)
+    vmap_against_loop(fn, [*pages, rows[:2], rows[:2] + 1, slots[:2]], in_axes, atol=0, rtol=0)
+
+
+# -- bad inputs --------------------------------------------------------------------------
+
+
+def _bad_calls():
+  q, kp, vp, tables, lens, _ = make_cache(13, batch=2, heads=4, kv_heads=2, head_dim=8,
+                                          page_size=4, max_pages=2, dtype=jnp.float32)
+  i8 = kp.astype(INT8)
+  s = jnp.ones(kp.shape[:3], jnp.float32)
+  attend = lambda **kw: jaxops.paged_attention(
+      kw.pop("q", q), kw.pop("kp", kp), kw.pop("vp", vp), kw.pop("tables", tables),
+      kw.pop("lens", lens), **kw)
+  rows = jnp.ones((3, 2, 8), jnp.float32)
+  update = lambda **kw: jaxops.paged_kv_update(
+      kw.pop("kp", kp), kw.pop("vp", vp), kw.pop("k", rows), kw.pop("v", rows),
+      kw.pop("slots", jnp.zeros((3,), jnp.int32)), **kw)
+  return [
+      (lambda: attend(q=q[0]), ValueError, "query must have rank"),
+      (lambda: attend(q=q.astype(jnp.int32)), TypeError, "query must have a floating dtype"),
+      (lambda: attend(q=q.astype(jnp.bfloat16)), TypeError, "key_pages must have the query's"),
+      (lambda: attend(kp=kp[0]), ValueError, "key_pages must have rank 4"),
+      (lambda: attend(vp=vp[:, :2]), ValueError, "value_pages must have the shape"),
+      (lambda: attend(q=q[..., :4]), ValueError, "key_pages must have the query's head_dim"),
+      (lambda: attend(q=q[:, :3]), ValueError, "multiple of num_kv_heads"),
+      (lambda: attend(tables=tables[0]), ValueError, "block_tables must have rank 2"),
+      (lambda: attend(tables=tables[:1]), ValueError, "block_tables must have shape"),
+      (lambda: attend(tables=tables.astype(jnp.float32)), TypeError, "block_tables must have an"),
+      (lambda: attend(lens=lens[:1]), ValueError, "kv_lens must have shape"),
+      (lambda: attend(query_lens=lens), ValueError, "query_lens must be None"),
+      (lambda: attend(kp=i8, vp=i8), TypeError, "key_scales must be given"),
+      (lambda: attend(kp=i8, vp=i8, key_scales=s, value_scales=s[:1]), ValueError,
+       "value_scales must have shape"),
+      (lambda: attend(key_scales=s, value_scales=s), TypeError, "key_scales must be None"),
+      (lambda: attend(logits_soft_cap=0.0), ValueError, "logits_soft_cap must be"),
+      (lambda: attend(local_window_size=-1), ValueError, "local_window_size must be"),
+      (lambda: attend(scale=float("nan")), ValueError, "scale must be finite"),
+      (lambda: attend(return_residual=1), TypeError, "return_residual must be a Python bool"),
+      (lambda: attend(implementation="tpu"), ValueError, "implementation must be one of"),
+      (lambda: update(k=rows[:, :1]), ValueError, "key must have shape"),
+      (lambda: update(k=rows.astype(jnp.float16), v=rows.astype(jnp.float16)), TypeError,
+       "key must have the dtype of key_pages"),
+      (lambda: update(v=rows[:2]), ValueError, "value must have the shape of key"),
+      (lambda: update(slots=jnp.zeros((2,), jnp.int32)), ValueError, "slot_mapping must have"),
+      (lambda: update(slots=jnp.zeros((3,))), TypeError, "slot_mapping must have an integer"),
+      (lambda: update(kp=i8, vp=i8), TypeError, "key_scales must be given"),
+  ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_calls())))
+def test_bad_input_is_a_clear_error(index):
+  call, error, match = _bad_calls()[index]
+  with pytest.raises(error, match=match):
+    call()
+
+
+F32 = np.float32
+_Q, _PAGES = np.ones((2, 1, 4, 8), F32), np.ones((3, 4, 2, 8), F32)
+_TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
+_ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1)}
+_NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
+_OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32)]
+
+
+@pytest.mark.parametrize("target,operands,results,attrs,match", [
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES[:, :2], _TABLES, _LENS, *_NONE], _OUT,
+     _ATTRS, "value_pages has shape"),
+    ("jaxops_paged_attention_fwd", [_Q[..., :4], _PAGES, _PAGES, _TABLES, _LENS, *_NONE], _OUT,
+     _ATTRS, "head_dim"),
+    ("jaxops_paged_attention_fwd", [_Q[:, :, :3], _PAGES, _PAGES, _TABLES, _LENS, *_NONE],
+     [((2, 1, 3, 8), F32), ((2, 3, 1), F32)], _ATTRS, "multiple of num_kv_heads"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES[:1], _LENS, *_NONE], _OUT,
+     _ATTRS, "block_tables must be int32"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS[:1], *_NONE], _OUT,
+     _ATTRS, "kv_lens must be int32"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS, _LENS[:1], *_NONE[1:]],
+     _OUT, _ATTRS, "query_lens must be int32"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES.astype(np.int8), _PAGES.astype(np.int8),
+                                    _TABLES, _LENS, *_NONE], _OUT, _ATTRS,
+     "key_scales must be float32 of shape"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS, *_NONE],
+     [((2, 1, 4, 8), F32), ((2, 1, 4), F32)], _ATTRS, "logsumexp must be float32"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS, *_NONE], _OUT,
+     dict(_ATTRS, window_left=np.int64(-2)), "window_left"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS, *_NONE], _OUT,
+     dict(_ATTRS, logits_soft_cap=F32(-1)), "logits_soft_cap"),
+    ("jaxops_paged_kv_update", [_PAGES, _PAGES, np.ones((3, 2, 4), F32), np.ones((3, 2, 4), F32),
+                                np.zeros((3,), np.int32), *_NONE[1:]],
+     [((3, 4, 2, 8), F32), ((3, 4, 2, 8), F32), ((0,), F32), ((0,), F32)], {},
+     "key must be"),
+    ("jaxops_paged_kv_update", [_PAGES, _PAGES, np.ones((3, 2, 8), F32), np.ones((3, 2, 8), F32),
+                                np.zeros((2,), np.int32), *_NONE[1:]],
+     [((3, 4, 2, 8), F32), ((3, 4, 2, 8), F32), ((0,), F32), ((0,), F32)], {},
+     "slot_mapping must be int32"),
+    ("jaxops_paged_kv_update", [_PAGES, _PAGES, np.ones((3, 2, 8), F32), np.ones((3, 2, 8), F32),
+                                np.zeros((3,), np.int32), *_NONE[1:]],
+     [((3, 4, 2, 8), F32), ((3, 4, 2, 4), F32), ((0,), F32), ((0,), F32)], {},
+     "value_pages result has shape"),
+])
+def test_handler_rejects_inconsistent_buffers(target, operands, results, attrs, match):
+  call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])
+  with pytest.raises(Exception, match=match):
+    jax.block_until_ready(call(*operands, **attrs))
+
+
+# -- sharding ----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (tests/conftest.py)")
+def test_batch_and_heads_shard():
+  """Batch over one mesh axis, kv heads over the other: each shard attends its
+  own sequences and heads, with no all-gather, and the values are unchanged."""
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  query, kp, vp, tables, kv_lens, _ = make_cache(14, batch=4, heads=8, kv_heads=2, head_dim=8,
+                                                 page_size=4, max_pages=3, dtype=jnp.float32)
+  specs = [PartitionSpec("data", "model", None), PartitionSpec(None, None, "model", None),
+           PartitionSpec(None, None, "model", None), PartitionSpec("data", None),
+           PartitionSpec("data")]
+  fn = jax.jit(lambda *a: jaxops.paged_attention(*a, return_residual=True, **FFI))
+  placed = [jax.device_put(a, NamedSharding(mesh, s))
+            for a, s in zip((query, kp, vp, tables, kv_lens), specs)]
+  hlo = fn.lower(*placed).compile().as_text()
+  assert "all-gather" not in hlo
+  out, lse = fn(*placed)
+  expected = fn(query, kp, vp, tables, kv_lens)
+  assert tuple(out.sharding.spec) == ("data", "model")
+  np.testing.assert_allclose(out, expected[0], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(lse, expected[1], rtol=1e-6, atol=1e-6)
+  update = jax.jit(lambda kp, vp, k, s: jaxops.paged_kv_update(kp, vp, k, k, s, **FFI))
+  rows = jax.device_put(jnp.ones((4, 2, 8)), NamedSharding(mesh, PartitionSpec(None, "model")))
+  slots = jnp.arange(4, dtype=jnp.int32)
+  new_k, _ = update(placed[1], placed[2], rows, slots)
+  assert "all-gather" not in update.lower(placed[1], placed[2], rows, slots).compile().as_text()
+  np.testing.assert_array_equal(new_k, update(kp, vp, jnp.ones((4, 2, 8)), slots)[0])
