@@ -45,32 +45,10 @@ struct Shape {
   bool window, soft_cap;
 };
 
-template <typename Q>
-double tolerance() {
-  if (std::is_same<Q, float>::value) return 1e-4;
-  if (std::is_same<Q, __half>::value) return 1e-2;
-  return 6e-2;
-}
-
 template <typename KV>
 const char* page_type_name() {
   if (std::is_same<KV, int8_t>::value) return "int8";
   return type_name<KV>();
-}
-
-template <typename V>
-void compare(const std::string& what, const V* actual, const std::vector<double>& expected,
-             double tol) {
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double a = static_cast<double>(static_cast<float>(actual[i]));
-    const double e = expected[i];
-    const bool ok = std::isinf(e) ? a == e : std::fabs(a - e) <= tol * (1.0 + std::fabs(e));
-    if (!ok) {
-      std::fprintf(stderr, "FAIL %s: element %zu is %g, expected %g\n", what.c_str(), i, a, e);
-      ++g_failures;
-      return;
-    }
-  }
 }
 
 // Random elements of a type and the doubles they hold: normals for the float
@@ -229,8 +207,8 @@ struct Problem {
                                                   value_pages.data, out.data, lse_ptr, ws);
     check(status, name + " " + how);
     if (status != cudaSuccess) return;
-    compare(name + " " + how + " out", out.data, out_r, tolerance<Q>());
-    if (with_lse) compare(name + " " + how + " logsumexp", lse.data, lse_r, 1e-4);
+    compare_with_reference(name + " " + how + " out", out.data, out_r, attention_tolerance<Q>());
+    if (with_lse) compare_with_reference(name + " " + how + " logsumexp", lse.data, lse_r, 1e-4);
   }
 
   Shape s;
@@ -377,13 +355,7 @@ bool parse(const std::string& text, Shape* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::mt19937 rng(1234);
-  for (int i = 1; i < argc; ++i) {
-    Shape s;
-    if (!parse(argv[i], &s)) {
-      std::fprintf(stderr, "bad shape %s\n", argv[i]);
-      return 2;
-    }
+  return run_shapes<Shape>(argc, argv, parse, [](const Shape& s, std::mt19937& rng, int index) {
     const Cache cache(s, rng);
     run_pair<float, float>(s, cache, rng);
     run_pair<__nv_bfloat16, __nv_bfloat16>(s, cache, rng);
@@ -391,9 +363,6 @@ int main(int argc, char** argv) {
     run_pair<float, int8_t>(s, cache, rng);
     run_pair<__nv_bfloat16, int8_t>(s, cache, rng);
     run_pair<__half, int8_t>(s, cache, rng);
-    if (i == 1) run_rejections(s, cache, rng);
-  }
-  if (g_failures != 0) return 3;
-  std::printf("all agree\n");
-  return 0;
+    if (index == 0) run_rejections(s, cache, rng);
+  });
 }
