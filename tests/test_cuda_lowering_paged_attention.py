@@ -5,15 +5,21 @@
 types those handlers bind (xla_ffi/paged_attention_common.h, whose contract
 gives the attribute types), absent optional operands as [0] placeholders, and
 paged_kv_update's pages and scales aliased to its results (written in place).
+The handlers themselves run in the CUDA harness: they reject inconsistent
+buffers with an error (launching nothing), and the update starts from a copy
+of its operands when XLA did not alias them.
 """
 
 import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import cuda_harness
 import jaxops
+from support import backends
 from support.lowering import DTYPES, T, check_binding, custom_calls
 
 B, TQ, N, K, H, P, PAGE, M = 2, 3, 4, 2, 16, 7, 5, 3
@@ -109,3 +115,56 @@ def test_donated_pages_are_the_updates_results():
   text = f.trace(key_pages, value_pages).lower(lowering_platforms=("cuda",)).as_text()
   assert "@jaxops_paged_kv_update" in text
   assert text.count("tf.aliasing_output") == 2
+
+
+# -- the CUDA handlers, run in the harness (tests/cuda_harness) ----------------------------
+
+F32 = np.float32
+_Q, _PAGES = np.ones((2, 1, 4, 8), F32), np.ones((3, 4, 2, 8), F32)
+_TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
+_ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1)}
+_NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
+_WIDE = 264  # above the CUDA kernel's head-dim limit, which the CPU kernel does not have
+
+
+@pytest.mark.parametrize("target,operands,results,attrs,match", [
+    ("jaxops_paged_attention_fwd",
+     [np.ones((2, 1, 4, _WIDE), F32), np.ones((3, 4, 2, _WIDE), F32),
+      np.ones((3, 4, 2, _WIDE), F32), _TABLES, _LENS, *_NONE],
+     [((2, 1, 4, _WIDE), F32), ((2, 4, 1), F32)], _ATTRS, "head_dim <= 256"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES[:, :2], _TABLES, _LENS, *_NONE],
+     [((2, 1, 4, 8), F32), ((2, 4, 1), F32)], _ATTRS, "value_pages has shape"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES.astype(np.int8), _PAGES.astype(np.int8),
+                                    _TABLES, _LENS, *_NONE],
+     [((2, 1, 4, 8), F32), ((2, 4, 1), F32)], _ATTRS, "key_scales must be float32 of shape"),
+    ("jaxops_paged_kv_update", [_PAGES, _PAGES, np.ones((3, 2, 4), F32), np.ones((3, 2, 4), F32),
+                                np.zeros((3,), np.int32), *_NONE[1:]],
+     [((3, 4, 2, 8), F32), ((3, 4, 2, 8), F32), ((0,), F32), ((0,), F32)], {}, "key must be"),
+])
+def test_cuda_handler_rejects_inconsistent_buffers(target, operands, results, attrs, match):
+  """The CUDA handlers return an error, launching nothing, for what the shared
+  checks reject and for head dims above the CUDA kernel's limit."""
+  harness = backends.harness()
+  launches = harness.launches()
+  call = jax.ffi.ffi_call(cuda_harness.harness_target(target),
+                          [jax.ShapeDtypeStruct(s, d) for s, d in results])
+  with pytest.raises(Exception, match=match):
+    jax.block_until_ready(call(*operands, **attrs))
+  assert harness.launches() == launches
+
+
+def test_cuda_update_handler_copies_an_unaliased_operand():
+  """Called without aliasing (a plain ffi_call), the CUDA update handler
+  starts its results from copies of the pages and writes only the slots."""
+  backends.harness()
+  pages = np.arange(3 * 4 * 2 * 8, dtype=F32).reshape(3, 4, 2, 8)
+  rows = -np.ones((2, 2, 8), F32)
+  call = jax.ffi.ffi_call(cuda_harness.harness_target("jaxops_paged_kv_update"),
+                          [jax.ShapeDtypeStruct(pages.shape, F32)] * 2 +
+                          [jax.ShapeDtypeStruct((0,), F32)] * 2)
+  key_pages, value_pages, _, _ = call(pages, pages, rows, rows, np.array([5, -1], np.int32),
+                                      *_NONE[1:])
+  expected = pages.copy()
+  expected[1, 1] = -1  # slot 5 = page 1, offset 1; slot -1 is padding
+  np.testing.assert_array_equal(np.asarray(key_pages), expected)
+  np.testing.assert_array_equal(np.asarray(value_pages), expected)
