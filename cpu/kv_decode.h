@@ -76,6 +76,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "cpu/attention_tiles.h"
 #include "cpu/float_convert.h"
 #include "cpu/gemm_bf16_microkernels.h"
 #include "cpu/gemm_microkernels.h"
@@ -85,10 +86,13 @@ namespace jaxops::cpu::kv_decode {
 
 using namespace simd;
 using namespace microkernels;
-
-inline constexpr float kDecodeLog2e = 1.4426950408889634f;
-inline constexpr float kDecodeLn2 = 0.6931471805599453f;
-inline constexpr float kDecodeInf = std::numeric_limits<float>::infinity();
+// The attention kernels' units, rounding and scratch arena.
+using attention_internal::Arena;
+using attention_internal::ceil_div;
+using attention_internal::kInf;
+using attention_internal::kLn2;
+using attention_internal::kLog2e;
+using attention_internal::round_up;
 
 // Keys per tile: a tile of K and of V rows (f32, head_dim 128: 16 KiB each)
 // stays in the L1 cache while every query row reads it.
@@ -97,11 +101,8 @@ inline constexpr int64_t kDecodeKeyTile = 32;
 // the parallelism gains.
 inline constexpr int64_t kMinKeysPerSplit = 256;
 
-constexpr int64_t decode_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-constexpr int64_t decode_ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
-
 // The padded head dimension of query and output rows (a whole number of vectors).
-inline int64_t decode_padded_dim(int64_t head_dim) { return decode_round_up(head_dim, kLanes); }
+inline int64_t decode_padded_dim(int64_t head_dim) { return round_up(head_dim, kLanes); }
 
 // What the core computes for one group: `rows` query rows of head_dim.
 struct DecodeShape {
@@ -159,27 +160,7 @@ struct DecodeScratch {
   DecodeState state;   // the thread's own state (unsplit groups, merges)
 };
 
-// Carves 64-byte aligned arrays from a buffer; with a null base it only measures.
-class DecodeArena {
- public:
-  explicit DecodeArena(void* base) : base_(reinterpret_cast<uintptr_t>(base)) {
-    if (base_) used_ = decode_round_up(base_, 64) - base_;
-  }
-  template <typename U>
-  U* take(int64_t count) {
-    U* result = reinterpret_cast<U*>(base_ + used_);
-    used_ += decode_round_up(std::max<int64_t>(count, 1) * sizeof(U), 64);
-    return result;
-  }
-  void skip(size_t bytes) { used_ += bytes; }
-  size_t used() const { return used_; }
-
- private:
-  uintptr_t base_;
-  size_t used_ = 0;
-};
-
-inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, DecodeArena& arena) {
+inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, Arena& arena) {
   DecodeState s;
   s.m = arena.take<float>(rows);
   s.l = arena.take<float>(rows);
@@ -187,7 +168,7 @@ inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, DecodeAren
   return s;
 }
 
-inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, DecodeArena& arena) {
+inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, Arena& arena) {
   const int64_t Hp = decode_padded_dim(head_dim), Bc = kDecodeKeyTile;
   DecodeScratch s;
   s.q = arena.take<float>(rows * Hp);
@@ -235,40 +216,80 @@ inline VecF sum_each(const VecF* acc) {
 #endif
 }
 
-// scores[j] = q . k_rows[j] for j < jn (float rows of Hp elements; q zero-padded).
-// Scores past jn (to the next multiple of kLanes) are written with junk.
-inline void float_scores(const float* q, int64_t Hp, const float* const* k_rows, int64_t jn,
+// Calls f(std::integral_constant<int, n>) for n in 1..8, else
+// f(std::integral_constant<int, 0>) (0: the count is only known at run time).
+// The score kernels keep a query row's n vectors in registers when n is fixed.
+template <typename F>
+inline void with_chunk_count(int64_t n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return f(std::integral_constant<int, 0>{});
+  }
+}
+
+// scores[j] = q . k_rows[j] for j < jn (float rows of Hp = chunks * kLanes
+// elements; q zero-padded). Scores past jn (to the next multiple of kLanes)
+// are written with junk. One key row at a time against the query held in
+// registers (kChunks > 0): a row pointer per key, never 16 live ones (x86 has
+// 16 general registers), and one load per FMA.
+template <int kChunks>
+inline void float_scores(const float* q, int64_t chunks, const float* const* k_rows, int64_t jn,
                          float* scores) {
+  constexpr int kHeld = kChunks > 0 ? kChunks : 1;
+  VecF qv[kHeld];
+  for (int h = 0; h < kHeld; ++h) qv[h] = vload(q + h * kLanes);
   for (int64_t j0 = 0; j0 < jn; j0 += kLanes) {
-    const float* rows[kLanes];
-    for (int c = 0; c < kLanes; ++c) rows[c] = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
     VecF acc[kLanes];
-    for (int c = 0; c < kLanes; ++c) acc[c] = VecF{};
-    for (int64_t h = 0; h < Hp; h += kLanes) {
-      const VecF qv = vload(q + h);
 #pragma GCC unroll 16
-      for (int c = 0; c < kLanes; ++c) acc[c] = vfma(qv, vload(rows[c] + h), acc[c]);
+    for (int c = 0; c < kLanes; ++c) {
+      const float* row = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
+      VecF a{};
+      if constexpr (kChunks > 0) {
+#pragma GCC unroll 8
+        for (int h = 0; h < kChunks; ++h) a = vfma(qv[h], vload(row + h * kLanes), a);
+      } else {
+        for (int64_t h = 0; h < chunks; ++h) a = vfma(vload(q + h * kLanes), vload(row + h * kLanes), a);
+      }
+      acc[c] = a;
     }
     vstore(scores + j0, sum_each(acc));
   }
 }
 
 #if defined(JAXOPS_BF16_DOT)
-// The same with bf16 rows and queries: head_dim / 32 vdpbf16ps per score.
-JAXOPS_BF16_TARGET inline void bf16_scores(const uint32_t* q_pairs, int64_t head_dim,
+// The same with bf16 rows and queries: chunks = head_dim / 32 vdpbf16ps per score.
+template <int kChunks>
+JAXOPS_BF16_TARGET inline void bf16_scores(const uint32_t* q_pairs, int64_t chunks,
                                            const uint16_t* const* k_rows, int64_t jn,
                                            float* scores) {
+  constexpr int kHeld = kChunks > 0 ? kChunks : 1;
+  __m512bh qv[kHeld];
+  for (int h = 0; h < kHeld; ++h) qv[h] = (__m512bh)_mm512_loadu_si512(q_pairs + h * 16);
   for (int64_t j0 = 0; j0 < jn; j0 += 16) {
-    const uint16_t* rows[16];
-    for (int c = 0; c < 16; ++c) rows[c] = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
-    __m512 acc[16];
-    for (int c = 0; c < 16; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t h = 0; h < head_dim; h += 32) {
-      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q_pairs + h / 2);
+    VecF acc[16];
 #pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c) {
-        acc[c] = _mm512_dpbf16_ps(acc[c], qv, (__m512bh)_mm512_loadu_si512(rows[c] + h));
+    for (int c = 0; c < 16; ++c) {
+      const uint16_t* row = k_rows[std::min<int64_t>(j0 + c, jn - 1)];
+      __m512 a = _mm512_setzero_ps();
+      if constexpr (kChunks > 0) {
+#pragma GCC unroll 8
+        for (int h = 0; h < kChunks; ++h) {
+          a = _mm512_dpbf16_ps(a, qv[h], (__m512bh)_mm512_loadu_si512(row + h * 32));
+        }
+      } else {
+        for (int64_t h = 0; h < chunks; ++h) {
+          a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(q_pairs + h * 16),
+                               (__m512bh)_mm512_loadu_si512(row + h * 32));
+        }
       }
+      acc[c] = a;
     }
     vstore(scores + j0, sum_each(acc));
   }
@@ -308,7 +329,7 @@ inline bool decode_uses_bf16_dot(int64_t head_dim) {
 // tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2 |x|) <= 1: vexp2's range.
 inline VecF soft_cap_vec(VecF x, float cap) {
   const VecF ax = vmax(x, -x);
-  const VecF e = vexp2(ax * vsplat(-2.0f * kDecodeLog2e / cap));
+  const VecF e = vexp2(ax * vsplat(-2.0f * kLog2e / cap));
   const VecF t = (vsplat(1.0f) - e) / (vsplat(1.0f) + e);
   return vsplat(cap) * (x < VecF{} ? -t : t);
 }
@@ -318,37 +339,37 @@ inline VecF soft_cap_vec(VecF x, float cap) {
 inline void scores_to_logits(const DecodeShape& shape, int64_t begin, int64_t end, int64_t j0,
                              int64_t jn, int64_t width, float* row) {
   if (shape.soft_cap > 0.0f) {
-    const VecF scale = vsplat(shape.scale), to_log2 = vsplat(kDecodeLog2e);
+    const VecF scale = vsplat(shape.scale), to_log2 = vsplat(kLog2e);
     for (int64_t j = 0; j < width; j += kLanes) {
       vstore(row + j, soft_cap_vec(vload(row + j) * scale, shape.soft_cap) * to_log2);
     }
   } else {
-    const VecF c = vsplat(shape.scale * kDecodeLog2e);
+    const VecF c = vsplat(shape.scale * kLog2e);
     for (int64_t j = 0; j < width; j += kLanes) vstore(row + j, vload(row + j) * c);
   }
   const int64_t lo = std::max<int64_t>(begin - j0, 0), hi = std::min<int64_t>(end - j0, jn);
   if (lo == 0 && hi == width) return;
   if (lo >= hi) {
-    std::fill(row, row + width, -kDecodeInf);
+    std::fill(row, row + width, -kInf);
     return;
   }
-  std::fill(row, row + lo, -kDecodeInf);
-  std::fill(row + hi, row + width, -kDecodeInf);
+  std::fill(row, row + lo, -kInf);
+  std::fill(row + hi, row + width, -kInf);
 }
 
 // Online-softmax update of one row with a tile of logits (width entries):
 // returns alpha, the rescale of the row's earlier output; turns the logits
 // into probabilities.
 inline float online_softmax_row(float* row, int64_t width, float* m, float* l) {
-  VecF tile_max = vsplat(-kDecodeInf);
+  VecF tile_max = vsplat(-kInf);
   // vmax(tile_max, x): a NaN logit makes tile_max NaN, and std::max below then
   // keeps the old max; the NaN reaches l through exp2.
   for (int64_t j = 0; j < width; j += kLanes) tile_max = vmax(tile_max, vload(row + j));
   float m_new = *m;
   for (int c = 0; c < kLanes; ++c) m_new = std::max(m_new, tile_max[c]);
-  const float shift = m_new == -kDecodeInf ? 0.0f : m_new;
-  const float old_shift = *m == -kDecodeInf ? 0.0f : *m;
-  const float alpha = *m == -kDecodeInf ? 0.0f : vexp2(vsplat(old_shift - shift))[0];
+  const float shift = m_new == -kInf ? 0.0f : m_new;
+  const float old_shift = *m == -kInf ? 0.0f : *m;
+  const float alpha = *m == -kInf ? 0.0f : vexp2(vsplat(old_shift - shift))[0];
   VecF sum{};
   for (int64_t j = 0; j < width; j += kLanes) {
     const VecF prob = vexp2(vload(row + j) - vsplat(shift));
@@ -365,7 +386,7 @@ inline float online_softmax_row(float* row, int64_t width, float* m, float* l) {
 
 inline void reset_decode_state(const DecodeShape& shape, const DecodeState& st) {
   const int64_t Hp = decode_padded_dim(shape.head_dim);
-  std::fill(st.m, st.m + shape.rows, -kDecodeInf);
+  std::fill(st.m, st.m + shape.rows, -kInf);
   std::fill(st.l, st.l + shape.rows, 0.0f);
   std::fill(st.o, st.o + shape.rows * Hp, 0.0f);
 }
@@ -396,7 +417,7 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   const float* k_ptr[kDecodeKeyTile];
   for (int64_t j0 = first; j0 < last; j0 += Bc) {
     const int64_t jn = std::min(Bc, last - j0);
-    const int64_t width = decode_round_up(jn, kLanes);
+    const int64_t width = round_up(jn, kLanes);
     // The next tile's rows, asked for now: each row of a kv head is often a
     // page or more from the previous one, where hardware prefetchers stop.
     for (int64_t j = j0 + jn; j < std::min(last, j0 + jn + Bc); ++j) {
@@ -414,9 +435,11 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
     if (bf16_dot) {
       const uint16_t* kb[kDecodeKeyTile];
       for (int64_t j = 0; j < jn; ++j) kb[j] = reinterpret_cast<const uint16_t*>(src.key(j0 + j));
-      for (int64_t i = 0; i < R; ++i) {
-        bf16_scores(s.q_pairs + i * (H / 2), H, kb, jn, s.scores + i * Bc);
-      }
+      with_chunk_count(H / 32, [&](auto chunks) {
+        for (int64_t i = 0; i < R; ++i) {
+          bf16_scores<chunks()>(s.q_pairs + i * (H / 2), H / 32, kb, jn, s.scores + i * Bc);
+        }
+      });
     }
 #endif
     if (!bf16_dot) {
@@ -433,7 +456,11 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
           k_ptr[j] = s.k_rows + j * Hp;
         }
       }
-      for (int64_t i = 0; i < R; ++i) float_scores(s.q + i * Hp, Hp, k_ptr, jn, s.scores + i * Bc);
+      with_chunk_count(Hp / kLanes, [&](auto chunks) {
+        for (int64_t i = 0; i < R; ++i) {
+          float_scores<chunks()>(s.q + i * Hp, Hp / kLanes, k_ptr, jn, s.scores + i * Bc);
+        }
+      });
     }
 
     // Logits, softmax update, rescale of the earlier output.
@@ -499,11 +526,11 @@ inline void merge_decode_state(const DecodeShape& shape, const DecodeState& part
   const int64_t Hp = decode_padded_dim(shape.head_dim);
   for (int64_t i = 0; i < shape.rows; ++i) {
     const float m_a = into.m[i], m_b = part.m[i];
-    if (m_b == -kDecodeInf && !std::isnan(part.l[i])) continue;  // part saw no key
+    if (m_b == -kInf && !std::isnan(part.l[i])) continue;  // part saw no key
     const float m = std::max(m_a, m_b);
-    const float shift = m == -kDecodeInf ? 0.0f : m;
-    const float alpha = m_a == -kDecodeInf ? 0.0f : std::exp2(m_a - shift);
-    const float beta = m_b == -kDecodeInf ? 0.0f : std::exp2(m_b - shift);
+    const float shift = m == -kInf ? 0.0f : m;
+    const float alpha = m_a == -kInf ? 0.0f : std::exp2(m_a - shift);
+    const float beta = m_b == -kInf ? 0.0f : std::exp2(m_b - shift);
     into.m[i] = m;
     into.l[i] = into.l[i] * alpha + part.l[i] * beta;
     float* o = into.o + i * Hp;
@@ -522,13 +549,13 @@ inline float finish_decode_row(const DecodeShape& shape, const DecodeState& st, 
   // l is NaN when a NaN or +inf reached the row's logits: the row is NaN then.
   if (l == 0.0f) {
     std::fill(out_row, out_row + shape.head_dim, 0.0f);
-    return -kDecodeInf;
+    return -kInf;
   }
   const float inv = 1.0f / l;
   const float* o = st.o + i * Hp;
   for (int64_t h = 0; h < shape.head_dim; ++h) out_row[h] = o[h] * inv;
-  const float shift = st.m[i] == -kDecodeInf ? 0.0f : st.m[i];
-  return (shift + std::log2(l)) * kDecodeLn2;
+  const float shift = st.m[i] == -kInf ? 0.0f : st.m[i];
+  return (shift + std::log2(l)) * kLn2;
 }
 
 // ---------------------------------------------------------------------------
@@ -540,13 +567,13 @@ inline float finish_decode_row(const DecodeShape& shape, const DecodeState& st, 
 // shape and the thread count only, so the results do too (deterministic).
 inline int64_t decode_key_splits(int64_t groups, int64_t max_keys, int threads) {
   if (threads <= 1 || groups <= 0 || groups >= 2 * static_cast<int64_t>(threads)) return 1;
-  const int64_t wanted = decode_ceil_div(2 * static_cast<int64_t>(threads), groups);
+  const int64_t wanted = ceil_div(2 * static_cast<int64_t>(threads), groups);
   return std::max<int64_t>(1, std::min(wanted, max_keys / kMinKeysPerSplit));
 }
 
 inline size_t decode_workspace_bytes(int64_t groups, const DecodeShape& shape,
                                      int64_t max_keys, int threads) {
-  DecodeArena arena(nullptr);
+  Arena arena(nullptr);
   for (int t = 0; t < threads; ++t) carve_decode_scratch(shape.rows, shape.head_dim, arena);
   const int64_t splits = decode_key_splits(groups, max_keys, threads);
   if (splits > 1) {
@@ -569,18 +596,20 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
   const int64_t R = shape.rows, Hp = decode_padded_dim(shape.head_dim);
 #pragma omp parallel num_threads(threads)
   {
-    DecodeArena arena(workspace);
+    Arena arena(workspace);
     DecodeScratch s = carve_decode_scratch(R, shape.head_dim, arena);
     for (int t = 0; t < omp_get_thread_num(); ++t) s = carve_decode_scratch(R, shape.head_dim, arena);
     // The partial states follow every thread's scratch.
-    DecodeArena partials(workspace);
+    Arena partials(workspace);
     for (int t = 0; t < omp_get_num_threads(); ++t) carve_decode_scratch(R, shape.head_dim, partials);
-    DecodeArena measure(nullptr);
+    Arena measure(nullptr);
     carve_decode_state(R, shape.head_dim, measure);
     const size_t state_bytes = measure.used();  // a multiple of 64
+    // partials.used() counts from the workspace with its alignment, so every
+    // state starts 64-byte aligned and Arena adds no padding there.
+    char* const first_state = static_cast<char*>(workspace) + partials.used();
     auto partial = [&](int64_t item) {
-      DecodeArena at = partials;
-      at.skip(static_cast<size_t>(item) * state_bytes);
+      Arena at(first_state + static_cast<size_t>(item) * state_bytes);
       return carve_decode_state(R, shape.head_dim, at);
     };
     auto store_rows = [&](int64_t g, const DecodeState& st) {
@@ -608,7 +637,7 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
         }
       }
       if (first > last) first = last = 0;
-      const int64_t per = decode_round_up(decode_ceil_div(last - first, splits), kDecodeKeyTile);
+      const int64_t per = round_up(ceil_div(last - first, splits), kDecodeKeyTile);
       const int64_t j_begin = std::min(last, first + split * per);
       const int64_t j_end = std::min(last, j_begin + per);
       const DecodeState st = splits > 1 ? partial(item) : s.state;

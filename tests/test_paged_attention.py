@@ -79,9 +79,17 @@ DTYPES = [(jnp.float32, None), (jnp.bfloat16, None), (jnp.float16, None),
           (INT8, jnp.float32), (INT8, jnp.bfloat16)]
 
 
+# Each case with two of the dtypes, so that every dtype meets two shapes
+# (the whole product costs compile time); bfloat16 meets head dim 64, the
+# decode core's bfloat16 dot-product path.
+VALUE_CASES = [(case, *DTYPES[(i + k) % len(DTYPES)]) for i, case in enumerate(CASES)
+               for k in (0, 3)]
+
+
 @pytest.mark.backends(*BACKENDS)
-@pytest.mark.parametrize("dtype,query_dtype", DTYPES, ids=lambda d: backends.param_id(d))
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case,dtype,query_dtype", VALUE_CASES,
+                         ids=[f"{c}-{backends.param_id(d)}-{backends.param_id(q)}"
+                              for c, d, q in VALUE_CASES])
 def test_values_against_reference(backend, case, dtype, query_dtype):
   batch, T, heads, kv_heads, head_dim, page_size, max_pages = case
   cache = make_cache(sum(case[2:]), batch=batch, heads=heads, kv_heads=kv_heads,
@@ -91,6 +99,16 @@ def test_values_against_reference(backend, case, dtype, query_dtype):
   if T is not None:
     query_lens = jnp.asarray(np.arange(batch) % T + 1, jnp.int32)  # some rows are padding
   check_against_reference(cache, query_lens=query_lens)
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=backends.param_id)
+def test_one_sequence_splits_its_keys_across_threads(backend, dtype):
+  """One sequence and one kv head (fewer groups than threads) with enough
+  keys that the decode core splits them and merges the partial states."""
+  cache = make_cache(15, batch=1, heads=4, kv_heads=1, head_dim=64, page_size=16, max_pages=40,
+                     dtype=dtype, kv_lens=[601])
+  check_against_reference(cache, logits_soft_cap=20.0)
 
 
 @pytest.mark.backends(*BACKENDS)

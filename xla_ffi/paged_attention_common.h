@@ -224,20 +224,17 @@ inline ffi::Error decode_paged_kv_update(
   JAXOPS_RETURN_IF_ERROR(check_int32_vector(op, "slot_mapping", slot_mapping, p->num_tokens));
   JAXOPS_RETURN_IF_ERROR(check_scales(op, "key_scales", key_scales, int8_pages, pages));
   JAXOPS_RETURN_IF_ERROR(check_scales(op, "value_scales", value_scales, int8_pages, pages));
-  JAXOPS_RETURN_IF_ERROR(same_dims(op, "key_pages", key_pages, "key_pages result", key_pages_out));
-  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "key_pages", key_pages, "key_pages result", key_pages_out));
-  JAXOPS_RETURN_IF_ERROR(
-      same_dims(op, "value_pages", value_pages, "value_pages result", value_pages_out));
-  JAXOPS_RETURN_IF_ERROR(
-      same_dtype(op, "value_pages", value_pages, "value_pages result", value_pages_out));
-  JAXOPS_RETURN_IF_ERROR(
-      same_dims(op, "key_scales", key_scales, "key_scales result", key_scales_out));
-  JAXOPS_RETURN_IF_ERROR(
-      same_dtype(op, "key_scales", key_scales, "key_scales result", key_scales_out));
-  JAXOPS_RETURN_IF_ERROR(
-      same_dims(op, "value_scales", value_scales, "value_scales result", value_scales_out));
-  JAXOPS_RETURN_IF_ERROR(
-      same_dtype(op, "value_scales", value_scales, "value_scales result", value_scales_out));
+  const std::pair<const ffi::AnyBuffer*, const ffi::AnyBuffer*> written[] = {
+      {&key_pages, &key_pages_out}, {&value_pages, &value_pages_out},
+      {&key_scales, &key_scales_out}, {&value_scales, &value_scales_out}};
+  const char* names[] = {"key_pages", "value_pages", "key_scales", "value_scales"};
+  for (int i = 0; i < 4; ++i) {
+    const std::string result = std::string(names[i]) + " result";
+    JAXOPS_RETURN_IF_ERROR(same_dims(op, names[i], *written[i].first, result.c_str(),
+                                     *written[i].second));
+    JAXOPS_RETURN_IF_ERROR(same_dtype(op, names[i], *written[i].first, result.c_str(),
+                                      *written[i].second));
+  }
   if (const char* error = params::paged_kv_update_params_error(*p)) return invalid(op, error);
   return ffi::Error::Success();
 }

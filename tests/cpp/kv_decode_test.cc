@@ -93,7 +93,7 @@ struct Groups {
 template <typename E>
 void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
   std::normal_distribution<float> normal;
-  const int64_t pages = kd::decode_ceil_div(c.keys, c.page_size);
+  const int64_t pages = kd::ceil_div(c.keys, c.page_size);
   const int64_t slots = pages * c.page_size;
   // One cache per group, pages shuffled.
   std::vector<std::vector<E>> k(c.groups), v(c.groups);

@@ -1,0 +1,109 @@
+"""``python -m jaxops.bench paged_attention``: decode over a paged KV cache vs the jnp reference.
+
+One query token per sequence against ``--kv-len`` cached tokens held in pages
+of ``--page-size`` tokens, scattered over a shuffled page pool (block tables
+as a serving engine builds them). For float32, bfloat16 and int8 pages (with
+float32 scales, a float32 query), jaxops.paged_attention against the jnp
+reference (jaxops.reference.paged_attention under jit: a dense gather of
+every sequence's pages through its block table, then attention) in the same
+run. The columns are jaxops.bench decode's (its ``run_cases``, whose
+streaming-bandwidth measure runs first): cache GB/s counts the K/V bytes
+read, pages and scales, the figure a decode step is bound by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+import jaxops
+from jaxops import reference
+from jaxops.bench.decode import print_dtype_ratios, run_cases, stream_bandwidth
+from jaxops.bench.timing import machine_line
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedDecodeCase:
+  """jaxops.paged_attention decoding one token of each of B sequences."""
+  batch: int
+  kv_len: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  page_size: int
+  dtype: str  # of the pages: float32, bfloat16, float16 or int8 (float32 query)
+
+  @property
+  def label(self) -> str:
+    return (f"paged B={self.batch} S={self.kv_len} N/K={self.num_heads}/{self.num_kv_heads} "
+            f"H={self.head_dim} page={self.page_size} {self.dtype}")
+
+  @property
+  def twin(self) -> str:
+    """The label of the same case in float32 (for the time ratio)."""
+    return self.label.rsplit(" ", 1)[0] + " float32"
+
+  @property
+  def cache_bytes(self) -> int:
+    scale_bytes = 4 if self.dtype == "int8" else 0
+    per_token = self.num_kv_heads * (self.head_dim * jnp.dtype(self.dtype).itemsize + scale_bytes)
+    return 2 * self.batch * self.kv_len * per_token
+
+  def build(self):
+    B, S, N, K, H, page = (self.batch, self.kv_len, self.num_heads, self.num_kv_heads,
+                           self.head_dim, self.page_size)
+    rng = np.random.default_rng(0)
+    pages_per_seq = -(-S // page)
+    tables = jnp.asarray(rng.permutation(B * pages_per_seq).reshape(B, pages_per_seq), jnp.int32)
+    shape = (B * pages_per_seq, page, K, H)
+    int8 = self.dtype == "int8"
+    q = jnp.asarray(rng.standard_normal((B, N, H)), jnp.float32 if int8 else self.dtype)
+    if int8:
+      pages = [jnp.asarray(rng.integers(-127, 128, shape), jnp.int8) for _ in range(2)]
+      extra = {"key_scales": jnp.full(shape[:3], 0.01, jnp.float32),
+               "value_scales": jnp.full(shape[:3], 0.01, jnp.float32)}
+    else:
+      pages = [jnp.asarray(rng.standard_normal(shape), self.dtype) for _ in range(2)]
+      extra = {}
+    lens = jnp.full((B,), S, jnp.int32)
+    ours = lambda q, kp, vp, t, n: jaxops.paged_attention(q, kp, vp, t, n, **extra)
+    ref = lambda q, kp, vp, t, n: reference.paged_attention(q, kp, vp, t, n, **extra)
+    return ours, ref, (q, *pages, tables, lens)
+
+
+def paged_cases(dtypes, batches, kv_len=4096, heads=(32, 8), head_dim=128,
+                page_size=16) -> list[PagedDecodeCase]:
+  return [PagedDecodeCase(batch, kv_len, *heads, head_dim, page_size, dtype)
+          for batch in batches for dtype in dtypes]
+
+
+def _parse(argv):
+  parser = argparse.ArgumentParser(prog="python -m jaxops.bench paged_attention",
+                                   description=__doc__)
+  parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"])
+  parser.add_argument("--batches", nargs="+", type=int, default=[8, 1])
+  parser.add_argument("--kv-len", type=int, default=4096)
+  parser.add_argument("--heads", default="32/8", help="query heads / kv heads")
+  parser.add_argument("--head-dim", type=int, default=128)
+  parser.add_argument("--page-size", type=int, default=16)
+  parser.add_argument("--runs", type=int, default=9)
+  return parser.parse_args(argv)
+
+
+def main(argv=()):
+  args = _parse(argv)
+  print(f"# {machine_line()}")
+  start = time.perf_counter()
+  stream_gbs, probe = stream_bandwidth(args.runs)
+  print(f"# streaming read bandwidth: {stream_gbs:.1f} GB/s ({probe}, median of {args.runs})")
+  heads = tuple(int(s) for s in args.heads.split("/"))
+  cases = paged_cases(args.dtypes, args.batches, args.kv_len, heads, args.head_dim,
+                      args.page_size)
+  medians = run_cases(cases, stream_gbs, args.runs)
+  print_dtype_ratios(cases, medians)
+  print(f"# {time.perf_counter() - start:.0f} s")
+  return 0
