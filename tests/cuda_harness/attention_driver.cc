@@ -36,26 +36,10 @@ struct Shape {
   bool causal;
 };
 
-template <typename T>
-double tolerance() {
-  if (std::is_same<T, float>::value) return 1e-4;
-  if (std::is_same<T, __half>::value) return 1e-2;
-  return 6e-2;
-}
-
 template <typename V>
 void compare(const std::string& what, const std::vector<V>& actual,
              const std::vector<double>& expected, double tol) {
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double a = static_cast<double>(static_cast<float>(actual[i]));
-    const double e = expected[i];
-    const bool ok = std::isinf(e) ? a == e : std::fabs(a - e) <= tol * (1.0 + std::fabs(e));
-    if (!ok) {
-      std::fprintf(stderr, "FAIL %s: element %zu is %g, expected %g\n", what.c_str(), i, a, e);
-      ++g_failures;
-      return;
-    }
-  }
+  compare_with_reference(what, actual.data(), expected, tol);
 }
 
 bool failed(cudaError_t status, const std::string& name) {
@@ -227,7 +211,7 @@ void run_fwd_bwd(const Problem<T>& pr, std::mt19937& rng) {
       }
     }
   }
-  const double tol = tolerance<T>();
+  const double tol = attention_tolerance<T>();
   compare(pr.name + " out", out, out_r, tol);
   compare(pr.name + " logsumexp", lse, lse_r, 1e-4);
   compare(pr.name + " dq", dq, dq_r, tol);
@@ -314,7 +298,7 @@ void run_fwd_jvp(const Problem<T>& pr, int present, std::mt19937& rng) {
       }
     }
   }
-  const double tol = tolerance<T>();
+  const double tol = attention_tolerance<T>();
   compare(name + " out", out, out_r, tol);
   compare(name + " logsumexp", lse, lse_r, 1e-4);
   compare(name + " dout", dout, dout_r, tol);
@@ -346,18 +330,9 @@ bool parse(const std::string& text, Shape* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::mt19937 rng(1234);
-  for (int i = 1; i < argc; ++i) {
-    Shape s;
-    if (!parse(argv[i], &s)) {
-      std::fprintf(stderr, "bad shape %s\n", argv[i]);
-      return 2;
-    }
+  return run_shapes<Shape>(argc, argv, parse, [](const Shape& s, std::mt19937& rng, int) {
     run<float>(s, rng);
     run<__nv_bfloat16>(s, rng);
     run<__half>(s, rng);
-  }
-  if (g_failures != 0) return 3;
-  std::printf("all agree\n");
-  return 0;
+  });
 }

@@ -1,13 +1,17 @@
 // Test-only helpers shared by the sanitizer drivers (norms_driver.cc,
 // softmax_cross_entropy_driver.cc, attention_driver.cc, catalogue_driver.cc):
-// the failure count, launch-status checks, dtype names and exact-size buffers.
+// the failure count, launch-status checks, dtype names, exact-size buffers and
+// the comparison with a double reference, and the drivers' main loop.
 // Each driver includes this once, into its own translation unit.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,6 +36,15 @@ const char* type_name() {
   return "bfloat16";
 }
 
+// The attention drivers' tolerance for results stored in T, relative to
+// 1 + |expected| (float32 products and softmax, rounded once to T).
+template <typename T>
+double attention_tolerance() {
+  if (std::is_same<T, float>::value) return 1e-4;
+  if (std::is_same<T, __half>::value) return 1e-2;
+  return 6e-2;
+}
+
 // One buffer per allocation, exactly sized (AddressSanitizer redzones around it).
 template <typename T>
 struct Buffer {
@@ -42,5 +55,42 @@ struct Buffer {
   T* data;
   size_t size;
 };
+
+// Kernel results against a double reference: an infinite expectation must be
+// met exactly, anything else within tol * (1 + |expected|). Reports and counts
+// the first mismatch.
+template <typename V>
+void compare_with_reference(const std::string& what, const V* actual,
+                            const std::vector<double>& expected, double tol) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double a = static_cast<double>(static_cast<float>(actual[i]));
+    const double e = expected[i];
+    const bool ok = std::isinf(e) ? a == e : std::fabs(a - e) <= tol * (1.0 + std::fabs(e));
+    if (!ok) {
+      std::fprintf(stderr, "FAIL %s: element %zu is %g, expected %g\n", what.c_str(), i, a, e);
+      ++g_failures;
+      return;
+    }
+  }
+}
+
+// A driver's main: parses each command-line argument into a Shape and runs
+// it (with its index) from one seeded generator. Exit status 2 for an
+// argument `parse` rejects, 3 when a result disagreed, else 0.
+template <typename Shape, typename Parse, typename Run>
+int run_shapes(int argc, char** argv, Parse parse, Run run) {
+  std::mt19937 rng(1234);
+  for (int i = 1; i < argc; ++i) {
+    Shape s;
+    if (!parse(argv[i], &s)) {
+      std::fprintf(stderr, "bad shape %s\n", argv[i]);
+      return 2;
+    }
+    run(s, rng, i - 1);
+  }
+  if (g_failures != 0) return 3;
+  std::printf("all agree\n");
+  return 0;
+}
 
 }  // namespace

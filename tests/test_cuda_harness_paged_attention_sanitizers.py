@@ -1,0 +1,29 @@
+"""The CUDA paged attention kernels under AddressSanitizer and ThreadSanitizer,
+run by the CPU harness (see test_cuda_harness_checks.py for the harness's own
+checks).
+
+tests/cuda_harness/paged_attention_driver.cc runs attention over the pages
+(unsplit, split-K with three splits and the default plan, with and without a
+logsumexp) and paged_kv_update (padding slots, a slot named twice, the int8
+quantization rule bit for bit) for every (query, page) type pair: float32,
+bfloat16 and float16 pages, and int8 pages with scales under all three query
+types, against a double-precision reference, on tiny shapes: page sizes 1, 5 and 16, GQA and
+MQA, decode (T = 1) and chunked prefill (T > 1 with query_lens, clamped where
+they exceed T or kv_len), kv_lens of 0, part of the capacity, the capacity and
+beyond, page ids below 0 and past the last page, a soft cap, a window, more
+query rows than one tile (several row tiles), and the launchers' rejections.
+"""
+
+from support.sanitizers import check_driver
+
+ASAN_SHAPES = ["4x1x4x2x8x5x3s", "1x3x2x1x7x1x9w", "4x3x8x1x20x16x2", "2x1x1x1x33x5x2ws"]
+TSAN_SHAPES = ["4x1x4x2x8x5x3s", "2x3x2x1x7x1x9w"]
+DRIVER = "paged_attention_driver.cc"
+
+
+def test_paged_attention_under_address_sanitizer():
+  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=7)
+
+
+def test_paged_attention_under_thread_sanitizer():
+  check_driver(DRIVER, "tsan", *TSAN_SHAPES)

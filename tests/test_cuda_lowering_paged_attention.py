@@ -1,0 +1,170 @@
+"""The CUDA lowering of paged_attention and paged_kv_update, checked without a GPU.
+
+``lower(lowering_platforms=("cuda",))`` must name the CUDA handlers' targets
+(xla_ffi/cuda/paged_attention.cc) with operands, results and attributes of the
+types those handlers bind (xla_ffi/paged_attention_common.h, whose contract
+gives the attribute types), absent optional operands as [0] placeholders, and
+paged_kv_update's pages and scales aliased to its results (written in place).
+The handlers themselves run in the CUDA harness: they reject inconsistent
+buffers with an error (launching nothing), and the update starts from a copy
+of its operands when XLA did not alias them.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cuda_harness
+import jaxops
+from support import backends
+from support.lowering import DTYPES, T, check_binding, custom_calls
+
+B, TQ, N, K, H, P, PAGE, M = 2, 3, 4, 2, 16, 7, 5, 3
+
+
+def _pages(page_dtype):
+  shape = (P, PAGE, K, H)
+  if page_dtype == "int8":
+    pages = jnp.ones(shape, jnp.int8)
+    return pages, pages, jnp.ones(shape[:3], jnp.float32), jnp.ones(shape[:3], jnp.float32)
+  return jnp.ones(shape, page_dtype), jnp.ones(shape, page_dtype), None, None
+
+
+def _buffers(page_dtype):
+  """{target: (operand dtypes, result dtypes)}, T the query's dtype."""
+  kv = "i8" if page_dtype == "int8" else T
+  return {
+      "jaxops_paged_attention_fwd": ((T, kv, kv, "i32", "i32", "i32", "f32", "f32"), (T, "f32")),
+      "jaxops_paged_kv_update": ((kv, kv, T, T, "i32", "f32", "f32"), (kv, kv, "f32", "f32")),
+  }
+
+
+PAIRS = [(d, d) for d in DTYPES] + [(d, "int8") for d in DTYPES]
+
+
+@pytest.mark.parametrize("dtype,page_dtype", PAIRS, ids=lambda d: str(d))
+def test_paged_attention_lowers_to_the_cuda_target(dtype, page_dtype):
+  key_pages, value_pages, key_scales, value_scales = _pages(page_dtype)
+  query = jnp.ones((B, TQ, N, H), dtype)
+  tables = jnp.zeros((B, M), jnp.int32)
+
+  def f(query, kv_lens, query_lens):
+    return jaxops.paged_attention(query, key_pages, value_pages, tables, kv_lens,
+                                  query_lens=query_lens, logits_soft_cap=5.0,
+                                  local_window_size=4, return_residual=True,
+                                  key_scales=key_scales, value_scales=value_scales,
+                                  implementation="ffi")
+
+  (call,) = custom_calls(f, query, jnp.array([7, 3], jnp.int32), jnp.array([3, 1], jnp.int32))
+  assert call.target == "jaxops_paged_attention_fwd"
+  check_binding(call, dtype, _buffers(page_dtype))
+  assert [shape for shape, _ in call.operands[3:6]] == [(B, M), (B,), (B,)]
+  scales = [shape for shape, _ in call.operands[6:]]
+  assert scales == ([(P, PAGE, K)] * 2 if page_dtype == "int8" else [(0,), (0,)])
+  assert [shape for shape, _ in call.results] == [(B, TQ, N, H), (B, N, TQ)]
+  assert call.integers["window_left"] == 4
+
+
+def test_decode_query_lowers_with_one_query_row_and_no_query_lens():
+  key_pages, value_pages, _, _ = _pages("float32")
+  query = jnp.ones((B, N, H), jnp.float32)
+  (call,) = custom_calls(
+      lambda q, lens: jaxops.paged_attention(q, key_pages, value_pages,
+                                             jnp.zeros((B, M), jnp.int32), lens,
+                                             implementation="ffi"),
+      query, jnp.array([7, 3], jnp.int32))
+  assert call.operands[0][0] == (B, 1, N, H)
+  assert call.operands[5][0] == (0,)  # query_lens absent
+  assert call.integers["window_left"] == -1
+
+
+@pytest.mark.parametrize("dtype,page_dtype", PAIRS, ids=lambda d: str(d))
+def test_paged_kv_update_lowers_in_place(dtype, page_dtype):
+  key_pages, value_pages, key_scales, value_scales = _pages(page_dtype)
+  rows = jnp.ones((5, K, H), dtype)
+  slots = jnp.array([0, 6, -1, 34, 35], jnp.int32)
+
+  def f(key_pages, value_pages, *scales):
+    kwargs = dict(zip(("key_scales", "value_scales"), scales))
+    return jaxops.paged_kv_update(key_pages, value_pages, rows, rows, slots,
+                                  implementation="ffi", **kwargs)
+
+  args = (key_pages, value_pages) + ((key_scales, value_scales) if page_dtype == "int8" else ())
+  (call,) = custom_calls(f, *args)
+  assert call.target == "jaxops_paged_kv_update"
+  check_binding(call, dtype, _buffers(page_dtype))
+  # Results 0..3 alias operands 0, 1, 5, 6: the pages and scales are written in place.
+  aliases = [(int(out), int(operand)) for out, operand in re.findall(
+      r"output_tuple_indices = \[(\d+)\], operand_index = (\d+)", call.text)]
+  assert aliases == [(0, 0), (1, 1), (2, 5), (3, 6)]
+
+
+def test_donated_pages_are_the_updates_results():
+  """Donated pages under jax.jit lower for CUDA as parameters aliased to the
+  results (tf.aliasing_output), which with the call's alias map lets XLA
+  write the cache in place, without a copy."""
+  key_pages, value_pages, _, _ = _pages("bfloat16")
+  rows = jnp.ones((2, K, H), jnp.bfloat16)
+  slots = jnp.array([0, 9], jnp.int32)
+  f = jax.jit(lambda kp, vp: jaxops.paged_kv_update(kp, vp, rows, rows, slots,
+                                                    implementation="ffi"),
+              donate_argnums=(0, 1))
+  text = f.trace(key_pages, value_pages).lower(lowering_platforms=("cuda",)).as_text()
+  assert "@jaxops_paged_kv_update" in text
+  assert text.count("tf.aliasing_output") == 2
+
+
+# -- the CUDA handlers, run in the harness (tests/cuda_harness) ----------------------------
+
+F32 = np.float32
+_Q, _PAGES = np.ones((2, 1, 4, 8), F32), np.ones((3, 4, 2, 8), F32)
+_TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
+_ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1)}
+_NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
+_WIDE = 264  # above the CUDA kernel's head-dim limit, which the CPU kernel does not have
+
+
+@pytest.mark.parametrize("target,operands,results,attrs,match", [
+    ("jaxops_paged_attention_fwd",
+     [np.ones((2, 1, 4, _WIDE), F32), np.ones((3, 4, 2, _WIDE), F32),
+      np.ones((3, 4, 2, _WIDE), F32), _TABLES, _LENS, *_NONE],
+     [((2, 1, 4, _WIDE), F32), ((2, 4, 1), F32)], _ATTRS, "head_dim <= 256"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES[:, :2], _TABLES, _LENS, *_NONE],
+     [((2, 1, 4, 8), F32), ((2, 4, 1), F32)], _ATTRS, "value_pages has shape"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES.astype(np.int8), _PAGES.astype(np.int8),
+                                    _TABLES, _LENS, *_NONE],
+     [((2, 1, 4, 8), F32), ((2, 4, 1), F32)], _ATTRS, "key_scales must be float32 of shape"),
+    ("jaxops_paged_kv_update", [_PAGES, _PAGES, np.ones((3, 2, 4), F32), np.ones((3, 2, 4), F32),
+                                np.zeros((3,), np.int32), *_NONE[1:]],
+     [((3, 4, 2, 8), F32), ((3, 4, 2, 8), F32), ((0,), F32), ((0,), F32)], {}, "key must be"),
+])
+def test_cuda_handler_rejects_inconsistent_buffers(target, operands, results, attrs, match):
+  """The CUDA handlers return an error, launching nothing, for what the shared
+  checks reject and for head dims above the CUDA kernel's limit."""
+  harness = backends.harness()
+  launches = harness.launches()
+  call = jax.ffi.ffi_call(cuda_harness.harness_target(target),
+                          [jax.ShapeDtypeStruct(s, d) for s, d in results])
+  with pytest.raises(Exception, match=match):
+    jax.block_until_ready(call(*operands, **attrs))
+  assert harness.launches() == launches
+
+
+def test_cuda_update_handler_copies_an_unaliased_operand():
+  """Called without aliasing (a plain ffi_call), the CUDA update handler
+  starts its results from copies of the pages and writes only the slots."""
+  backends.harness()
+  pages = np.arange(3 * 4 * 2 * 8, dtype=F32).reshape(3, 4, 2, 8)
+  rows = -np.ones((2, 2, 8), F32)
+  call = jax.ffi.ffi_call(cuda_harness.harness_target("jaxops_paged_kv_update"),
+                          [jax.ShapeDtypeStruct(pages.shape, F32)] * 2 +
+                          [jax.ShapeDtypeStruct((0,), F32)] * 2)
+  key_pages, value_pages, _, _ = call(pages, pages, rows, rows, np.array([5, -1], np.int32),
+                                      *_NONE[1:])
+  expected = pages.copy()
+  expected[1, 1] = -1  # slot 5 = page 1, offset 1; slot -1 is padding
+  np.testing.assert_array_equal(np.asarray(key_pages), expected)
+  np.testing.assert_array_equal(np.asarray(value_pages), expected)
