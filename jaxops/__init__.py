@@ -8,6 +8,7 @@ from jaxops._src.export import export_checks
 from jaxops._src.ffi_targets import cpu_isa
 from jaxops._src.norms import add_rms_norm, layer_norm, rms_norm
 from jaxops._src.rope import rope
+from jaxops._src.sampling import sample
 from jaxops._src.softmax import causal_softmax, log_softmax, softmax
 from jaxops import optim
 
@@ -15,5 +16,6 @@ __all__ = [
     "add_rms_norm", "attention", "causal_softmax", "cpu_isa", "cross_entropy", "embedding",
     "export_checks", "geglu", "gelu", "layer_norm", "linear_cross_entropy", "log_softmax", "optim",
     "rms_norm", "rope", "silu", "softmax", "swiglu",
+    "sample",
 ]
 __version__ = "0.1.0"

@@ -151,6 +151,8 @@ PROGRAMS = {
                   (Q, KV, KV)),
     "attention_jvp": (_jvp(lambda q, k, v: jaxops.attention(q, k, v, local_window_size=(2, 1),
                                                             **FFI)), (Q, KV, KV)),
+    "sample": (lambda x: jaxops.sample(jax.random.key(0), x[0], top_k=5, top_p=0.9, **FFI),
+               (X,)),
 }
 
 

@@ -1,0 +1,47 @@
+// CUDA FFI handler of sampling: the CPU handler's target, binding and
+// validation (xla_ffi/sampling_common.h), then a launch of cuda/sampling on
+// the stream XLA hands over.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "cuda/sampling.h"
+#include "xla_ffi/cuda/cuda_binding.h"
+#include "xla_ffi/cuda/cuda_dispatch.h"
+#include "xla_ffi/cuda/cuda_status.h"
+#include "xla_ffi/sampling_common.h"
+
+namespace jaxops {
+namespace {
+
+namespace ffi = xla::ffi;
+using namespace ffi_common;
+using namespace sampling_common;
+using ffi_cuda::cuda_binding;
+using ffi_cuda::dispatch;
+using ffi_cuda::launch_status;
+
+ffi::Error Sample(cudaStream_t stream, ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> uniforms,
+                  ffi::Buffer<ffi::F32> temperature, ffi::Buffer<ffi::S32> top_k,
+                  ffi::Buffer<ffi::F32> top_p, ffi::Buffer<ffi::F32> min_p,
+                  ffi::Result<ffi::Buffer<ffi::S32>> tokens) {
+  const std::string op = kSample.name;
+  SampleShape s;
+  JAXOPS_RETURN_IF_ERROR(
+      check_sample(logits, uniforms, temperature, top_k, top_p, min_p, *tokens, &s));
+  return dispatch(op, logits.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    return launch_status(op, cuda::sample<T>(stream, data<const T>(logits), uniforms.typed_data(),
+                                             temperature.typed_data(), top_k.typed_data(),
+                                             top_p.typed_data(), min_p.typed_data(),
+                                             tokens->typed_data(), s));
+  });
+}
+
+}  // namespace
+
+JAXOPS_FFI_TARGET(kSample, kSampleCuda, Sample, bind_sample(cuda_binding()));
+
+}  // namespace jaxops
