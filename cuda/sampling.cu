@@ -122,7 +122,8 @@ __device__ uint32_t largest_key_reaching(Measure measure, Value goal) {
 template <typename T>
 __device__ int64_t tied_index(const Row<T>& row, uint32_t key, long long rank) {
   __shared__ long long counts[kMaxRowThreads];
-  __shared__ long long found[2];  // chunk, rank within it; then the index
+  __shared__ long long owner_rank[2];  // the chunk that holds it, its rank there
+  __shared__ long long found;
   const int64_t chunk = (row.vocab + blockDim.x - 1) / blockDim.x;
   const int64_t begin = threadIdx.x * chunk;
   const int64_t end = min(row.vocab, begin + chunk);
@@ -143,25 +144,25 @@ __device__ int64_t tied_index(const Row<T>& row, uint32_t key, long long rank) {
       }
       before += counts[t];
     }
-    found[0] = owner;
-    found[1] = rank - before;
+    owner_rank[0] = owner;
+    owner_rank[1] = rank - before;
   }
   __syncthreads();
-  if (threadIdx.x == found[0]) {
+  if (threadIdx.x == owner_rank[0]) {
     long long seen = 0;
     int64_t index = end - 1;
     for (int64_t i = begin; i < end; ++i) {
       const uint32_t k = order_key(row.z(i));
-      if (k == key && row.kept(i, k) && ++seen == found[1]) {
+      if (k == key && row.kept(i, k) && ++seen == owner_rank[1]) {
         index = i;
         break;
       }
     }
-    found[0] = index;
+    found = index;
   }
   __syncthreads();
-  const int64_t index = found[0];
-  __syncthreads();  // found is reused by the next call
+  const int64_t index = found;
+  __syncthreads();  // owner_rank and found are reused by the next call
   return index;
 }
 
