@@ -1,7 +1,9 @@
 #include "cpu/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -11,6 +13,8 @@
 namespace jaxops::cpu {
 namespace {
 
+namespace params = ::jaxops::params;
+
 using ::jaxops::params::order_key;
 using ::jaxops::params::sample_row_params;
 using ::jaxops::params::SampleRow;
@@ -18,6 +22,9 @@ using ::jaxops::params::top_p_ties_kept;
 using ::jaxops::params::weight_is_indicator;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// A top-k this much smaller than the vocabulary streams through one pass
+// (stream_top_k); a larger one searches its boundary key bit by bit.
+constexpr int64_t kStreamingTopKRatio = 16;
 
 // The tokens still in the running, in index order: their scaled logits z,
 // their weights (once computed) and their indices in the row. Compaction keeps
@@ -25,6 +32,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Candidates {
   std::vector<float> z, weight;
   std::vector<int32_t> index;
+  std::vector<uint32_t> keys;  // scratch of select_top_k
   int64_t n = 0;
 
   explicit Candidates(int64_t vocab) : z(vocab), weight(vocab), index(vocab) {}
@@ -100,6 +108,50 @@ float mass_above(const Candidates& c, uint32_t key) {
   return key == 0xffffffffu ? 0.f : mass_at_least(c, key + 1);
 }
 
+// Keeps exactly the k (< n) candidates of the top-k order: the k-th largest key
+// (nth_element on a copy), then every candidate above it and the lowest-index
+// ones tied at it. Returns the k-th key.
+uint32_t select_top_k(Candidates& c, int64_t k) {
+  c.keys.resize(c.n);
+  for (int64_t i = 0; i < c.n; ++i) c.keys[i] = order_key(c.z[i]);
+  std::nth_element(c.keys.begin(), c.keys.begin() + (k - 1), c.keys.end(),
+                   std::greater<uint32_t>());
+  const uint32_t kth = c.keys[k - 1];
+  int64_t above = 0;
+  for (int64_t i = 0; i < c.n; ++i) above += order_key(c.z[i]) > kth ? 1 : 0;
+  int64_t tied_left = k - above, out = 0;
+  for (int64_t i = 0; i < c.n; ++i) {
+    const uint32_t key = order_key(c.z[i]);
+    if (key > kth || (key == kth && tied_left-- > 0)) {
+      c.z[out] = c.z[i];
+      c.index[out] = c.index[i];
+      ++out;
+    }
+  }
+  c.n = out;
+  return kth;
+}
+
+// Top-k for a small k in one pass over the row: a token joins the candidates
+// only above the k-th key of the candidates so far (a later token tied with it
+// has a higher index and loses the tie); when the list fills up it is cut back
+// to k. The list is written over c.z in place (it never overtakes the scan).
+void stream_top_k(Candidates& c, int64_t vocab, int64_t k) {
+  const int64_t capacity = std::max<int64_t>(4 * k, 1024);
+  float* z = c.z.data();
+  int32_t* index = c.index.data();
+  uint64_t floor = 0;  // keys below it cannot be kept; 2^32: none can join
+  c.n = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float zi = z[i];
+    if (order_key(zi) < floor) continue;
+    z[c.n] = zi;
+    index[c.n] = static_cast<int32_t>(i);
+    if (++c.n == capacity) floor = uint64_t{select_top_k(c, k)} + 1;
+  }
+  if (c.n > k) select_top_k(c, k);
+}
+
 int32_t sample_row(const float* x, int64_t vocab, const SampleRow& p, Candidates& c) {
   float* z = c.z.data();
   bool has_nan = false;
@@ -114,11 +166,15 @@ int32_t sample_row(const float* x, int64_t vocab, const SampleRow& p, Candidates
   int64_t argmax = 0;
   while (z[argmax] != top) ++argmax;
   if (p.greedy) return static_cast<int32_t>(argmax);
-  for (int64_t i = 0; i < vocab; ++i) c.index[i] = static_cast<int32_t>(i);
-  c.n = vocab;
 
   // Top-k: the k-th key, then the lowest-index tokens tied at it.
-  if (p.top_k < vocab) {
+  if (p.top_k * kStreamingTopKRatio <= vocab) {
+    stream_top_k(c, vocab, p.top_k);
+  } else {
+    for (int64_t i = 0; i < vocab; ++i) c.index[i] = static_cast<int32_t>(i);
+    c.n = vocab;
+  }
+  if (p.top_k < vocab && c.n > p.top_k) {
     const auto count = [](const Candidates& cs, uint32_t key) { return count_at_least(cs, key); };
     const uint32_t key = largest_key_reaching(c, count, p.top_k);
     const int64_t tied = p.top_k - count_above(c, key);
@@ -170,8 +226,7 @@ int32_t sample_row(const float* x, int64_t vocab, const SampleRow& p, Candidates
 }  // namespace
 
 template <typename T>
-void sample(const T* logits, const float* uniforms, const float* temperature,
-            const int32_t* top_k, const float* top_p, const float* min_p, int32_t* tokens,
+void sample(const T* logits, const float* row_floats, const int32_t* top_k, int32_t* tokens,
             SampleShape shape) {
   const int64_t vocab = shape.vocab;
 #pragma omp parallel if (shape.batch > 1)
@@ -181,18 +236,17 @@ void sample(const T* logits, const float* uniforms, const float* temperature,
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < shape.batch; ++r) {
       load_row(logits + r * vocab, row.data(), vocab);
-      const SampleRow p = sample_row_params(temperature[r], top_k[r], top_p[r], min_p[r],
-                                            uniforms[r], vocab);
+      const SampleRow p =
+          sample_row_params(row_floats + r * params::kRowFloats, top_k[r], vocab);
       tokens[r] = sample_row(row.data(), vocab, p, candidates);
     }
   }
 }
 
-template void sample<float>(const float*, const float*, const float*, const int32_t*,
-                            const float*, const float*, int32_t*, SampleShape);
-template void sample<bfloat16>(const bfloat16*, const float*, const float*, const int32_t*,
-                               const float*, const float*, int32_t*, SampleShape);
-template void sample<float16>(const float16*, const float*, const float*, const int32_t*,
-                              const float*, const float*, int32_t*, SampleShape);
+template void sample<float>(const float*, const float*, const int32_t*, int32_t*, SampleShape);
+template void sample<bfloat16>(const bfloat16*, const float*, const int32_t*, int32_t*,
+                               SampleShape);
+template void sample<float16>(const float16*, const float*, const int32_t*, int32_t*,
+                              SampleShape);
 
 }  // namespace jaxops::cpu

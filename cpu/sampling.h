@@ -23,8 +23,7 @@ namespace jaxops::cpu {
 using ::jaxops::params::SampleShape;
 
 template <typename T>
-void sample(const T* logits, const float* uniforms, const float* temperature,
-            const int32_t* top_k, const float* top_p, const float* min_p, int32_t* tokens,
+void sample(const T* logits, const float* row_floats, const int32_t* top_k, int32_t* tokens,
             SampleShape shape);
 
 }  // namespace jaxops::cpu

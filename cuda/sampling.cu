@@ -216,14 +216,12 @@ __device__ int64_t draw(const Row<T>& row) {
 
 template <typename T>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    sample_kernel(const T* __restrict__ logits, const float* __restrict__ uniforms,
-                  const float* __restrict__ temperature, const int32_t* __restrict__ top_k,
-                  const float* __restrict__ top_p, const float* __restrict__ min_p,
-                  int32_t* __restrict__ tokens, int64_t batch, int64_t vocab) {
+    sample_kernel(const T* __restrict__ logits, const float* __restrict__ row_floats,
+                  const int32_t* __restrict__ top_k, int32_t* __restrict__ tokens, int64_t batch,
+                  int64_t vocab) {
   for (int64_t r = blockIdx.x; r < batch; r += gridDim.x) {
     Row<T> row{logits + r * vocab, vocab,
-               sample_row_params(temperature[r], top_k[r], top_p[r], min_p[r], uniforms[r],
-                                 vocab),
+               sample_row_params(row_floats + r * ::jaxops::params::kRowFloats, top_k[r], vocab),
                0.f};
     float top = -CUDART_INF_F;
     bool has_nan = false;
@@ -288,21 +286,19 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 }  // namespace
 
 template <typename T>
-cudaError_t sample(cudaStream_t stream, const T* logits, const float* uniforms,
-                   const float* temperature, const int32_t* top_k, const float* top_p,
-                   const float* min_p, int32_t* tokens, SampleShape shape) {
+cudaError_t sample(cudaStream_t stream, const T* logits, const float* row_floats,
+                   const int32_t* top_k, int32_t* tokens, SampleShape shape) {
   if (shape.vocab < 1 || shape.batch < 0) return cudaErrorInvalidValue;
   if (shape.batch == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(std::min(shape.batch, kMaxBlocks)));
   const dim3 block(threads_for_row(shape.vocab, kMaxRowThreads));
-  return launch_kernel(sample_kernel<T>, grid, block, stream, logits, uniforms, temperature,
-                       top_k, top_p, min_p, tokens, shape.batch, shape.vocab);
+  return launch_kernel(sample_kernel<T>, grid, block, stream, logits, row_floats, top_k, tokens,
+                       shape.batch, shape.vocab);
 }
 
 #define JAXOPS_CUDA_SAMPLING_INSTANTIATE(T)                                                  \
-  template cudaError_t sample<T>(cudaStream_t, const T*, const float*, const float*,         \
-                                 const int32_t*, const float*, const float*, int32_t*,       \
-                                 SampleShape);
+  template cudaError_t sample<T>(cudaStream_t, const T*, const float*, const int32_t*,       \
+                                 int32_t*, SampleShape);
 
 JAXOPS_CUDA_SAMPLING_INSTANTIATE(float)
 JAXOPS_CUDA_SAMPLING_INSTANTIATE(__half)

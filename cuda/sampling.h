@@ -27,14 +27,12 @@ namespace jaxops::cuda {
 using ::jaxops::params::SampleShape;
 
 template <typename T>
-cudaError_t sample(cudaStream_t stream, const T* logits, const float* uniforms,
-                   const float* temperature, const int32_t* top_k, const float* top_p,
-                   const float* min_p, int32_t* tokens, SampleShape shape);
+cudaError_t sample(cudaStream_t stream, const T* logits, const float* row_floats,
+                   const int32_t* top_k, int32_t* tokens, SampleShape shape);
 
-#define JAXOPS_CUDA_SAMPLING_DECLARE(T)                                                       \
-  extern template cudaError_t sample<T>(cudaStream_t, const T*, const float*, const float*,   \
-                                        const int32_t*, const float*, const float*, int32_t*, \
-                                        SampleShape);
+#define JAXOPS_CUDA_SAMPLING_DECLARE(T)                                                    \
+  extern template cudaError_t sample<T>(cudaStream_t, const T*, const float*, const int32_t*, \
+                                        int32_t*, SampleShape);
 
 JAXOPS_CUDA_SAMPLING_DECLARE(float)
 JAXOPS_CUDA_SAMPLING_DECLARE(__half)

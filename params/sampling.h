@@ -12,8 +12,8 @@
 
 namespace jaxops::params {
 
-// logits [batch, vocab], row-major; uniforms, temperature, top_k, top_p,
-// min_p and the tokens: one per row.
+// logits [batch, vocab], row-major; per row: the float parameters
+// [batch, kRowFloats] (below), top_k and the token.
 struct SampleShape {
   int64_t batch;
   int64_t vocab;
@@ -43,6 +43,16 @@ JAXOPS_HOST_DEVICE SampleRow sample_row_params(float temperature, int32_t top_k,
   constexpr float kBelowOne = 0.99999994f;  // the largest float below 1
   row.uniform = uniform != uniform ? 0.f : (uniform < 0.f ? 0.f : (uniform > kBelowOne ? kBelowOne : uniform));
   return row;
+}
+
+// A row's float parameters, packed in this order in one [batch, 4] operand
+// (jaxops/_src/sampling.py stacks them so); top_k is an int32 [batch] operand.
+enum RowFloat : int { kUniform = 0, kTemperature = 1, kTopP = 2, kMinP = 3, kRowFloats = 4 };
+
+JAXOPS_HOST_DEVICE SampleRow sample_row_params(const float* row_floats, int32_t top_k,
+                                               int64_t vocab) {
+  return sample_row_params(row_floats[kTemperature], top_k, row_floats[kTopP],
+                           row_floats[kMinP], row_floats[kUniform], vocab);
 }
 
 // The order in which tokens are kept: z descending, lower index first among

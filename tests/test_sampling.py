@@ -314,14 +314,13 @@ def _f32(*shape):
 
 
 @pytest.mark.parametrize("operands,results,match", [
-    ([_f32(2, 5), _f32(3), _f32(2), np.zeros(2, np.int32), _f32(2), _f32(2)], [((2,), np.int32)],
-     "uniforms has shape"),
-    ([_f32(2, 5), _f32(2), _f32(2), np.zeros(2, np.int32), _f32(2), _f32(2)], [((4,), np.int32)],
-     "tokens has shape"),
-    ([_f32(10), _f32(2), _f32(2), np.zeros(2, np.int32), _f32(2), _f32(2)], [((2,), np.int32)],
-     "logits must be"),
-    ([np.zeros((2, 5), np.int32), _f32(2), _f32(2), np.zeros(2, np.int32), _f32(2), _f32(2)],
-     [((2,), np.int32)], "unsupported dtype"),
+    ([_f32(2, 5), _f32(3, 4), np.zeros(2, np.int32)], [((2,), np.int32)], "row_floats has shape"),
+    ([_f32(2, 5), _f32(2, 3), np.zeros(2, np.int32)], [((2,), np.int32)], "row_floats has shape"),
+    ([_f32(2, 5), _f32(2, 4), np.zeros(3, np.int32)], [((2,), np.int32)], "top_k has shape"),
+    ([_f32(2, 5), _f32(2, 4), np.zeros(2, np.int32)], [((4,), np.int32)], "tokens has shape"),
+    ([_f32(10), _f32(2, 4), np.zeros(2, np.int32)], [((2,), np.int32)], "logits must be"),
+    ([np.zeros((2, 5), np.int32), _f32(2, 4), np.zeros(2, np.int32)], [((2,), np.int32)],
+     "unsupported dtype"),
 ])
 def test_handler_rejects_inconsistent_buffers(operands, results, match):
   call = jax.ffi.ffi_call("jaxops_sample", [jax.ShapeDtypeStruct(s, d) for s, d in results])

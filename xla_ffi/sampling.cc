@@ -13,18 +13,14 @@ namespace ffi = xla::ffi;
 using namespace ffi_common;
 using namespace sampling_common;
 
-ffi::Error Sample(ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> uniforms,
-                  ffi::Buffer<ffi::F32> temperature, ffi::Buffer<ffi::S32> top_k,
-                  ffi::Buffer<ffi::F32> top_p, ffi::Buffer<ffi::F32> min_p,
-                  ffi::Result<ffi::Buffer<ffi::S32>> tokens) {
+ffi::Error Sample(ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> row_floats,
+                  ffi::Buffer<ffi::S32> top_k, ffi::Result<ffi::Buffer<ffi::S32>> tokens) {
   const std::string op = kSample.name;
   SampleShape s;
-  JAXOPS_RETURN_IF_ERROR(
-      check_sample(logits, uniforms, temperature, top_k, top_p, min_p, *tokens, &s));
+  JAXOPS_RETURN_IF_ERROR(check_sample(logits, row_floats, top_k, *tokens, &s));
   return dispatch_float<float, cpu::bfloat16, cpu::float16>(op, logits.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::sample<T>(data<const T>(logits), uniforms.typed_data(), temperature.typed_data(),
-                   top_k.typed_data(), top_p.typed_data(), min_p.typed_data(),
+    cpu::sample<T>(data<const T>(logits), row_floats.typed_data(), top_k.typed_data(),
                    tokens->typed_data(), s);
     return ffi::Error::Success();
   });

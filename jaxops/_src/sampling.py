@@ -24,29 +24,32 @@ from jaxops._src.autodiff import not_differentiable
 from jaxops._src.primitive import FfiPrimitive, batch_to_front
 from jaxops._src.sharding import leading_axes
 
-_ROW_OPERANDS = (0, 1, 2, 3, 4, 5)
-
-
 def _sample_batch_rule(prim, args, dims):
-  """The vmapped axis becomes more rows: [n, batch, vocab] -> [n * batch, vocab]."""
-  args, size = batch_to_front(args, dims, _ROW_OPERANDS)
-  batch, vocab = args[0].shape[1:]
-  flat = [args[0].reshape(size * batch, vocab)] + [a.reshape(size * batch) for a in args[1:]]
-  (tokens,) = prim(*flat)
-  return (tokens.reshape(size, batch),), (0,)
+  """The vmapped axis becomes more rows: [n, batch, ...] -> [n * batch, ...]."""
+  args, size = batch_to_front(args, dims, (0, 1, 2))
+  (tokens,) = prim(*(a.reshape(size * a.shape[1], *a.shape[2:]) for a in args))
+  return (tokens.reshape(size, -1),), (0,)
 
 
-def _sample_reference(logits, uniforms, temperature, top_k, top_p, min_p):
+# A row's float parameters, packed in one [batch, 4] operand in the order of
+# params/sampling.h (RowFloat); top_k is an int32 [batch] operand.
+def _pack_row_floats(uniforms, temperature, top_p, min_p):
+  return jnp.stack([uniforms, temperature, top_p, min_p], axis=-1)
+
+
+def _sample_reference(logits, row_floats, top_k):
+  uniforms, temperature, top_p, min_p = (row_floats[:, i] for i in range(4))
   return (reference.sample_with_uniforms(logits, uniforms, temperature, top_k, top_p, min_p),)
 
 
 sample_p = FfiPrimitive(
     name="jaxops_sample", target="jaxops_sample",
-    abstract_eval=lambda logits, *rows: (jax.core.ShapedArray(logits.shape[:1], jnp.int32),),
+    abstract_eval=lambda logits, row_floats, top_k: (
+        jax.core.ShapedArray(logits.shape[:1], jnp.int32),),
     reference=_sample_reference,
     batch_rule=_sample_batch_rule,
-    # Rows shard with their parameters and uniforms; the vocabulary stays whole.
-    sharding=leading_axes("xsssss -> s"))
+    # Rows shard with their parameters; the vocabulary stays whole.
+    sharding=leading_axes("xxs -> s"))
 
 not_differentiable(sample_p)
 
@@ -140,4 +143,4 @@ def sample(key, logits, *, temperature=1.0, top_k=None, top_p=None, min_p=None,
   if not primitive.use_kernel(op, implementation, {"logits": logits.dtype}):
     return reference.sample_with_uniforms(logits, uniforms, temperature, top_k, top_p, min_p,
                                           static_top_k=static_top_k)
-  return sample_p(logits, uniforms, temperature, top_k, top_p, min_p)[0]
+  return sample_p(logits, _pack_row_floats(uniforms, temperature, top_p, min_p), top_k)[0]

@@ -89,7 +89,7 @@ Expected oracle(const std::vector<double>& x, const params::SampleRow& p, bool* 
 template <typename T>
 void run_case(int64_t batch, int64_t vocab, std::mt19937& rng) {
   Buffer<T> logits(batch * vocab);
-  Buffer<float> uniforms(batch), temperature(batch), top_p(batch), min_p(batch);
+  Buffer<float> row_floats(batch * params::kRowFloats);
   Buffer<int32_t> top_k(batch), tokens(batch);
   std::normal_distribution<float> normal(0.f, 2.f);
   std::uniform_real_distribution<float> unit(0.f, 1.f);
@@ -103,19 +103,19 @@ void run_case(int64_t batch, int64_t vocab, std::mt19937& rng) {
       logits.data[r * vocab + c] = T(v);
       rows[r][c] = static_cast<float>(logits.data[r * vocab + c]);
     }
-    uniforms.data[r] = unit(rng);
-    temperature.data[r] = r % 6 == 0 ? 0.f : 0.3f + 1.7f * unit(rng);
+    float* floats = row_floats.data + r * params::kRowFloats;
+    floats[params::kUniform] = unit(rng);
+    floats[params::kTemperature] = r % 6 == 0 ? 0.f : 0.3f + 1.7f * unit(rng);
     top_k.data[r] = static_cast<int32_t>(rng() % (vocab + 2)) - 1;
-    top_p.data[r] = r % 4 == 0 ? 1.f : 0.05f + 0.95f * unit(rng);
-    min_p.data[r] = r % 3 == 0 ? 0.f : 0.4f * unit(rng);
+    floats[params::kTopP] = r % 4 == 0 ? 1.f : 0.05f + 0.95f * unit(rng);
+    floats[params::kMinP] = r % 3 == 0 ? 0.f : 0.4f * unit(rng);
   }
   const params::SampleShape shape{batch, vocab};
-  check(cuda::sample<T>(nullptr, logits.data, uniforms.data, temperature.data, top_k.data,
-                        top_p.data, min_p.data, tokens.data, shape),
+  check(cuda::sample<T>(nullptr, logits.data, row_floats.data, top_k.data, tokens.data, shape),
         std::string("sample ") + type_name<T>());
   for (int64_t r = 0; r < batch; ++r) {
     const params::SampleRow p = params::sample_row_params(
-        temperature.data[r], top_k.data[r], top_p.data[r], min_p.data[r], uniforms.data[r], vocab);
+        row_floats.data + r * params::kRowFloats, top_k.data[r], vocab);
     bool ambiguous = false;
     const Expected e = oracle(rows[r], p, &ambiguous);
     const int32_t token = tokens.data[r];
