@@ -8,6 +8,7 @@ from jaxops._src.export import export_checks
 from jaxops._src.ffi_targets import cpu_isa
 from jaxops._src.norms import add_rms_norm, layer_norm, rms_norm
 from jaxops._src.rope import rope
+from jaxops._src.sampling import sample
 from jaxops._src.softmax import causal_softmax, log_softmax, softmax
 from jaxops._src.paged_attention import paged_attention, paged_kv_update
 from jaxops import optim
@@ -17,5 +18,6 @@ __all__ = [
     "export_checks", "geglu", "gelu", "layer_norm", "linear_cross_entropy", "log_softmax", "optim",
     "rms_norm", "rope", "silu", "softmax", "swiglu",
     "paged_attention", "paged_kv_update",
+    "sample",
 ]
 __version__ = "0.1.0"

@@ -576,3 +576,73 @@ def paged_kv_update(key_pages, value_pages, key, value, slot_mapping, key_scales
   if key_scales is None:
     return key_pages, value_pages
   return key_pages, value_pages, key_scales, value_scales
+
+# -- sampling -------------------------------------------------------------------------
+
+
+def sampling_params(vocab, temperature, top_k, top_p, min_p, uniforms):
+  """The per-row parameters of `sample_with_uniforms` as the kernels read them
+  (traced values are clamped, never trusted): temperature NaN or <= 0 is greedy;
+  top_k <= 0 or >= vocab keeps the whole vocabulary; top_p NaN or >= 1 is off
+  and <= 0 keeps the most likely token only; min_p NaN is 0 and is clipped to
+  [0, 1]; a uniform NaN is 0 and is clipped to [0, 1)."""
+  greedy = ~(temperature > 0)
+  top_k = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)
+  top_p = jnp.where(jnp.isnan(top_p) | (top_p >= 1), 1.0, top_p)
+  min_p = jnp.clip(jnp.where(jnp.isnan(min_p), 0.0, min_p), 0.0, 1.0)
+  below_one = jnp.nextafter(jnp.float32(1), jnp.float32(0))
+  uniforms = jnp.clip(jnp.where(jnp.isnan(uniforms), 0.0, uniforms), 0.0, below_one)
+  return greedy, top_k, top_p, min_p, uniforms
+
+
+def sample_with_uniforms(logits, uniforms, temperature, top_k, top_p, min_p, *,
+                         static_top_k=None):
+  """Token ids int32 [batch] drawn from logits [batch, vocab], one uniform per row.
+
+  Per row, in the compute dtype (float32 for float32/bfloat16/float16 logits):
+  z = logits / temperature; the row's tokens are ordered by z descending, lower
+  index first among equal z (the order of `lax.top_k`). The kept tokens are a
+  prefix of that order: the first top_k; of those, the shortest prefix whose
+  probability (renormalised over the top_k) reaches top_p; of those, the tokens
+  with p >= min_p * p_max. The draw is the inverse CDF over the kept tokens in
+  index order: with weights e = exp(z - max z), the first kept token whose
+  cumulative weight exceeds uniform * (total kept weight) (the last kept token
+  if rounding leaves none). +inf logits share the mass equally (weight 1, every
+  other token 0). Greedy rows return the argmax (lowest index on ties). A row
+  that contains a NaN, or has no logit above -inf, returns -1.
+
+  `static_top_k`: a bound on every row's top_k known at trace time, so that
+  only that many tokens are sorted (the reference's `lax.top_k` fast path).
+  """
+  dtype = compute_dtype(logits.dtype)
+  x = logits.astype(dtype)
+  vocab = x.shape[-1]
+  greedy, top_k, top_p, min_p, uniforms = sampling_params(
+      vocab, temperature, top_k, top_p, min_p, uniforms)
+  z = x / jnp.where(greedy, 1.0, temperature).astype(dtype)[:, None]
+  z = jnp.where(z == 0, 0.0, z).astype(dtype)  # -0 ties with +0 (lax.top_k puts it after)
+  top = jnp.max(z, axis=-1, keepdims=True)
+  shifted = jnp.where(top == jnp.inf, jnp.where(z == jnp.inf, 0.0, -jnp.inf), z - top)
+  weight = jnp.exp(shifted)
+  width = vocab if static_top_k is None else static_top_k
+  _, order = lax.top_k(z, width)
+  sorted_weight = jnp.take_along_axis(weight, order, axis=-1)
+  position = jnp.arange(width)
+  in_top_k = position < top_k[:, None]
+  top_k_weight = jnp.where(in_top_k, sorted_weight, 0.0)
+  top_k_mass = jnp.sum(top_k_weight, axis=-1, keepdims=True)
+  mass_before = jnp.cumsum(top_k_weight, axis=-1) - top_k_weight
+  limit = top_p.astype(dtype)[:, None] * top_k_mass
+  in_top_p = (top_p[:, None] >= 1) | (mass_before < limit) | (position == 0)
+  in_min_p = sorted_weight >= min_p.astype(dtype)[:, None]
+  kept_sorted = in_top_k & in_top_p & in_min_p
+  rows = jnp.arange(x.shape[0])[:, None]
+  kept = jnp.zeros(x.shape, bool).at[rows, order].set(kept_sorted)
+  cumulative = jnp.cumsum(jnp.where(kept, weight, 0.0), axis=-1)
+  target = uniforms.astype(dtype) * cumulative[:, -1]
+  hit = kept & (cumulative > target[:, None])
+  last_kept = vocab - 1 - jnp.argmax(kept[:, ::-1], axis=-1)
+  sampled = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last_kept)
+  tokens = jnp.where(greedy, jnp.argmax(z, axis=-1), sampled)
+  invalid = jnp.any(jnp.isnan(x), axis=-1) | (top[:, 0] == -jnp.inf)
+  return jnp.where(invalid, -1, tokens).astype(jnp.int32)

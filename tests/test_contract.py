@@ -156,6 +156,8 @@ PROGRAMS = {
         logits_soft_cap=5.0, local_window_size=4, **FFI), (Q[:, 0], Q)),
     "paged_kv_update": (lambda pages, rows: jaxops.paged_kv_update(
         pages, pages, rows, rows, jnp.arange(5, dtype=jnp.int32), **FFI), (Q, Q[0])),
+    "sample": (lambda x: jaxops.sample(jax.random.key(0), x[0], top_k=5, top_p=0.9, **FFI),
+               (X,)),
 }
 
 

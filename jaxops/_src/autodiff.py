@@ -303,3 +303,17 @@ def _zero(value):
 def _num_results(forward: FfiPrimitive, operand_avals, params) -> int:
   avals, _ = forward.primitive.abstract_eval(*operand_avals, **params)
   return len(avals)
+
+
+def not_differentiable(forward: FfiPrimitive) -> None:
+  """Registers the JVP of a primitive whose results are all integers (sampled
+  token ids): the forward kernel runs and every result's tangent is a symbolic
+  zero (float0), so ``jax.jvp`` and ``jax.grad`` of code around the op work
+  without running its reference."""
+
+  def jvp(primals, tangents, **params):
+    del tangents
+    results = forward.primitive.bind(*primals, **params)
+    return results, [_zero(r) for r in results]
+
+  ad.primitive_jvps[forward.primitive] = jvp
