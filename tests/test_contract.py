@@ -150,7 +150,10 @@ PROGRAMS = {
     "attention": (_vjp(lambda q, k, v: jaxops.attention(q, k, v, is_causal=True, **FFI)),
                   (Q, KV, KV)),
     "attention_jvp": (_jvp(lambda q, k, v: jaxops.attention(q, k, v, local_window_size=(2, 1),
-                                                            **FFI)), (Q, KV, KV)),
+                                                            **FFI)), (Q, KV, KV)),    "topk_router": (_vjp(lambda x: jaxops.topk_router(x, 3, num_groups=4, group_topk=2,
+                                                      expert_bias=W, **FFI)[0]), (X,)),
+    "topk_router_jvp": (_jvp(lambda x: jaxops.topk_router(x, 3, score="sigmoid", **FFI)[0]),
+                        (X,)),
 }
 
 
