@@ -510,7 +510,9 @@ def topk_router_weights(logits, experts, *, score="softmax", renormalize=True):
   by their sum when renormalize; float32 (float64 for float64 logits). Expert
   ids are clipped to [0, num_experts), as the kernels clamp them."""
   scores = router_scores(logits, score)
-  weights = jnp.take_along_axis(scores, experts, axis=-1, mode="clip")
+  # Clipped, not wrapped: a negative id is expert 0, as in the kernels.
+  experts = jnp.clip(experts, 0, scores.shape[-1] - 1)
+  weights = jnp.take_along_axis(scores, experts, axis=-1)
   if renormalize:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   return weights

@@ -252,7 +252,7 @@ def test_implementations_agree():
 
 
 def test_float64_takes_the_reference():
-  with jax.experimental.enable_x64():
+  with jax.enable_x64(True):
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8)))
     weights, experts = jaxops.topk_router(logits, 3)
     assert weights.dtype == jnp.float64

@@ -64,8 +64,12 @@ inline ffi::Error check_per_choice(const std::string& op, const char* name,
   return ffi::Error::Success();
 }
 
+// Also the fields only the selection reads: the derivatives take the experts
+// as chosen, so they see no group limit.
 inline ffi::Error check_score(const std::string& op, int64_t score, bool renormalize,
                               RouterShape* s) {
+  s->num_groups = 1;
+  s->group_topk = 1;
   if (score != static_cast<int64_t>(RouterScore::kSoftmax) &&
       score != static_cast<int64_t>(RouterScore::kSigmoid)) {
     return invalid(op, "score must be 0 (softmax) or 1 (sigmoid), got " + std::to_string(score));
