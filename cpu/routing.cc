@@ -19,20 +19,26 @@ using ::jaxops::params::selection_key;
 constexpr int64_t kMinParallel = int64_t{1} << 14;
 
 // scores[e] = softmax(x)[e] or sigmoid(x[e]), in float32.
+// The loops vectorise (vector_math's exp is branch-free): the scores are
+// recomputed by every pass, forward, tangent and backward.
 void router_scores(const float* x, float* scores, int64_t n, RouterScore score) {
   if (score == RouterScore::kSigmoid) {
+#pragma omp simd
     for (int64_t e = 0; e < n; ++e) scores[e] = vector_math::sigmoid(x[e]).value;
     return;
   }
   float max = x[0];
+#pragma omp simd reduction(max : max)
   for (int64_t e = 1; e < n; ++e) max = std::max(max, x[e]);
   float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
   for (int64_t e = 0; e < n; ++e) {
     scores[e] = vector_math::exp(x[e] - max);
     sum += scores[e];
   }
   // A division, not a product with 1 / sum: the reference divides, and equal
   // probabilities must stay equal for the ties to go the same way.
+#pragma omp simd
   for (int64_t e = 0; e < n; ++e) scores[e] = scores[e] / sum;
 }
 
@@ -158,6 +164,7 @@ void topk_router_jvp(const T* logits, const int32_t* experts, const T* dlogits, 
       // <p, dx>: the softmax's normaliser moves with every logit.
       float mean_tangent = 0.f;
       if (s.score == RouterScore::kSoftmax) {
+#pragma omp simd reduction(+ : mean_tangent)
         for (int64_t e = 0; e < s.experts; ++e) mean_tangent += scores[e] * dx[e];
       }
       const int32_t* ids = experts + t * s.k;
@@ -208,6 +215,7 @@ void topk_router_bwd(const float* dweights, const T* logits, const int32_t* expe
         for (int64_t j = 0; j < s.k; ++j) {
           through_normaliser += dscores[j] * scores[clamped_expert(ids[j], s.experts)];
         }
+#pragma omp simd
         for (int64_t e = 0; e < s.experts; ++e) dx[e] = -scores[e] * through_normaliser;
         for (int64_t j = 0; j < s.k; ++j) {
           const int64_t e = clamped_expert(ids[j], s.experts);
