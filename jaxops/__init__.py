@@ -12,6 +12,7 @@ from jaxops._src.sampling import sample
 from jaxops._src.softmax import causal_softmax, log_softmax, softmax
 from jaxops._src.paged_attention import paged_attention, paged_kv_update
 from jaxops import optim
+from jaxops._src.routing import moe_aux_loss, topk_router
 
 __all__ = [
     "add_rms_norm", "attention", "causal_softmax", "cpu_isa", "cross_entropy", "embedding",
@@ -19,5 +20,6 @@ __all__ = [
     "rms_norm", "rope", "silu", "softmax", "swiglu",
     "paged_attention", "paged_kv_update",
     "sample",
+    "moe_aux_loss", "topk_router",
 ]
 __version__ = "0.1.0"

@@ -646,3 +646,92 @@ def sample_with_uniforms(logits, uniforms, temperature, top_k, top_p, min_p, *,
   tokens = jnp.where(greedy, jnp.argmax(z, axis=-1), sampled)
   invalid = jnp.any(jnp.isnan(x), axis=-1) | (top[:, 0] == -jnp.inf)
   return jnp.where(invalid, -1, tokens).astype(jnp.int32)
+
+# -- mixture-of-experts routing ------------------------------------------------------
+
+
+ROUTER_SCORES = ("softmax", "sigmoid")
+# A group's score is the sum of its best ROUTER_GROUP_TOP selection keys (DeepSeek-V3).
+ROUTER_GROUP_TOP = 2
+
+
+def router_scores(logits, score="softmax"):
+  """The router's scores of logits [..., num_experts] in float32 (float64 for
+  float64 logits): softmax over the experts, or the elementwise sigmoid."""
+  x = logits.astype(compute_dtype(logits.dtype))
+  if score == "sigmoid":
+    return jax.nn.sigmoid(x)
+  e = jnp.exp(x - lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True)))
+  return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def _selection_keys(values):
+  """What the selection compares: NaN ranks last, like -inf."""
+  return jnp.where(jnp.isnan(values), -jnp.inf, values)
+
+
+def topk_router_experts(logits, k, *, score="softmax", expert_bias=None, num_groups=None,
+                        group_topk=None):
+  """The k experts [..., k] (int32) of each token, in selection order.
+
+  The selection key is score + expert_bias; with num_groups, the experts form
+  num_groups equal consecutive groups, a group's key is the sum of its best
+  ROUTER_GROUP_TOP keys (all of them in a smaller group), and only the experts
+  of the group_topk best groups compete. Ties go to the lower index, as
+  lax.top_k's.
+  """
+  keys = lax.stop_gradient(router_scores(logits, score))
+  if expert_bias is not None:
+    keys = keys + expert_bias.astype(keys.dtype)
+  keys = _selection_keys(keys)
+  if num_groups is None or num_groups == 1:
+    return lax.top_k(keys, k)[1].astype(jnp.int32)
+  num_experts = keys.shape[-1]
+  size = num_experts // num_groups
+  grouped = keys.reshape(*keys.shape[:-1], num_groups, size)
+  best = lax.top_k(grouped, min(ROUTER_GROUP_TOP, size))[0]
+  group_keys = best[..., 0]
+  for i in range(1, best.shape[-1]):
+    group_keys = group_keys + best[..., i]
+  # The kept groups in index order, so that the position of an expert among
+  # theirs orders ties as its index does.
+  kept = jnp.sort(lax.top_k(_selection_keys(group_keys), group_topk)[1], axis=-1)
+  candidates = jnp.take_along_axis(grouped, kept[..., None], axis=-2)
+  position = lax.top_k(candidates.reshape(*keys.shape[:-1], group_topk * size), k)[1]
+  group = jnp.take_along_axis(kept, position // size, axis=-1)
+  return (group * size + position % size).astype(jnp.int32)
+
+
+def topk_router_weights(logits, experts, *, score="softmax", renormalize=True):
+  """The weights [..., k] of the given experts: their (unbiased) scores, divided
+  by their sum when renormalize; float32 (float64 for float64 logits). Expert
+  ids are clipped to [0, num_experts), as the kernels clamp them."""
+  scores = router_scores(logits, score)
+  # Clipped, not wrapped: a negative id is expert 0, as in the kernels.
+  experts = jnp.clip(experts, 0, scores.shape[-1] - 1)
+  weights = jnp.take_along_axis(scores, experts, axis=-1)
+  if renormalize:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return weights
+
+
+def topk_router(logits, k, *, score="softmax", renormalize=True, expert_bias=None,
+                num_groups=None, group_topk=None):
+  """(weights [..., k] float32, experts [..., k] int32) of a top-k MoE router."""
+  experts = topk_router_experts(logits, k, score=score, expert_bias=expert_bias,
+                                num_groups=num_groups, group_topk=group_topk)
+  return topk_router_weights(logits, experts, score=score, renormalize=renormalize), experts
+
+
+def moe_aux_loss(probs, expert_counts, k, coeff):
+  """The Switch/GShard load-balancing loss of router probabilities probs
+  [..., num_experts] and the tokens routed to each expert, expert_counts
+  [num_experts]: coeff * num_experts * sum_e f_e * P_e, f_e = counts_e /
+  (tokens * k), P_e = the mean of probs[..., e] over the tokens. A float32
+  scalar (float64 for float64 probs); the counts are constants."""
+  dtype = compute_dtype(probs.dtype)
+  num_experts = probs.shape[-1]
+  p = probs.astype(dtype).reshape(-1, num_experts)
+  tokens = p.shape[0]
+  fraction = lax.stop_gradient(expert_counts.astype(dtype)) / (tokens * k)
+  return coeff * num_experts * jnp.sum(fraction * jnp.mean(p, axis=0))

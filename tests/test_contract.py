@@ -158,6 +158,10 @@ PROGRAMS = {
         pages, pages, rows, rows, jnp.arange(5, dtype=jnp.int32), **FFI), (Q, Q[0])),
     "sample": (lambda x: jaxops.sample(jax.random.key(0), x[0], top_k=5, top_p=0.9, **FFI),
                (X,)),
+    "topk_router": (_vjp(lambda x: jaxops.topk_router(x, 3, num_groups=4, group_topk=2,
+                                                      expert_bias=W, **FFI)[0]), (X,)),
+    "topk_router_jvp": (_jvp(lambda x: jaxops.topk_router(x, 3, score="sigmoid", **FFI)[0]),
+                        (X,)),
 }
 
 

@@ -30,6 +30,7 @@
 #include "xla_ffi/paged_attention_common.h"
 #include "xla_ffi/rope_common.h"
 #include "xla_ffi/sampling_common.h"
+#include "xla_ffi/routing_common.h"
 #include "xla_ffi/softmax_common.h"
 
 namespace jaxops::python_contract {
@@ -44,7 +45,8 @@ inline const std::vector<contract::TargetDescription>& all_targets() {
                         attention_common::contracts(), cross_entropy_common::contracts(),
                         embedding_common::contracts(), norms_common::contracts(),
                         rope_common::contracts(), softmax_common::contracts(),
-                        paged_attention_common::contracts(), sampling_common::contracts()}) {
+                        paged_attention_common::contracts(), sampling_common::contracts(),
+                        routing_common::contracts()}) {
       out.insert(out.end(), family.begin(), family.end());
     }
     return out;
