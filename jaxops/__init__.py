@@ -9,11 +9,13 @@ from jaxops._src.ffi_targets import cpu_isa
 from jaxops._src.norms import add_rms_norm, layer_norm, rms_norm
 from jaxops._src.rope import rope
 from jaxops._src.softmax import causal_softmax, log_softmax, softmax
+from jaxops._src.patch_embed import patch_embed
 from jaxops import optim
 
 __all__ = [
     "add_rms_norm", "attention", "causal_softmax", "cpu_isa", "cross_entropy", "embedding",
     "export_checks", "geglu", "gelu", "layer_norm", "linear_cross_entropy", "log_softmax", "optim",
     "rms_norm", "rope", "silu", "softmax", "swiglu",
+    "patch_embed",
 ]
 __version__ = "0.1.0"

@@ -151,6 +151,9 @@ PROGRAMS = {
                   (Q, KV, KV)),
     "attention_jvp": (_jvp(lambda q, k, v: jaxops.attention(q, k, v, local_window_size=(2, 1),
                                                             **FFI)), (Q, KV, KV)),
+    "patch_embed": (_vjp(lambda i, k, b: jaxops.patch_embed(
+        i, k, b, patch_size=2, pos_embed=jnp.ones((5, 3)), cls_token=b, **FFI)),
+        (X[:2, :4, :16].reshape(2, 4, 4, 4), X[0, :4, :12].reshape(2, 2, 4, 3), W[:3])),
 }
 
 
