@@ -59,8 +59,19 @@ __device__ __forceinline__ T value_or_zero(const T* base, int64_t index, bool in
   return inside ? base[index] : from_float<T>(0.0f);
 }
 
-__device__ __forceinline__ void zero_accumulators(float* acc) {
+// acc [kTile][kLdAcc] = the sum over k0 = 0, kStep, ... < length of the products
+// of the tiles that load(k0) writes into a (A, or A^T with kTransA, leading
+// dimension lda) and b ([kStep][kLdTile]): the loop every kernel here runs.
+template <bool kTransA, typename T, typename Load>
+__device__ __forceinline__ void sum_tile_products(float* acc, const T* a, int lda, const T* b,
+                                                  int64_t length, Load load) {
   for (int i = threadIdx.x; i < kTile * kLdAcc; i += kThreads) acc[i] = 0.0f;
+  for (int64_t k0 = 0; k0 < length; k0 += kStep) {
+    load(k0);
+    __syncthreads();
+    block_gemm<kTransA, false, true>(acc, kLdAcc, a, lda, b, kLdTile, kTile, kTile, kStep);
+    __syncthreads();
+  }
 }
 
 template <typename T>
@@ -69,10 +80,9 @@ __global__ void patch_embed_fwd_kernel(const T* images, const T* kernel, const T
   __shared__ __align__(32) float acc[kTile * kLdAcc];
   __shared__ __align__(32) T a[kTile * kLdStep];
   __shared__ __align__(32) T b[kStep * kLdTile];
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTile, n0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t m0 = int64_t{blockIdx.x} * kTile, n0 = int64_t{blockIdx.y} * kTile;
   const int64_t len = s.patch_len();
-  zero_accumulators(acc);
-  for (int64_t k0 = 0; k0 < len; k0 += kStep) {
+  sum_tile_products<false>(acc, a, kLdStep, b, len, [&](int64_t k0) {
     for (int i = threadIdx.x; i < kTile * kStep; i += kThreads) {
       const int r = i / kStep, q = i % kStep;
       a[r * kLdStep + q] = patch_value(images, s, m0 + r, k0 + q);
@@ -82,10 +92,7 @@ __global__ void patch_embed_fwd_kernel(const T* images, const T* kernel, const T
       b[q * kLdTile + c] = value_or_zero(kernel, (k0 + q) * s.dim + n0 + c,
                                          k0 + q < len && n0 + c < s.dim);
     }
-    __syncthreads();
-    block_gemm<false, false, true>(acc, kLdAcc, a, kLdStep, b, kLdTile, kTile, kTile, kStep);
-    __syncthreads();
-  }
+  });
   const int64_t rows = s.batch * s.patches();
   for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
     const int64_t row = m0 + i / kTile, d = n0 + i % kTile;
@@ -116,10 +123,9 @@ __global__ void patch_embed_dimages_kernel(const T* dtokens, const T* kernel, T*
   __shared__ __align__(32) float acc[kTile * kLdAcc];
   __shared__ __align__(32) T a[kTile * kLdStep];
   __shared__ __align__(32) T b[kStep * kLdTile];
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTile, k0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t m0 = int64_t{blockIdx.x} * kTile, k0 = int64_t{blockIdx.y} * kTile;
   const int64_t rows = s.batch * s.patches(), len = s.patch_len();
-  zero_accumulators(acc);
-  for (int64_t d0 = 0; d0 < s.dim; d0 += kStep) {
+  sum_tile_products<false>(acc, a, kLdStep, b, s.dim, [&](int64_t d0) {
     for (int i = threadIdx.x; i < kTile * kStep; i += kThreads) {
       const int r = i / kStep, q = i % kStep;
       const bool inside = m0 + r < rows && d0 + q < s.dim;
@@ -131,10 +137,7 @@ __global__ void patch_embed_dimages_kernel(const T* dtokens, const T* kernel, T*
       b[q * kLdTile + c] = value_or_zero(kernel, (k0 + c) * s.dim + d0 + q,
                                          k0 + c < len && d0 + q < s.dim);
     }
-    __syncthreads();
-    block_gemm<false, false, true>(acc, kLdAcc, a, kLdStep, b, kLdTile, kTile, kTile, kStep);
-    __syncthreads();
-  }
+  });
   const int64_t run = s.patch * s.channels;
   for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
     const int64_t row = m0 + i / kTile, k = k0 + i % kTile;
@@ -151,10 +154,9 @@ __global__ void patch_embed_dkernel_kernel(const T* dtokens, const T* images, T*
   __shared__ __align__(32) float acc[kTile * kLdAcc];
   __shared__ __align__(32) T a[kStep * kLdTile];  // [patch row][patch column]
   __shared__ __align__(32) T b[kStep * kLdTile];  // [patch row][D column]
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile, n0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t k0 = int64_t{blockIdx.x} * kTile, n0 = int64_t{blockIdx.y} * kTile;
   const int64_t rows = s.batch * s.patches(), len = s.patch_len();
-  zero_accumulators(acc);
-  for (int64_t m0 = 0; m0 < rows; m0 += kStep) {
+  sum_tile_products<true>(acc, a, kLdTile, b, rows, [&](int64_t m0) {
     for (int i = threadIdx.x; i < kStep * kTile; i += kThreads) {
       const int q = i / kTile, c = i % kTile;
       a[q * kLdTile + c] = patch_value(images, s, m0 + q, k0 + c);
@@ -162,13 +164,12 @@ __global__ void patch_embed_dkernel_kernel(const T* dtokens, const T* images, T*
       b[q * kLdTile + c] =
           value_or_zero(dtokens, inside ? token_row(s, m0 + q) * s.dim + n0 + c : 0, inside);
     }
-    __syncthreads();
-    block_gemm<true, false, true>(acc, kLdAcc, a, kLdTile, b, kLdTile, kTile, kTile, kStep);
-    __syncthreads();
-  }
+  });
   for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
     const int64_t k = k0 + i / kTile, d = n0 + i % kTile;
-    if (k < len && d < s.dim) dkernel[k * s.dim + d] = from_float<T>(acc[(i / kTile) * kLdAcc + i % kTile]);
+    if (k < len && d < s.dim) {
+      dkernel[k * s.dim + d] = from_float<T>(acc[(i / kTile) * kLdAcc + i % kTile]);
+    }
   }
 }
 

@@ -105,11 +105,9 @@ class NnxPatchEmbed(nnx.Module):
     self.bias = nnx.Param(bias_init(rngs.params(), (d,), param_dtype)) if use_bias else None
     self.cls = (nnx.Param(cls_init(rngs.params(), (1, 1, d), param_dtype))
                 if use_cls_token else None)
-    self.pos_embedding = None
-    if image_size is not None:
-      tokens = _tokens(image_size[0], image_size[1], p, use_cls_token)
-      self.pos_embedding = nnx.Param(pos_embedding_init(rngs.params(), (1, tokens, d),
-                                                        param_dtype))
+    tokens = None if image_size is None else _tokens(*image_size, p, use_cls_token)
+    self.pos_embedding = (None if tokens is None else nnx.Param(
+        pos_embedding_init(rngs.params(), (1, tokens, d), param_dtype)))
 
   def __call__(self, images):
     value = lambda param: None if param is None else param[...]
