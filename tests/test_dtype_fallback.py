@@ -151,7 +151,7 @@ OPS = {
     "patch_embed": Op(
         lambda rng, dtype: (_normal(rng, (1, 4, 6, 3), dtype), _normal(rng, (2, 2, 3, _DIM), dtype),
                             _normal(rng, (_DIM,), dtype)), (0, 1, 2),
-        lambda x, k, b: jaxops.patch_embed(x, k, b, patch_size=2),
+        lambda x, k, b, **kwargs: jaxops.patch_embed(x, k, b, patch_size=2, **kwargs),
         lambda x, k, b: _flax(nn.Conv(_DIM, (2, 2), strides=2, padding="VALID", precision=_HIGHEST),
                               {"kernel": k, "bias": b}, x).reshape(1, 6, _DIM), "images",
         complex_ok=False),
