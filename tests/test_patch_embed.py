@@ -7,7 +7,6 @@ stay small. The rest (rules, kernel selection, validation) are backend-independe
 """
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -24,13 +23,16 @@ from jaxops import testing
 # D = 1, 7, primes; H != W; a single patch and a single pixel; an even patch
 # length and D a multiple of 16 (bfloat16: the AVX512_BF16 path where the CPU has it).
 CPU_CASES = [(1, 1, 1, 1, 1, 1), (2, 6, 9, 3, 3, 7), (3, 5, 10, 1, 5, 31),
-             (2, 32, 16, 3, 16, 17), (1, 7, 3, 3, 1, 53), (3, 8, 4, 2, 2, 48)]
+             (2, 32, 16, 3, 16, 17), (3, 8, 4, 2, 2, 48)]
 # CUDA: more than one 64-row tile of patches (2 x 7 x 5 = 70), a patch longer
 # than a 64-column tile (3 x 3 x 8 = 72), D past one tile (67).
 HARNESS_CASES = [(1, 1, 1, 1, 1, 1), (2, 21, 15, 1, 3, 7), (1, 6, 3, 8, 3, 67)]
 DERIVATIVE_CASES = [(1, 1, 1, 1, 1, 1), (2, 6, 9, 3, 3, 7), (2, 32, 16, 3, 16, 17)]
 HARNESS_DERIVATIVES = [(2, 21, 15, 1, 3, 7), (1, 6, 3, 8, 3, 67)]
-OPTIONAL = [dict(bias=b, pos=p, cls=c) for b, p, c in itertools.product((True, False), repeat=3)]
+# All, none, each alone, and pos_embed with the class token (its row 0).
+OPTIONAL = [dict(bias=b, pos=p, cls=c) for b, p, c in
+            [(True, True, True), (False, False, False), (True, False, False),
+             (False, True, False), (False, False, True), (False, True, True)]]
 
 
 def make_args(seed, case, dtype, *, bias=True, pos=True, cls=True):
