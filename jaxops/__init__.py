@@ -11,6 +11,7 @@ from jaxops._src.rope import rope
 from jaxops._src.sampling import sample
 from jaxops._src.softmax import causal_softmax, log_softmax, softmax
 from jaxops._src.paged_attention import paged_attention, paged_kv_update
+from jaxops._src.patch_embed import patch_embed
 from jaxops import optim
 from jaxops._src.routing import moe_aux_loss, topk_router
 
@@ -21,5 +22,6 @@ __all__ = [
     "paged_attention", "paged_kv_update",
     "sample",
     "moe_aux_loss", "topk_router",
+    "patch_embed",
 ]
 __version__ = "0.1.0"

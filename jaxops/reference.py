@@ -735,3 +735,33 @@ def moe_aux_loss(probs, expert_counts, k, coeff):
   tokens = p.shape[0]
   fraction = lax.stop_gradient(expert_counts.astype(dtype)) / (tokens * k)
   return coeff * num_experts * jnp.sum(fraction * jnp.mean(p, axis=0))
+
+# -- patch embedding ----------------------------------------------------------------
+
+
+def patch_embed_conv(images, kernel, *, patch_size):
+  """The patches' products, [B, N, D]: the stride-``patch_size`` VALID
+  convolution of images [B, H, W, C] (NHWC) with kernel [p, p, C, D] (HWIO,
+  Flax's nn.Conv), its (H/p, W/p) grid flattened row-major, in
+  ``compute_dtype``."""
+  dtype = compute_dtype(images.dtype, kernel.dtype)
+  y = lax.conv_general_dilated(
+      images.astype(dtype), kernel.astype(dtype), window_strides=(patch_size, patch_size),
+      padding="VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+      precision=lax.Precision.HIGHEST)
+  return y.reshape(y.shape[0], y.shape[1] * y.shape[2], y.shape[3])
+
+
+def patch_embed(images, kernel, bias=None, *, patch_size, pos_embed=None, cls_token=None):
+  """ViT patch embedding: ``patch_embed_conv`` + bias, the class token [D]
+  prepended as token 0 of every image, + pos_embed [N(+1), D]."""
+  y = patch_embed_conv(images, kernel, patch_size=patch_size)
+  dtype = y.dtype
+  if bias is not None:
+    y = y + bias.astype(dtype)
+  if cls_token is not None:
+    cls = jnp.broadcast_to(cls_token.astype(dtype), (y.shape[0], 1, y.shape[2]))
+    y = jnp.concatenate([cls, y], axis=1)
+  if pos_embed is not None:
+    y = y + pos_embed.astype(dtype)
+  return y.astype(images.dtype)

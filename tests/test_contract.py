@@ -162,6 +162,9 @@ PROGRAMS = {
                                                       expert_bias=W, **FFI)[0]), (X,)),
     "topk_router_jvp": (_jvp(lambda x: jaxops.topk_router(x, 3, score="sigmoid", **FFI)[0]),
                         (X,)),
+    "patch_embed": (_vjp(lambda i, k, b: jaxops.patch_embed(
+        i, k, b, patch_size=2, pos_embed=jnp.ones((5, 3)), cls_token=b, **FFI)),
+        (X[:2, :4, :16].reshape(2, 4, 4, 4), X[0, :4, :12].reshape(2, 2, 4, 3), W[:3])),
 }
 
 

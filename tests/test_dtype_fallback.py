@@ -148,6 +148,13 @@ OPS = {
     "embedding": Op(
         _embedding_inputs, (0,), jaxops.embedding,
         lambda table, ids: _flax(nn.Embed(_VOCAB, _DIM), {"embedding": table}, ids), "table"),
+    "patch_embed": Op(
+        lambda rng, dtype: (_normal(rng, (1, 4, 6, 3), dtype), _normal(rng, (2, 2, 3, _DIM), dtype),
+                            _normal(rng, (_DIM,), dtype)), (0, 1, 2),
+        lambda x, k, b, **kwargs: jaxops.patch_embed(x, k, b, patch_size=2, **kwargs),
+        lambda x, k, b: _flax(nn.Conv(_DIM, (2, 2), strides=2, padding="VALID", precision=_HIGHEST),
+                              {"kernel": k, "bias": b}, x).reshape(1, 6, _DIM), "images",
+        complex_ok=False),
 }
 
 DTYPES = {"float64": np.float64, "complex64": np.complex64}
