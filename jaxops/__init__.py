@@ -10,10 +10,12 @@ from jaxops._src.norms import add_rms_norm, layer_norm, rms_norm
 from jaxops._src.rope import rope
 from jaxops._src.softmax import causal_softmax, log_softmax, softmax
 from jaxops import optim
+from jaxops import sparse
 
 __all__ = [
     "add_rms_norm", "attention", "causal_softmax", "cpu_isa", "cross_entropy", "embedding",
     "export_checks", "geglu", "gelu", "layer_norm", "linear_cross_entropy", "log_softmax", "optim",
     "rms_norm", "rope", "silu", "softmax", "swiglu",
+    "sparse",
 ]
 __version__ = "0.1.0"

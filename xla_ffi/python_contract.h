@@ -29,6 +29,7 @@
 #include "xla_ffi/norms_common.h"
 #include "xla_ffi/rope_common.h"
 #include "xla_ffi/softmax_common.h"
+#include "xla_ffi/sparse_common.h"
 
 namespace jaxops::python_contract {
 
@@ -41,7 +42,8 @@ inline const std::vector<contract::TargetDescription>& all_targets() {
     for (auto family : {activations_common::contracts(), adamw_common::contracts(),
                         attention_common::contracts(), cross_entropy_common::contracts(),
                         embedding_common::contracts(), norms_common::contracts(),
-                        rope_common::contracts(), softmax_common::contracts()}) {
+                        rope_common::contracts(), softmax_common::contracts(),
+                        sparse_common::contracts()}) {
       out.insert(out.end(), family.begin(), family.end());
     }
     return out;
