@@ -23,10 +23,14 @@ using ::jaxops::params::sparse_metadata_cols;
 using ::jaxops::params::sparse_values_cols;
 using microkernels::Update;
 
-// Decode-shaped calls (x of at most this many rows) take the GEMV path, which
-// reads every packed weight byte once for all rows; larger ones decompress
-// weight panels and run the dense micro-kernels.
+// Rows of x per register block of the GEMV path.
 constexpr int kMaxGemvRows = 8;
+
+// Decode-shaped calls (x of at most this many rows) take the GEMV path, which
+// reads every packed weight byte once for all rows of x; larger ones
+// decompress weight panels and run the dense micro-kernels (each panel's
+// decompression pays off over many rows).
+constexpr int64_t kMaxGemvPathRows = 64;
 
 // Values per vector step of the AVX-512 paths: 16 kept values are 8 groups,
 // 32 input columns (two registers of x) and 4 metadata bytes.
@@ -102,31 +106,18 @@ inline void packed_row_dot(const float* x, int64_t ldx, const float* v, const ui
   }
 }
 
-template <int R, typename T>
-void gemv_rows(const float* xf, const T* values, const uint8_t* metadata, const T* bias, T* y,
-               SparseLinearShape s) {
-  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
-#pragma omp parallel
-  {
-    RowBuffer<T> row(half);
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < s.out; ++o) {
-      float acc[R] = {};
-      packed_row_dot<R>(xf, s.in, row.read(values + o * half, half), metadata + o * mcols, half,
-                        acc);
-      const float b = bias ? to_float(bias[o]) : 0.f;
-      for (int r = 0; r < R; ++r) y[r * s.out + o] = from_float<T>(acc[r] + b);
-    }
+// acc[r] for every row of x, in register blocks of kMaxGemvRows rows: the
+// packed row is read from memory once and stays in L1 for the later blocks.
+inline void packed_row_dot_rows(const float* x, int64_t rows, int64_t ldx, const float* v,
+                                const uint8_t* meta, int64_t half, float* acc) {
+  int64_t r = 0;
+  for (; r + kMaxGemvRows <= rows; r += kMaxGemvRows) {
+    packed_row_dot<kMaxGemvRows>(x + r * ldx, ldx, v, meta, half, acc + r);
   }
-}
-
-template <typename T>
-void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, const T* bias, T* y,
-                 SparseLinearShape s) {
-  switch (s.rows) {
+  switch (rows - r) {
 #define JAXOPS_SPARSE_GEMV_CASE(R) \
   case R:                          \
-    return gemv_rows<R>(xf, values, metadata, bias, y, s);
+    return packed_row_dot<R>(x + r * ldx, ldx, v, meta, half, acc + r);
     JAXOPS_SPARSE_GEMV_CASE(1)
     JAXOPS_SPARSE_GEMV_CASE(2)
     JAXOPS_SPARSE_GEMV_CASE(3)
@@ -134,10 +125,29 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
     JAXOPS_SPARSE_GEMV_CASE(5)
     JAXOPS_SPARSE_GEMV_CASE(6)
     JAXOPS_SPARSE_GEMV_CASE(7)
-    JAXOPS_SPARSE_GEMV_CASE(8)
 #undef JAXOPS_SPARSE_GEMV_CASE
     default:
       return;
+  }
+}
+
+// y = x W^T + bias reading each packed weight row once for all rows of x.
+template <typename T>
+void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, const T* bias, T* y,
+                 SparseLinearShape s) {
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+#pragma omp parallel
+  {
+    RowBuffer<T> row(half);
+    std::vector<float> acc(s.rows);
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < s.out; ++o) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      packed_row_dot_rows(xf, s.rows, s.in, row.read(values + o * half, half),
+                          metadata + o * mcols, half, acc.data());
+      const float b = bias ? to_float(bias[o]) : 0.f;
+      for (int64_t r = 0; r < s.rows; ++r) y[r * s.out + o] = from_float<T>(acc[r] + b);
+    }
   }
 }
 
@@ -192,7 +202,7 @@ void sparse_linear_fwd(const T* x, const T* values, const uint8_t* metadata, con
   advise_huge_pages(y, sizeof(T) * s.rows * s.out);
   const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
   const FloatCopy<T> xf(x, s.rows * s.in);
-  if (s.rows <= kMaxGemvRows) return sparse_gemv(xf.data(), values, metadata, bias, y, s);
+  if (s.rows <= kMaxGemvPathRows) return sparse_gemv(xf.data(), values, metadata, bias, y, s);
   // B = W^T: panel row k, column j holds W[n0 + j, k].
   auto fill = [&](int64_t n0, int64_t nc, float* panel, int64_t ldb) {
     for (int64_t j = 0; j < nc; ++j) {

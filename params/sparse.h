@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "params/host_device.h"
+
 namespace jaxops::params {
 
 struct SparseLinearShape {
@@ -27,16 +29,16 @@ struct SparseLinearShape {
 
 inline constexpr int64_t kSparseGroup = 4;
 
-inline int64_t sparse_values_cols(int64_t in) { return in / 2; }
-inline int64_t sparse_metadata_cols(int64_t in) { return (in / kSparseGroup + 1) / 2; }
+JAXOPS_HOST_DEVICE int64_t sparse_values_cols(int64_t in) { return in / 2; }
+JAXOPS_HOST_DEVICE int64_t sparse_metadata_cols(int64_t in) { return (in / kSparseGroup + 1) / 2; }
 
 // The position in its group of value k of a packed row.
-inline int sparse_position(const uint8_t* metadata_row, int64_t k) {
+JAXOPS_HOST_DEVICE int sparse_position(const uint8_t* metadata_row, int64_t k) {
   return (metadata_row[k >> 2] >> (2 * (k & 3))) & 3;
 }
 
 // The input column of value k of a packed row.
-inline int64_t sparse_column(const uint8_t* metadata_row, int64_t k) {
+JAXOPS_HOST_DEVICE int64_t sparse_column(const uint8_t* metadata_row, int64_t k) {
   return kSparseGroup * (k >> 1) + sparse_position(metadata_row, k);
 }
 
