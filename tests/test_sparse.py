@@ -1,8 +1,9 @@
 """jaxops.sparse: the 2:4 packed weight, prune/compress/decompress, and linear
 against its jnp reference (x @ decompress(w).T + bias).
 
-Tests taking `backend` run on the CPU kernels; the rest (packing, rules,
-validation) are backend-independent.
+Tests taking `backend` run on the CPU kernels and on the CUDA kernels
+(cuda/sparse.cu) in the harness, whose shapes are small; the rest (packing,
+rules, validation) are backend-independent.
 """
 
 import functools
@@ -30,9 +31,6 @@ from jaxops.testing import (
 from support import backends
 
 sparse = jaxops.sparse
-
-# The sparse family has CPU kernels only so far: tests taking `backend` run on the CPU.
-pytestmark = pytest.mark.backends(backends.CPU)
 
 
 def _sparse_weight(seed, out, in_features, dtype=jnp.float32):
@@ -115,10 +113,13 @@ def test_compress_names_the_first_dense_group():
 
 SHAPES = [((1, 4), 1), ((3, 12), 7), ((8, 4100), 5), ((2, 3, 16), 9), ((9, 36), 33),
           ((5, 40), 130), ((17, 260), 19)]
+# CUDA: one group, odd group counts, more rows than a warp's block of 8, more
+# groups than a warp has lanes.
+HARNESS_SHAPES = [((1, 4), 1), ((3, 12), 7), ((9, 36), 5), ((2, 260), 3)]
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@backends.parametrize("x_shape,out", {backends.CPU: SHAPES})
+@backends.parametrize("x_shape,out", {backends.CPU: SHAPES, backends.HARNESS: HARNESS_SHAPES})
 def test_linear_matches_reference(backend, x_shape, out, dtype):
   (x, b) = random_inputs(1, [x_shape, (out,)], dtype)
   _, packed = _sparse_weight(2, out, x_shape[-1], dtype)
@@ -166,7 +167,8 @@ DERIVATIVE_SHAPES = [((1, 4), 1), ((3, 12), 7), ((2, 5, 36), 9), ((20, 64), 19)]
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
 @backends.parametrize("mode,x_shape,out", {
-    backends.CPU: [(m, *s) for m in ("vjp", "jvp") for s in DERIVATIVE_SHAPES]})
+    backends.CPU: [(m, *s) for m in ("vjp", "jvp") for s in DERIVATIVE_SHAPES],
+    backends.HARNESS: [(m, *s) for m in ("vjp", "jvp") for s in DERIVATIVE_SHAPES[1:3]]})
 def test_derivatives_match_reference(backend, mode, x_shape, out, dtype):
   x, b = random_inputs(7, [x_shape, (out,)], dtype)
   _, packed = _sparse_weight(8, out, x_shape[-1], dtype)
@@ -320,3 +322,49 @@ def test_handler_rejects_inconsistent_buffers(target, operands, results, match):
   call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])
   with pytest.raises(Exception, match=match):
     jax.block_until_ready(jax.jit(lambda *a: call(*a))(*operands))
+
+
+# -- Flax --------------------------------------------------------------------------------
+
+
+def test_linen_sparse_dense_matches_dense_on_the_pruned_kernel():
+  import flax.linen as nn
+  from jaxops.flax import linen
+
+  x = random_inputs(23, [(3, 5, 16)])[0]
+  dense = nn.Dense(7)
+  dense_params = dense.init(jax.random.key(0), x)["params"]
+  sparse_params = linen.SparseDense.from_dense_params(dense_params)
+  pruned = {"kernel": sparse.prune_2_4(dense_params["kernel"].T)[0].T,
+            "bias": dense_params["bias"] + 0.5}
+  sparse_params["bias"] = pruned["bias"]
+  layer = linen.SparseDense(7)
+  assert_close(layer.apply({"params": sparse_params}, x),
+               dense.apply({"params": pruned}, x))
+  # init gives packed parameters of the declared shapes and a 2:4 kernel.
+  params = layer.init(jax.random.key(1), x)["params"]
+  assert params["kernel_values"].shape == (7, 8) and params["kernel_metadata"].dtype == jnp.uint8
+  assert params["bias"].shape == (7,)
+  # bfloat16 compute, no bias; gradients reach the values and the bias.
+  half = linen.SparseDense(7, use_bias=False, dtype=jnp.bfloat16)
+  y = half.apply({"params": {k: v for k, v in params.items() if k != "bias"}}, x)
+  assert y.dtype == jnp.bfloat16
+  grads = jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x) ** 2), allow_int=True)(params)
+  assert grads["kernel_values"].shape == (7, 8)
+  assert grads["kernel_metadata"].dtype == jax.dtypes.float0
+
+
+def test_nnx_sparse_dense_matches_linear_on_the_pruned_kernel():
+  from flax import nnx
+  from jaxops.flax import nnx as jnnx
+
+  x = random_inputs(24, [(4, 12)])[0]
+  linear = nnx.Linear(12, 5, rngs=nnx.Rngs(0))
+  layer = jnnx.SparseDense.from_linear(linear)
+  pruned = sparse.prune_2_4(linear.kernel[...].T)[0].T
+  assert_close(layer(x), x @ pruned + linear.bias[...])
+  # nnx.grad over Params leaves the metadata (a SparseMetadata variable) alone.
+  grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+  assert sorted(leaf.shape for leaf in jax.tree.leaves(grads)) == [(5,), (5, 6)]
+  fresh = jnnx.SparseDense(12, 5, rngs=nnx.Rngs(1), use_bias=False)
+  assert fresh(x).shape == (4, 5) and fresh.bias is None

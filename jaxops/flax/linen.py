@@ -16,6 +16,7 @@ from jaxops.flax._attention import (attend_cached, flax_inputs, rotate,
 from jaxops.flax._attention import linen_dot_product_attention as dot_product_attention
 from jaxops.flax._dtypes import compute_dtype, is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
+from jaxops.flax._sparse import LinenSparseDense as SparseDense  # noqa: F401
 
 Initializer = Callable[..., Any]
 

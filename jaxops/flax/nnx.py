@@ -16,6 +16,7 @@ from jaxops.flax._attention import nnx_dot_product_attention as dot_product_atte
 from jaxops.flax._dtypes import is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
 from jaxops.flax._signature import bind, extended
+from jaxops.flax._sparse import NnxSparseDense as SparseDense, SparseMetadata  # noqa: F401
 
 Initializer = Callable[..., Any]
 
