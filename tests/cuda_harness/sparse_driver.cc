@@ -27,11 +27,8 @@ namespace params = jaxops::params;
 // Relative to the sum of |terms| of each dot product: the rounding of the
 // inputs to T dominates (they are compared against the values actually stored).
 template <typename T>
-double relative_tolerance() {
-  if (std::is_same<T, float>::value) return 1e-5;
-  if (std::is_same<T, __half>::value) return 2e-3;
-  return 1.6e-2;
-}
+constexpr double kRelativeTolerance =
+    std::is_same<T, float>::value ? 1e-5 : (std::is_same<T, __half>::value ? 2e-3 : 1.6e-2);
 
 // A random T buffer and the doubles it holds.
 template <typename T>
@@ -49,7 +46,7 @@ std::vector<double> randomize(Buffer<T>& b, std::mt19937& rng) {
 template <typename T>
 void expect(const std::string& what, const T* actual, const std::vector<double>& expected,
             const std::vector<double>& scale) {
-  const double tol = relative_tolerance<T>();
+  const double tol = kRelativeTolerance<T>;
   for (size_t i = 0; i < expected.size(); ++i) {
     const double got = static_cast<float>(actual[i]);
     if (!(std::fabs(got - expected[i]) <= tol * (1.0 + scale[i]))) {
