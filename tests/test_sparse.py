@@ -368,3 +368,36 @@ def test_nnx_sparse_dense_matches_linear_on_the_pruned_kernel():
   assert sorted(leaf.shape for leaf in jax.tree.leaves(grads)) == [(5,), (5, 6)]
   fresh = jnnx.SparseDense(12, 5, rngs=nnx.Rngs(1), use_bias=False)
   assert fresh(x).shape == (4, 5) and fresh.bias is None
+
+
+# -- sharding ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_sharded_over_tokens_and_out_runs_on_local_shards(kind):
+  """x's tokens on "data", the weight's out on "model": values and gradients as
+  unsharded, the kernels in the program, no all-gather."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  axis_type = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type[kind],) * 2)
+  x, b = random_inputs(25, [(8, 6, 32), (16,)])
+  _, packed = _sparse_weight(26, 16, 32)
+  args = [x, packed.values, packed.metadata, b]
+  specs = [P("data"), P("model"), P("model"), P("model")]
+
+  def loss(x, v, m, b):
+    return jnp.sum(jnp.sin(sparse.linear(x, sparse.SparseWeight(v, m, 32), b)))
+
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 3)))
+  expected = step(*args)
+  with jax.set_mesh(mesh):
+    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+    compiled = step.lower(*placed).compile()
+    result = compiled(*placed)
+  assert_tree_close(result, expected, atol=1e-5, rtol=1e-5)
+  hlo = compiled.as_text()
+  for target in ("jaxops_sparse_linear_fwd", "jaxops_sparse_linear_dx",
+                 "jaxops_sparse_linear_dvalues"):
+    assert target in hlo
+  assert "all-gather" not in hlo
