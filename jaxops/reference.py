@@ -765,3 +765,55 @@ def patch_embed(images, kernel, bias=None, *, patch_size, pos_embed=None, cls_to
   if pos_embed is not None:
     y = y + pos_embed.astype(dtype)
   return y.astype(images.dtype)
+
+# -- 2:4 structured-sparse linear ---------------------------------------------------
+# The packed layout (jaxops/_src/sparse.py, params/sparse.h): values [..., out, in / 2]
+# (the 2 kept values of every group of 4 inputs, in index order) and uint8 metadata
+# [..., out, ceil(in / 8)] (byte j: the 2-bit in-group positions of values 4j .. 4j + 3,
+# low bits first).
+
+
+def sparse_2_4_columns(metadata, in_features):
+  """The input column of every packed value: int32 [..., out, in / 2]."""
+  k = jnp.arange(in_features // 2)
+  byte = jnp.take(metadata, k // 4, axis=-1).astype(jnp.int32)
+  return 4 * (k // 2) + ((byte >> (2 * (k % 4))) & 3)
+
+
+def sparse_2_4_decompress(values, metadata, in_features):
+  """The dense [..., out, in] weight; two values at one position add up."""
+  groups = in_features // 4
+  positions = sparse_2_4_columns(metadata, in_features) % 4
+  v = values.reshape(values.shape[:-1] + (groups, 2, 1))
+  hit = positions.reshape(positions.shape[:-1] + (groups, 2, 1)) == jnp.arange(4)
+  dense = jnp.where(hit, v, jnp.zeros((), values.dtype)).sum(axis=-2, dtype=values.dtype)
+  return dense.reshape(values.shape[:-1] + (in_features,))
+
+
+def sparse_linear(x, values, metadata, bias=None):
+  """x @ W.T + bias with W the decompressed [out, in] weight, in float32; x's dtype out."""
+  in_features = x.shape[-1]
+  dtype = compute_dtype(x.dtype, values.dtype)
+  w = sparse_2_4_decompress(values, metadata, in_features).astype(dtype)
+  y = jnp.matmul(x.astype(dtype), w.T, precision=lax.Precision.HIGHEST)
+  if bias is not None:
+    y = y + bias.astype(dtype)
+  return y.astype(x.dtype)
+
+
+def sparse_linear_dx(dy, values, metadata, in_features):
+  """dy @ W: the gradient of sparse_linear with respect to x, in dy's dtype."""
+  dtype = compute_dtype(dy.dtype, values.dtype)
+  w = sparse_2_4_decompress(values, metadata, in_features).astype(dtype)
+  return jnp.matmul(dy.astype(dtype), w, precision=lax.Precision.HIGHEST).astype(dy.dtype)
+
+
+def sparse_linear_dvalues(dy, x, metadata):
+  """(dy^T x) at the kept positions: the gradient with respect to the packed
+  values [out, in / 2] (the specification; it forms the dense product)."""
+  dtype = compute_dtype(dy.dtype, x.dtype)
+  dyf = dy.reshape(-1, dy.shape[-1]).astype(dtype)
+  xf = x.reshape(-1, x.shape[-1]).astype(dtype)
+  dense = jnp.matmul(dyf.T, xf, precision=lax.Precision.HIGHEST)
+  columns = sparse_2_4_columns(metadata, x.shape[-1])
+  return jnp.take_along_axis(dense, columns, axis=-1).astype(x.dtype)

@@ -165,6 +165,8 @@ PROGRAMS = {
     "patch_embed": (_vjp(lambda i, k, b: jaxops.patch_embed(
         i, k, b, patch_size=2, pos_embed=jnp.ones((5, 3)), cls_token=b, **FFI)),
         (X[:2, :4, :16].reshape(2, 4, 4, 4), X[0, :4, :12].reshape(2, 2, 4, 3), W[:3])),
+    "sparse_linear": (_vjp(lambda x, w, b: jaxops.sparse.linear(
+        x, jaxops.sparse.compress(jaxops.sparse.prune_2_4(w)[0]), b, **FFI)), (X, X[0], W[:6])),
 }
 
 

@@ -28,11 +28,12 @@
 #include "xla_ffi/embedding_common.h"
 #include "xla_ffi/norms_common.h"
 #include "xla_ffi/paged_attention_common.h"
-#include "xla_ffi/rope_common.h"
-#include "xla_ffi/sampling_common.h"
-#include "xla_ffi/routing_common.h"
-#include "xla_ffi/softmax_common.h"
 #include "xla_ffi/patch_embed_common.h"
+#include "xla_ffi/rope_common.h"
+#include "xla_ffi/routing_common.h"
+#include "xla_ffi/sampling_common.h"
+#include "xla_ffi/softmax_common.h"
+#include "xla_ffi/sparse_common.h"
 
 namespace jaxops::python_contract {
 
@@ -47,7 +48,8 @@ inline const std::vector<contract::TargetDescription>& all_targets() {
                         embedding_common::contracts(), norms_common::contracts(),
                         rope_common::contracts(), softmax_common::contracts(),
                         paged_attention_common::contracts(), sampling_common::contracts(),
-                        routing_common::contracts(), patch_embed_common::contracts()}) {
+                        routing_common::contracts(), patch_embed_common::contracts(),
+                        sparse_common::contracts()}) {
       out.insert(out.end(), family.begin(), family.end());
     }
     return out;

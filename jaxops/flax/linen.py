@@ -17,6 +17,7 @@ from jaxops.flax._attention import linen_dot_product_attention as dot_product_at
 from jaxops.flax._dtypes import compute_dtype, is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
 from jaxops.flax._patch_embed import LinenPatchEmbed as PatchEmbed  # noqa: F401
+from jaxops.flax._sparse import LinenSparseDense as SparseDense  # noqa: F401
 
 Initializer = Callable[..., Any]
 

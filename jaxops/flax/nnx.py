@@ -17,6 +17,7 @@ from jaxops.flax._dtypes import is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
 from jaxops.flax._signature import bind, extended
 from jaxops.flax._patch_embed import NnxPatchEmbed as PatchEmbed  # noqa: F401
+from jaxops.flax._sparse import NnxSparseDense as SparseDense, SparseMetadata  # noqa: F401
 
 Initializer = Callable[..., Any]
 

@@ -1,0 +1,350 @@
+#include "cpu/sparse.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/float_convert.h"
+#include "cpu/fresh_memory.h"
+#include "cpu/gemm_microkernels.h"
+#include "cpu/row_buffer.h"
+#include "cpu/simd.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace jaxops::cpu {
+namespace {
+
+using ::jaxops::params::sparse_column;
+using ::jaxops::params::sparse_metadata_cols;
+using ::jaxops::params::sparse_values_cols;
+using microkernels::Update;
+
+// Rows of x per register block of the GEMV path.
+constexpr int kMaxGemvRows = 8;
+
+// Decode-shaped calls (x of at most this many rows) take the GEMV path, which
+// reads every packed weight byte once for all rows of x; larger ones
+// decompress weight panels and run the dense micro-kernels (each panel's
+// decompression pays off over many rows).
+constexpr int64_t kMaxGemvPathRows = 64;
+
+// Values per vector step of the AVX-512 paths: 16 kept values are 8 groups,
+// 32 input columns (two registers of x) and 4 metadata bytes.
+constexpr int64_t kValuesPerStep = 16;
+
+// The whole array as float32: itself when T is float, else a converted copy.
+template <typename T>
+class FloatCopy {
+ public:
+  FloatCopy(const T* src, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      data_ = src;
+    } else {
+      copy_.resize(n);
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+      for (int64_t i = 0; i < n; i += 4096) load_row(src + i, copy_.data() + i, std::min<int64_t>(4096, n - i));
+      data_ = copy_.data();
+    }
+  }
+  const float* data() const { return data_; }
+
+ private:
+  const float* data_ = nullptr;
+  std::vector<float> copy_;
+};
+
+#if defined(__AVX512F__)
+// The x-column index of each of 16 values k .. k + 15 relative to the first
+// column of their 8 groups (4 * (k / 2)): a permute index into two registers
+// of x. `word` is the 4 metadata bytes of those values.
+inline __m512i permute_index(uint32_t word) {
+  const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i group_starts =
+      _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+  const __m512i positions =
+      _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(word)), shifts),
+                       _mm512_set1_epi32(3));
+  return _mm512_add_epi32(positions, group_starts);
+}
+
+inline uint32_t metadata_word(const uint8_t* metadata_row, int64_t k) {
+  uint32_t word;
+  std::memcpy(&word, metadata_row + k / 4, sizeof(word));
+  return word;
+}
+#endif
+
+// acc[r] += sum over the kept values k of one packed row: v[k] x[r, column(k)].
+// The AVX-512 steps expand x against the values (two-register permute)
+// instead of expanding the weight.
+template <int R>
+inline void packed_row_dot(const float* x, int64_t ldx, const float* v, const uint8_t* meta,
+                           int64_t half, float* acc) {
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  __m512 sums[R];
+  for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_ps();
+  for (; k + kValuesPerStep <= half; k += kValuesPerStep) {
+    const __m512i index = permute_index(metadata_word(meta, k));
+    const __m512 values = _mm512_loadu_ps(v + k);
+    const float* xk = x + 2 * k;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 lo = _mm512_loadu_ps(xk + r * ldx), hi = _mm512_loadu_ps(xk + r * ldx + 16);
+      sums[r] = _mm512_fmadd_ps(values, _mm512_permutex2var_ps(lo, index, hi), sums[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) acc[r] += _mm512_reduce_add_ps(sums[r]);
+#endif
+  for (; k < half; ++k) {
+    const int64_t col = sparse_column(meta, k);
+    for (int r = 0; r < R; ++r) acc[r] += v[k] * x[r * ldx + col];
+  }
+}
+
+// acc[r] for every row of x, in register blocks of kMaxGemvRows rows: the
+// packed row is read from memory once and stays in L1 for the later blocks.
+inline void packed_row_dot_rows(const float* x, int64_t rows, int64_t ldx, const float* v,
+                                const uint8_t* meta, int64_t half, float* acc) {
+  int64_t r = 0;
+  for (; r + kMaxGemvRows <= rows; r += kMaxGemvRows) {
+    packed_row_dot<kMaxGemvRows>(x + r * ldx, ldx, v, meta, half, acc + r);
+  }
+  switch (rows - r) {
+#define JAXOPS_SPARSE_GEMV_CASE(R) \
+  case R:                          \
+    return packed_row_dot<R>(x + r * ldx, ldx, v, meta, half, acc + r);
+    JAXOPS_SPARSE_GEMV_CASE(1)
+    JAXOPS_SPARSE_GEMV_CASE(2)
+    JAXOPS_SPARSE_GEMV_CASE(3)
+    JAXOPS_SPARSE_GEMV_CASE(4)
+    JAXOPS_SPARSE_GEMV_CASE(5)
+    JAXOPS_SPARSE_GEMV_CASE(6)
+    JAXOPS_SPARSE_GEMV_CASE(7)
+#undef JAXOPS_SPARSE_GEMV_CASE
+    default:
+      return;
+  }
+}
+
+// y = x W^T + bias reading each packed weight row once for all rows of x.
+template <typename T>
+void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, const T* bias, T* y,
+                 SparseLinearShape s) {
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+#pragma omp parallel
+  {
+    RowBuffer<T> row(half);
+    std::vector<float> acc(s.rows);
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < s.out; ++o) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      packed_row_dot_rows(xf, s.rows, s.in, row.read(values + o * half, half),
+                          metadata + o * mcols, half, acc.data());
+      const float b = bias ? to_float(bias[o]) : 0.f;
+      for (int64_t r = 0; r < s.rows; ++r) y[r * s.out + o] = from_float<T>(acc[r] + b);
+    }
+  }
+}
+
+// The dense product C[m, n] = A[m, K] B[K, n] with B given in packed sparse
+// form: each thread decompresses whole column panels of B (NB columns, all K
+// rows, zero-padded to whole vectors) once, then runs the float32
+// micro-kernels over row blocks of A and K blocks of the panel, so the inner
+// loops are those of a dense GEMM. fill(n0, nc, panel, ldb) scatters B[:, n0 ..
+// n0 + nc) into the zeroed panel; store(m0, mc, n0, nc, c, ldc) writes a block
+// of the result.
+constexpr int64_t kPanelCols = 128;  // B panel width: A is streamed once per panel
+constexpr int64_t kBlockRows = 128;  // rows of A (and of the C block) per pass
+constexpr int64_t kBlockDepth = 256; // K per micro-kernel call (a B block stays in L2)
+
+template <typename Fill, typename Store>
+void decompressed_panel_gemm(int64_t m, int64_t n, int64_t kdim, const float* a, int64_t lda,
+                             Fill&& fill, Store&& store) {
+  const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
+#pragma omp parallel
+  {
+    std::vector<float> panel(kdim * kPanelCols), c(kBlockRows * kPanelCols);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t n0 = p * kPanelCols, nc = std::min(kPanelCols, n - n0);
+      const int64_t ldb = (nc + simd::kLanes - 1) / simd::kLanes * simd::kLanes;
+      std::fill(panel.begin(), panel.begin() + kdim * ldb, 0.f);
+      fill(n0, nc, panel.data(), ldb);
+      for (int64_t m0 = 0; m0 < m; m0 += kBlockRows) {
+        const int64_t mc = std::min(kBlockRows, m - m0);
+        for (int64_t k0 = 0; k0 < kdim; k0 += kBlockDepth) {
+          const int64_t kc = std::min(kBlockDepth, kdim - k0);
+          const float* ab = a + m0 * lda + k0;
+          const float* bb = panel.data() + k0 * ldb;
+          if (k0 == 0) {
+            microkernels::gemm<Update::kOverwrite>(mc, ldb, kc, ab, lda, 1, bb, ldb, c.data(), ldb);
+          } else {
+            microkernels::gemm<Update::kAdd>(mc, ldb, kc, ab, lda, 1, bb, ldb, c.data(), ldb);
+          }
+        }
+        store(m0, mc, n0, nc, c.data(), ldb);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void sparse_linear_fwd(const T* x, const T* values, const uint8_t* metadata, const T* bias, T* y,
+                       SparseLinearShape s) {
+  if (s.rows == 0 || s.out == 0) return;
+  advise_huge_pages(y, sizeof(T) * s.rows * s.out);
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+  const FloatCopy<T> xf(x, s.rows * s.in);
+  if (s.rows <= kMaxGemvPathRows) return sparse_gemv(xf.data(), values, metadata, bias, y, s);
+  // B = W^T: panel row k, column j holds W[n0 + j, k].
+  auto fill = [&](int64_t n0, int64_t nc, float* panel, int64_t ldb) {
+    for (int64_t j = 0; j < nc; ++j) {
+      const T* v = values + (n0 + j) * half;
+      const uint8_t* meta = metadata + (n0 + j) * mcols;
+      for (int64_t k = 0; k < half; ++k) panel[sparse_column(meta, k) * ldb + j] += to_float(v[k]);
+    }
+  };
+  auto store = [&](int64_t m0, int64_t mc, int64_t n0, int64_t nc, const float* c, int64_t ldc) {
+    for (int64_t i = 0; i < mc; ++i) {
+      T* dst = y + (m0 + i) * s.out + n0;
+      const float* src = c + i * ldc;
+      for (int64_t j = 0; j < nc; ++j) {
+        dst[j] = from_float<T>(src[j] + (bias ? to_float(bias[n0 + j]) : 0.f));
+      }
+    }
+  };
+  decompressed_panel_gemm(s.rows, s.out, s.in, xf.data(), s.in, fill, store);
+}
+
+template <typename T>
+void sparse_linear_dx(const T* dy, const T* values, const uint8_t* metadata, T* dx,
+                      SparseLinearShape s) {
+  if (s.rows == 0) return;
+  advise_huge_pages(dx, sizeof(T) * s.rows * s.in);
+  if (s.out == 0) {
+    std::fill(dx, dx + s.rows * s.in, from_float<T>(0.f));
+    return;
+  }
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+  const FloatCopy<T> dyf(dy, s.rows * s.out);
+  // B = W: panel row o holds W[o, n0 .. n0 + nc); panels start on a group
+  // boundary (kPanelCols is a multiple of 4), so they own whole groups.
+  auto fill = [&](int64_t n0, int64_t nc, float* panel, int64_t ldb) {
+    for (int64_t o = 0; o < s.out; ++o) {
+      const T* v = values + o * half;
+      const uint8_t* meta = metadata + o * mcols;
+      for (int64_t k = n0 / 2; k < (n0 + nc) / 2; ++k) {
+        panel[o * ldb + sparse_column(meta, k) - n0] += to_float(v[k]);
+      }
+    }
+  };
+  auto store = [&](int64_t m0, int64_t mc, int64_t n0, int64_t nc, const float* c, int64_t ldc) {
+    for (int64_t i = 0; i < mc; ++i) {
+      T* dst = dx + (m0 + i) * s.in + n0;
+      const float* src = c + i * ldc;
+      for (int64_t j = 0; j < nc; ++j) dst[j] = from_float<T>(src[j]);
+    }
+  };
+  decompressed_panel_gemm(s.rows, s.in, s.out, dyf.data(), s.out, fill, store);
+}
+
+namespace {
+
+// Outputs per block of the sampled product: a block's float32 copy of dy's
+// columns (rows x kOutBlock) and a 32-column strip of x stay in L2 while every
+// output of the block reads them.
+constexpr int64_t kOutBlock = 64;
+
+// dvalues[o, k] = sum_r dy[r, o] x[r, column(o, k)] for outputs o0 .. o0 + n
+// (n <= kOutBlock) of a block whose dy columns are dyb [rows, kOutBlock].
+template <typename T>
+void sampled_block(const float* dyb, const float* x, const uint8_t* metadata, T* dvalues,
+                   int64_t o0, int64_t n, SparseLinearShape s) {
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+  int64_t k_vector_end = 0;
+#if defined(__AVX512F__)
+  k_vector_end = half / kValuesPerStep * kValuesPerStep;
+  constexpr int kOuts = 4;  // outputs sharing each loaded strip of x
+  for (int64_t k = 0; k < k_vector_end; k += kValuesPerStep) {
+    const float* xk = x + 2 * k;
+    for (int64_t j0 = 0; j0 < n; j0 += kOuts) {
+      const int outs = static_cast<int>(std::min<int64_t>(kOuts, n - j0));
+      __m512i index[kOuts];
+      __m512 sums[kOuts];
+      for (int j = 0; j < kOuts; ++j) {
+        index[j] = permute_index(metadata_word(metadata + (o0 + j0 + std::min(j, outs - 1)) * mcols, k));
+        sums[j] = _mm512_setzero_ps();
+      }
+      for (int64_t r = 0; r < s.rows; ++r) {
+        const __m512 lo = _mm512_loadu_ps(xk + r * s.in), hi = _mm512_loadu_ps(xk + r * s.in + 16);
+        const float* d = dyb + r * kOutBlock + j0;
+#pragma GCC unroll 4
+        for (int j = 0; j < kOuts; ++j) {
+          sums[j] = _mm512_fmadd_ps(_mm512_set1_ps(d[j]),
+                                    _mm512_permutex2var_ps(lo, index[j], hi), sums[j]);
+        }
+      }
+      for (int j = 0; j < outs; ++j) {
+        alignas(64) float out[kValuesPerStep];
+        _mm512_store_ps(out, sums[j]);
+        T* dst = dvalues + (o0 + j0 + j) * half + k;
+        for (int i = 0; i < kValuesPerStep; ++i) dst[i] = from_float<T>(out[i]);
+      }
+    }
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* meta = metadata + (o0 + j) * mcols;
+    for (int64_t k = k_vector_end; k < half; ++k) {
+      const int64_t col = sparse_column(meta, k);
+      float sum = 0.f;
+      for (int64_t r = 0; r < s.rows; ++r) sum += dyb[r * kOutBlock + j] * x[r * s.in + col];
+      dvalues[(o0 + j) * half + k] = from_float<T>(sum);
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void sparse_linear_dvalues(const T* dy, const T* x, const uint8_t* metadata, T* dvalues,
+                           SparseLinearShape s) {
+  const int64_t half = sparse_values_cols(s.in);
+  if (s.out == 0 || half == 0) return;
+  advise_huge_pages(dvalues, sizeof(T) * s.out * half);
+  const FloatCopy<T> xf(x, s.rows * s.in);
+  const int64_t blocks = (s.out + kOutBlock - 1) / kOutBlock;
+  // dyb is a whole block wide even for a short last block: the vector path
+  // reads (and discards) up to 3 columns past its last output.
+#pragma omp parallel
+  {
+    std::vector<float> dyb(std::max<int64_t>(s.rows, 1) * kOutBlock, 0.f);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t o0 = b * kOutBlock, n = std::min(kOutBlock, s.out - o0);
+      for (int64_t r = 0; r < s.rows; ++r) {
+        for (int64_t j = 0; j < n; ++j) dyb[r * kOutBlock + j] = to_float(dy[r * s.out + o0 + j]);
+      }
+      sampled_block(dyb.data(), xf.data(), metadata, dvalues, o0, n, s);
+    }
+  }
+}
+
+#define JAXOPS_INSTANTIATE_SPARSE(T)                                                             \
+  template void sparse_linear_fwd<T>(const T*, const T*, const uint8_t*, const T*, T*,             \
+                                     SparseLinearShape);                                           \
+  template void sparse_linear_dx<T>(const T*, const T*, const uint8_t*, T*, SparseLinearShape);    \
+  template void sparse_linear_dvalues<T>(const T*, const T*, const uint8_t*, T*, SparseLinearShape);
+
+JAXOPS_INSTANTIATE_SPARSE(float)
+JAXOPS_INSTANTIATE_SPARSE(bfloat16)
+JAXOPS_INSTANTIATE_SPARSE(float16)
+
+}  // namespace jaxops::cpu

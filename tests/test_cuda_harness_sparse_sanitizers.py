@@ -1,0 +1,23 @@
+"""The 2:4 sparse linear CUDA kernels (cuda/sparse.cu) under AddressSanitizer and
+ThreadSanitizer, run by the CPU harness.
+
+tests/cuda_harness/sparse_driver.cc runs the forward (with and without bias),
+dx and the sampled dvalues kernels against a double-precision reference in
+every dtype, on small shapes: one row and one group, an odd number of groups
+(the metadata's half-used last byte), more rows than a warp's block of 8, more
+groups than a warp's lanes.
+"""
+
+from support.sanitizers import check_driver
+
+ASAN_SHAPES = ["1x4x1", "3x12x5", "9x36x7", "2x260x3", "0x8x2"]
+TSAN_SHAPES = ["2x12x3", "9x68x2"]
+DRIVER = "sparse_driver.cc"
+
+
+def test_kernels_under_address_sanitizer():
+  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=7)
+
+
+def test_kernels_under_thread_sanitizer():
+  check_driver(DRIVER, "tsan", *TSAN_SHAPES)

@@ -1,0 +1,403 @@
+"""jaxops.sparse: the 2:4 packed weight, prune/compress/decompress, and linear
+against its jnp reference (x @ decompress(w).T + bias).
+
+Tests taking `backend` run on the CPU kernels and on the CUDA kernels
+(cuda/sparse.cu) in the harness, whose shapes are small; the rest (packing,
+rules, validation) are backend-independent.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import jaxops
+from jaxops import reference
+from jaxops.testing import (
+    FLOAT_DTYPES,
+    assert_close,
+    assert_tree_close,
+    check_transformations,
+    custom_call_targets,
+    derivative_against_reference,
+    random_inputs,
+    scalarize,
+    upcast,
+    vmap_against_loop,
+)
+from support import backends
+
+sparse = jaxops.sparse
+
+
+def _sparse_weight(seed, out, in_features, dtype=jnp.float32):
+  (w,) = random_inputs(seed, [(out, in_features)], dtype)
+  w_pruned, _ = sparse.prune_2_4(w)
+  return w_pruned, sparse.compress(w_pruned)
+
+
+def _reference(x, values, metadata, bias=None):
+  return reference.sparse_linear(x, values, metadata, bias)
+
+
+# -- packing ---------------------------------------------------------------------------
+
+
+def test_prune_keeps_the_two_largest_magnitudes_ties_to_the_lower_index():
+  w = jnp.array([[1.0, -3.0, 2.0, 0.5, 0.0, 0.0, 0.0, 0.0],
+                 [2.0, 2.0, 2.0, 2.0, -1.0, 1.0, 1.0, -5.0]])
+  pruned, mask = sparse.prune_2_4(w)
+  np.testing.assert_array_equal(mask, [[0, 1, 1, 0, 1, 1, 0, 0], [1, 1, 0, 0, 1, 0, 0, 1]])
+  np.testing.assert_array_equal(pruned, jnp.where(mask, w, 0.0))
+  # A NaN counts as the largest, and every group keeps exactly two.
+  _, mask = sparse.prune_2_4(jnp.array([[jnp.nan, jnp.nan, jnp.nan, 1.0]]))
+  np.testing.assert_array_equal(mask, [[1, 1, 0, 0]])
+
+
+def test_packed_layout_is_the_documented_one():
+  # Row 0: groups keep (1, 2), (0, 3), (2, 3); row 1: a group of one nonzero and an empty one.
+  w = jnp.array([[0, 5, 6, 0, 7, 0, 0, 8, 0, 0, 9, 10],
+                 [0, 0, 0, 4, 0, 0, 0, 0, 1, 2, 0, 0]], jnp.float32)
+  packed = sparse.compress(w)
+  np.testing.assert_array_equal(packed.values, [[5, 6, 7, 8, 9, 10], [0, 4, 0, 0, 1, 2]])
+  # Byte 0: positions of values 0..3, low bits first: 1, 2, 0, 3; byte 1: 2, 3 (high nibble unused).
+  assert packed.metadata.dtype == jnp.uint8
+  np.testing.assert_array_equal(packed.metadata[0], [1 | 2 << 2 | 0 << 4 | 3 << 6, 2 | 3 << 2])
+  np.testing.assert_array_equal(packed.metadata[1], [0 | 3 << 2 | 0 << 4 | 1 << 6, 0 | 1 << 2])
+  assert packed.shape == (2, 12) and packed.in_features == 12
+  assert packed.nbytes == 2 * 6 * 4 + 2 * 2
+
+
+@pytest.mark.parametrize("out,in_features", [(1, 4), (7, 12), (3, 8), (5, 4100)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_compress_decompress_round_trip(out, in_features, dtype):
+  w_pruned, packed = _sparse_weight(0, out, in_features, dtype)
+  assert packed.values.shape == (out, in_features // 2) and packed.values.dtype == dtype
+  assert packed.metadata.shape == (out, sparse.metadata_cols(in_features))
+  np.testing.assert_array_equal(sparse.decompress(packed), w_pruned)
+  # Under jit the packing is traced (no check) and gives the same leaves.
+  traced = jax.jit(sparse.compress)(w_pruned)
+  np.testing.assert_array_equal(traced.values, packed.values)
+  np.testing.assert_array_equal(traced.metadata, packed.metadata)
+
+
+def test_sparse_weight_is_a_pytree():
+  _, packed = _sparse_weight(1, 3, 8)
+  leaves, treedef = jax.tree.flatten(packed)
+  assert [l.dtype for l in leaves] == [jnp.float32, jnp.uint8]
+  rebuilt = jax.tree.unflatten(treedef, leaves)
+  assert isinstance(rebuilt, sparse.SparseWeight) and rebuilt.in_features == 8
+  doubled = jax.jit(lambda w: jax.tree.map(lambda v: v * 2 if v.dtype != jnp.uint8 else v, w))(packed)
+  np.testing.assert_array_equal(doubled.values, 2 * packed.values)
+
+
+def test_compress_names_the_first_dense_group():
+  w = jnp.ones((3, 8)).at[:, 2:4].set(0.0).at[:, 6:8].set(0.0)
+  w = w.at[1, 6].set(1.0)
+  with pytest.raises(ValueError, match=r"row 1, group 1 \(columns 4..7\) has 3 nonzeros"):
+    sparse.compress(w)
+  with pytest.raises(ValueError, match="positive multiple of 4"):
+    sparse.compress(jnp.ones((2, 6)))
+  with pytest.raises(ValueError, match="positive multiple of 4"):
+    sparse.prune_2_4(jnp.ones((2, 10)))
+  with pytest.raises(ValueError, match=r"w must have rank 2"):
+    sparse.compress(jnp.ones(8))
+  with pytest.raises(TypeError, match="w must have a floating dtype"):
+    sparse.compress(jnp.ones((2, 8), jnp.int32))
+
+
+# -- linear: values ------------------------------------------------------------------
+
+SHAPES = [((1, 4), 1), ((3, 12), 7), ((8, 4100), 5), ((2, 3, 16), 9), ((9, 36), 33),
+          ((5, 40), 130), ((17, 260), 19)]
+# CUDA: one group, odd group counts, more rows than a warp's block of 8, more
+# groups than a warp has lanes.
+HARNESS_SHAPES = [((1, 4), 1), ((3, 12), 7), ((9, 36), 5), ((2, 260), 3)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@backends.parametrize("x_shape,out", {backends.CPU: SHAPES, backends.HARNESS: HARNESS_SHAPES})
+def test_linear_matches_reference(backend, x_shape, out, dtype):
+  (x, b) = random_inputs(1, [x_shape, (out,)], dtype)
+  _, packed = _sparse_weight(2, out, x_shape[-1], dtype)
+  for bias in (None, b):
+    y = jax.jit(sparse.linear)(x, packed, bias)
+    assert y.dtype == dtype and y.shape == x_shape[:-1] + (out,)
+    expected = _reference(*upcast([x, packed.values]), packed.metadata,
+                          None if bias is None else upcast(bias))
+    assert_close(y, expected, dtype=dtype, reduce_size=x_shape[-1] // 2)
+
+
+def test_linear_promotes_mixed_dtypes(backend):
+  x = random_inputs(3, [(4, 16)], jnp.bfloat16)[0]
+  _, packed = _sparse_weight(4, 6, 16, jnp.float32)
+  y = sparse.linear(x, packed)
+  assert y.dtype == jnp.float32
+  assert_close(y, _reference(x.astype(jnp.float32), packed.values, packed.metadata))
+
+
+def test_implementations_agree_and_kernel_is_used():
+  x = random_inputs(5, [(10, 24)])[0]
+  _, packed = _sparse_weight(6, 11, 24)
+  assert_close(sparse.linear(x, packed, implementation="ffi"),
+               sparse.linear(x, packed, implementation="xla"))
+  assert custom_call_targets(functools.partial(sparse.linear, implementation="ffi"),
+                             x, packed) == ["jaxops_sparse_linear_fwd"]
+  assert "jaxops_" not in str(jax.make_jaxpr(
+      functools.partial(sparse.linear, implementation="xla"))(x, packed))
+
+
+def test_equal_positions_add_like_decompress(backend):
+  """Metadata naming one position twice (not made by compress): every path adds."""
+  values = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+  metadata = jnp.array([[0b11_11_01_01]], jnp.uint8)
+  packed = sparse.SparseWeight(values, metadata, 8)
+  x = jnp.arange(1.0, 9.0)[None]
+  np.testing.assert_array_equal(sparse.decompress(packed), [[0, 3, 0, 0, 0, 0, 0, 7]])
+  assert_close(sparse.linear(x, packed), jnp.array([[2 * 3 + 8 * 7.0]]))
+
+
+# -- linear: derivatives -------------------------------------------------------------
+
+DERIVATIVE_SHAPES = [((1, 4), 1), ((3, 12), 7), ((2, 5, 36), 9), ((20, 64), 19)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@backends.parametrize("mode,x_shape,out", {
+    backends.CPU: [(m, *s) for m in ("vjp", "jvp") for s in DERIVATIVE_SHAPES],
+    backends.HARNESS: [(m, *s) for m in ("vjp", "jvp") for s in DERIVATIVE_SHAPES[1:3]]})
+def test_derivatives_match_reference(backend, mode, x_shape, out, dtype):
+  x, b = random_inputs(7, [x_shape, (out,)], dtype)
+  _, packed = _sparse_weight(8, out, x_shape[-1], dtype)
+  f = jax.jit(lambda x, v, b: sparse.linear(x, sparse.SparseWeight(v, packed.metadata,
+                                                                     x_shape[-1]), b))
+  r = lambda x, v, b: _reference(x, v, packed.metadata, b)
+  rows = int(np.prod(x_shape[:-1]))
+  derivative_against_reference(mode, f, r, [x, packed.values, b], dtype=dtype,
+                               reduce_size=max(x_shape[-1], out, rows))
+
+
+def test_value_gradient_is_the_sampled_product_and_keeps_the_pattern(backend):
+  x = random_inputs(9, [(6, 20)])[0]
+  w_pruned, packed = _sparse_weight(10, 5, 20)
+  grad = jax.grad(lambda w: jnp.sum(jnp.sin(sparse.linear(x, w))), allow_int=True)(packed)
+  assert grad.metadata.dtype == jax.dtypes.float0
+  dense_grad = jax.grad(lambda w: jnp.sum(jnp.sin(x @ w.T)))(w_pruned)
+  kept = reference.sparse_2_4_columns(packed.metadata, 20)
+  assert_close(grad.values, jnp.take_along_axis(dense_grad, kept, axis=-1))
+  # One SGD step on the values keeps the dropped positions at zero.
+  stepped = sparse.SparseWeight(packed.values - 0.1 * grad.values, packed.metadata, 20)
+  dropped = ~np.asarray(sparse.prune_2_4(w_pruned)[1])
+  assert not np.any(np.asarray(sparse.decompress(stepped))[dropped])
+
+
+def test_check_grads_order_2():
+  x, b = random_inputs(11, [(3, 8), (5,)])
+  _, packed = _sparse_weight(12, 5, 8)
+  f = lambda x, v, b: sparse.linear(x, sparse.SparseWeight(v, packed.metadata, 8), b)
+  check_grads(f, (x, packed.values, b), order=2, atol=2e-2, rtol=2e-2)
+
+
+def test_forward_mode_and_every_transformation():
+  x, b = random_inputs(13, [(3, 12), (7,)])
+  _, packed = _sparse_weight(14, 7, 12)
+  f = lambda x, v, b: sparse.linear(x, sparse.SparseWeight(v, packed.metadata, 12), b)
+  r = lambda x, v, b: _reference(x, v, packed.metadata, b)
+  check_transformations(f, r, [x, packed.values, b], forward_kernel="jaxops_sparse_linear_fwd",
+                        checkpoint_name="jaxops.sparse.linear", atol=1e-4, rtol=1e-4)
+
+
+def test_each_mode_runs_the_kernels():
+  """grad: the forward, dx and sampled dvalues kernels; jvp: the forward kernel."""
+  x, b = random_inputs(15, [(4, 16), (6,)])
+  _, packed = _sparse_weight(16, 6, 16)
+  f = lambda x, v, b: sparse.linear(x, sparse.SparseWeight(v, packed.metadata, 16), b)
+  grad = jax.grad(scalarize(f), argnums=(0, 1, 2))
+  assert custom_call_targets(grad, x, packed.values, b) == [
+      "jaxops_sparse_linear_fwd", "jaxops_sparse_linear_dx", "jaxops_sparse_linear_dvalues"]
+  jvp = lambda *p: jax.jvp(f, p, p)
+  assert set(custom_call_targets(jvp, x, packed.values, b)) == {"jaxops_sparse_linear_fwd"}
+
+
+def test_vmap_in_axes(backend):
+  x, b = random_inputs(17, [(3, 4, 12), (7,)])
+  _, packed = _sparse_weight(18, 7, 12)
+  f = lambda x, v, m, b: sparse.linear(x, sparse.SparseWeight(v, m, 12), b)
+  v, m = packed.values, packed.metadata
+  vmap_against_loop(f, [x, v, m, b], (0, None, None, None))
+  vmap_against_loop(f, [jnp.moveaxis(x, 0, 1), v, m, b], (1, None, None, None))
+  # A stacked sparse weight (and bias), with x shared or batched.
+  stacked = [sparse.compress(sparse.prune_2_4(w)[0])
+             for w in random_inputs(19, [(7, 12)] * 3)]
+  vs = jnp.stack([s.values for s in stacked])
+  ms = jnp.stack([s.metadata for s in stacked])
+  bs = jnp.stack([b, 2 * b, -b])
+  vmap_against_loop(f, [x[0], vs, ms, bs], (None, 0, 0, 0))
+  vmap_against_loop(f, [x, vs, ms, None], (0, 0, 0, None))
+  # Nested vmap over two leading axes of x.
+  nested = jax.vmap(jax.vmap(f, in_axes=(0, None, None, None)), in_axes=(0, None, None, None))
+  xs = jnp.stack([x, 2 * x])
+  assert_close(nested(xs, v, m, b), _reference(xs, v, m, b))
+
+
+def test_vmap_of_grad_and_grad_of_vmap(backend):
+  x, b = random_inputs(20, [(4, 5, 16), (6,)])
+  _, packed = _sparse_weight(21, 6, 16)
+  f = lambda x, v, b: sparse.linear(x, sparse.SparseWeight(v, packed.metadata, 16), b)
+  r = lambda x, v, b: _reference(x, v, packed.metadata, b)
+  loss = lambda g: lambda *a: jnp.sum(jnp.sin(g(*a)))
+  in_axes = (0, None, None)
+  per_example = jax.vmap(jax.grad(loss(f), (0, 1, 2)), in_axes=in_axes)(x, packed.values, b)
+  per_example_ref = jax.vmap(jax.grad(loss(r), (0, 1, 2)), in_axes=in_axes)(x, packed.values, b)
+  assert_tree_close(per_example, per_example_ref, atol=5e-5, rtol=5e-5)
+  summed = lambda g: lambda *a: jnp.sum(jax.vmap(loss(g), in_axes=in_axes)(*a))
+  assert_tree_close(jax.grad(summed(f), (0, 1, 2))(x, packed.values, b),
+                    jax.grad(summed(r), (0, 1, 2))(x, packed.values, b), atol=5e-5, rtol=5e-5)
+
+
+# -- bad input -------------------------------------------------------------------------
+
+_, _PACKED = _sparse_weight(22, 3, 8)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: sparse.linear(jnp.ones((2, 12)), _PACKED), ValueError,
+     r"x must have a last axis of sparse_w's in = 8"),
+    (lambda: sparse.linear(jnp.ones((2, 8), jnp.int32), _PACKED), TypeError,
+     "x must have a floating dtype"),
+    (lambda: sparse.linear(jnp.float32(1.0), _PACKED), ValueError, "x must have rank >= 1"),
+    (lambda: sparse.linear(jnp.ones((2, 8)), jnp.ones((3, 8))), TypeError,
+     "sparse_w must be a jaxops.sparse.SparseWeight"),
+    (lambda: sparse.linear(jnp.ones((2, 8)), _PACKED, jnp.ones(4)), ValueError,
+     r"bias must have shape \[out\] = \(3,\)"),
+    (lambda: sparse.linear(jnp.ones((2, 8)), sparse.SparseWeight(
+        _PACKED.values, _PACKED.metadata.astype(jnp.int32), 8)), TypeError,
+     "sparse_w.metadata must have dtype uint8"),
+    (lambda: sparse.linear(jnp.ones((2, 8)), sparse.SparseWeight(
+        _PACKED.values, _PACKED.metadata[:, :0], 8)), ValueError,
+     r"sparse_w.metadata must have shape \[out, ceil\(in / 8\)\]"),
+    (lambda: sparse.linear(jnp.ones((2, 8)), sparse.SparseWeight(
+        _PACKED.values[:, :3], _PACKED.metadata, 8)), ValueError,
+     r"sparse_w.values must have shape \[out, in / 2\]"),
+    (lambda: sparse.linear(jnp.ones((2, 6)), sparse.SparseWeight(
+        _PACKED.values[:, :3], _PACKED.metadata, 6)), ValueError,
+     "sparse_w.in_features must be a positive multiple of 4"),
+    (lambda: sparse.linear(jnp.ones((2, 8)), _PACKED, implementation="cuda"), ValueError,
+     "implementation must be one of"),
+])
+def test_bad_input_is_a_clear_error(call, error, match):
+  with pytest.raises(error, match=match):
+    call()
+
+
+@pytest.mark.parametrize("target,operands,results,match", [
+    # y with the wrong number of outputs
+    ("jaxops_sparse_linear_fwd", [np.ones((2, 8), np.float32), np.ones((3, 4), np.float32),
+                                  np.zeros((3, 1), np.uint8), np.ones((0,), np.float32)],
+     [((2, 4), np.float32)], "y has shape"),
+    # metadata of the wrong width
+    ("jaxops_sparse_linear_fwd", [np.ones((2, 8), np.float32), np.ones((3, 4), np.float32),
+                                  np.zeros((3, 2), np.uint8), np.ones((0,), np.float32)],
+     [((2, 3), np.float32)], "metadata has shape"),
+    # odd values width (in not a multiple of 4)
+    ("jaxops_sparse_linear_dx", [np.ones((2, 3), np.float32), np.ones((3, 3), np.float32),
+                                 np.zeros((3, 1), np.uint8)],
+     [((2, 6), np.float32)], "values must be"),
+    # x rows unlike dy's
+    ("jaxops_sparse_linear_dvalues", [np.ones((2, 3), np.float32), np.ones((4, 8), np.float32),
+                                      np.zeros((3, 1), np.uint8)],
+     [((3, 4), np.float32)], "x has shape"),
+    # bias of the wrong length, integer data
+    ("jaxops_sparse_linear_fwd", [np.ones((2, 8), np.float32), np.ones((3, 4), np.float32),
+                                  np.zeros((3, 1), np.uint8), np.ones((5,), np.float32)],
+     [((2, 3), np.float32)], "bias has shape"),
+    ("jaxops_sparse_linear_dx", [np.ones((2, 3), np.int32), np.ones((3, 4), np.int32),
+                                 np.zeros((3, 1), np.uint8)],
+     [((2, 8), np.int32)], "unsupported dtype"),
+])
+def test_handler_rejects_inconsistent_buffers(target, operands, results, match):
+  call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])
+  with pytest.raises(Exception, match=match):
+    jax.block_until_ready(jax.jit(lambda *a: call(*a))(*operands))
+
+
+# -- Flax --------------------------------------------------------------------------------
+
+
+def test_linen_sparse_dense_matches_dense_on_the_pruned_kernel():
+  import flax.linen as nn
+  from jaxops.flax import linen
+
+  x = random_inputs(23, [(3, 5, 16)])[0]
+  dense = nn.Dense(7)
+  dense_params = dense.init(jax.random.key(0), x)["params"]
+  sparse_params = linen.SparseDense.from_dense_params(dense_params)
+  pruned = {"kernel": sparse.prune_2_4(dense_params["kernel"].T)[0].T,
+            "bias": dense_params["bias"] + 0.5}
+  sparse_params["bias"] = pruned["bias"]
+  layer = linen.SparseDense(7)
+  assert_close(layer.apply({"params": sparse_params}, x),
+               dense.apply({"params": pruned}, x))
+  # init gives packed parameters of the declared shapes and a 2:4 kernel.
+  params = layer.init(jax.random.key(1), x)["params"]
+  assert params["kernel_values"].shape == (7, 8) and params["kernel_metadata"].dtype == jnp.uint8
+  assert params["bias"].shape == (7,)
+  # bfloat16 compute, no bias; gradients reach the values and the bias.
+  half = linen.SparseDense(7, use_bias=False, dtype=jnp.bfloat16)
+  y = half.apply({"params": {k: v for k, v in params.items() if k != "bias"}}, x)
+  assert y.dtype == jnp.bfloat16
+  grads = jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x) ** 2), allow_int=True)(params)
+  assert grads["kernel_values"].shape == (7, 8)
+  assert grads["kernel_metadata"].dtype == jax.dtypes.float0
+
+
+def test_nnx_sparse_dense_matches_linear_on_the_pruned_kernel():
+  from flax import nnx
+  from jaxops.flax import nnx as jnnx
+
+  x = random_inputs(24, [(4, 12)])[0]
+  linear = nnx.Linear(12, 5, rngs=nnx.Rngs(0))
+  layer = jnnx.SparseDense.from_linear(linear)
+  pruned = sparse.prune_2_4(linear.kernel[...].T)[0].T
+  assert_close(layer(x), x @ pruned + linear.bias[...])
+  # nnx.grad over Params leaves the metadata (a SparseMetadata variable) alone.
+  grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+  assert sorted(leaf.shape for leaf in jax.tree.leaves(grads)) == [(5,), (5, 6)]
+  fresh = jnnx.SparseDense(12, 5, rngs=nnx.Rngs(1), use_bias=False)
+  assert fresh(x).shape == (4, 5) and fresh.bias is None
+
+
+# -- sharding ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_sharded_over_tokens_and_out_runs_on_local_shards(kind):
+  """x's tokens on "data", the weight's out on "model": values and gradients as
+  unsharded, the kernels in the program, no all-gather."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  axis_type = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type[kind],) * 2)
+  x, b = random_inputs(25, [(8, 6, 32), (16,)])
+  _, packed = _sparse_weight(26, 16, 32)
+  args = [x, packed.values, packed.metadata, b]
+  specs = [P("data"), P("model"), P("model"), P("model")]
+
+  def loss(x, v, m, b):
+    return jnp.sum(jnp.sin(sparse.linear(x, sparse.SparseWeight(v, m, 32), b)))
+
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 3)))
+  expected = step(*args)
+  with jax.set_mesh(mesh):
+    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+    compiled = step.lower(*placed).compile()
+    result = compiled(*placed)
+  assert_tree_close(result, expected, atol=1e-5, rtol=1e-5)
+  hlo = compiled.as_text()
+  for target in ("jaxops_sparse_linear_fwd", "jaxops_sparse_linear_dx",
+                 "jaxops_sparse_linear_dvalues"):
+    assert target in hlo
+  assert "all-gather" not in hlo
