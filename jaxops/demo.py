@@ -9,6 +9,11 @@ start, for loss, tokens/s and peak temporary memory side by side; and the
 trained model samples a few lines through a KV-cache decode loop (jit,
 ``fori_loop``, traced ``query_offset``).
 
+``--serve`` then serves the trained model: a stream of prompts of different
+lengths generated with continuous batching over a paged KV cache
+(``jaxops.paged_attention``, ``jaxops.sample``), against the same scheduler on
+the jnp reference with a contiguous cache: tokens/s and cache memory.
+
 ``--devices N`` trains data-parallel over N devices (N host CPU devices when
 there is no accelerator); the losses equal the single-device run's.
 """
@@ -24,10 +29,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from jaxops.bench.timing import machine_line
-from jaxops.models import checkpoint, data, decoder, generate, training
+from jaxops.models import checkpoint, data, decoder, generate, serving, training
 from jaxops.models.config import DecoderConfig
 
 PROMPTS = ("import", "class ", "def __", "    if")
@@ -62,6 +68,14 @@ def parse_args(argv):
                            "(enough for its speed and memory; default 40)")
   parser.add_argument("--sample-tokens", type=int, default=160,
                       help="tokens to sample per prompt after training (0: no sampling)")
+  parser.add_argument("--serve", action="store_true",
+                      help="after training, serve a stream of prompts (continuous batching "
+                           "over a paged KV cache) and compare with the jnp reference")
+  parser.add_argument("--serve-requests", type=int, default=24, help="prompts to serve")
+  parser.add_argument("--serve-new-tokens", type=int, default=48,
+                      help="the most tokens a request generates")
+  parser.add_argument("--serve-batch", type=int, default=8, help="sequences decoded together")
+  parser.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
   parser.add_argument("--plot", metavar="PATH",
                       help="write the loss curve(s) as a PNG (needs matplotlib)")
   parser.add_argument("--log-json", metavar="PATH",
@@ -175,6 +189,61 @@ def print_samples(variables, config, num_tokens, seed):
     print("  | " + "\n  | ".join(data.decode_text(row).splitlines()[:4]))
 
 
+def serving_requests(corpus, args):
+  """Prompts cut from the corpus, of lengths 8 .. seq_len / 2, each asking for
+  serve_new_tokens / 2 .. serve_new_tokens new tokens (a fixed seed)."""
+  rng = np.random.default_rng(args.seed)
+  longest = max(8, args.seq_len // 2)
+  prompts, new_tokens = [], []
+  for _ in range(args.serve_requests):
+    length = int(rng.integers(8, longest + 1))
+    start = int(rng.integers(0, len(corpus) - length))
+    prompts.append(np.asarray(corpus[start:start + length], np.int32))
+    new_tokens.append(int(rng.integers(max(1, args.serve_new_tokens // 2),
+                                       args.serve_new_tokens + 1)))
+  return prompts, new_tokens
+
+
+def serve_stream(variables, config, corpus, args):
+  """Continuous batching over a paged cache, then the jnp reference over a
+  contiguous cache, on the same requests; tokens/s and cache memory."""
+  prompts, new_tokens = serving_requests(corpus, args)
+  max_seq_len = max(8, args.seq_len // 2) + args.serve_new_tokens
+  pages_per_seq = -(-max_seq_len // args.page_size)
+  # Half the pages a contiguous cache reserves: requests wait when the pool is short.
+  serve_config = serving.ServeConfig(
+      max_batch=args.serve_batch, page_size=args.page_size, max_seq_len=max_seq_len,
+      num_pages=max(pages_per_seq, args.serve_batch * pages_per_seq // 2),
+      prefill_chunk=min(32, max_seq_len))
+  print(f"\nserving {len(prompts)} prompts of {min(map(len, prompts))}-"
+        f"{max(map(len, prompts))} tokens, {sum(new_tokens)} new tokens, "
+        f"{args.serve_batch} at a time (temperature {serve_config.temperature}, "
+        f"top-k {serve_config.top_k}, top-p {serve_config.top_p})")
+  runs = [("jaxops", None, True)] + ([] if args.no_compare else [("xla", "xla", False)])
+  results = {}
+  for label, impl, paged in runs:
+    def progress(done, total, tokens, seconds, label=label):
+      print(f"\r  {label:<7}{done:>4}/{total} requests {tokens:>7} tokens "
+            f"{tokens / max(seconds, 1e-9):>9,.0f} tok/s", end="", flush=True)
+    results[label] = serving.serve(
+        jax.device_get(variables), dataclasses.replace(config, implementation=impl), prompts,
+        new_tokens, serve_config=serve_config, key=jax.random.key(args.seed), paged=paged,
+        progress=progress)
+    print()
+  print(f"{'':<8}{'cache':>12}{'tokens/s':>12}{'cache MiB':>11}{'in use MiB':>12}")
+  for label, impl, paged in runs:
+    r = results[label]
+    print(f"{label:<8}{'paged' if paged else 'contiguous':>12}{r.tokens_per_second:>12,.0f}"
+          f"{r.cache_bytes / 2**20:>11.2f}{r.peak_cache_bytes / 2**20:>12.2f}")
+  if "xla" in results:
+    ours, xla = results["jaxops"], results["xla"]
+    print(f"jaxops / xla: {ours.tokens_per_second / xla.tokens_per_second:.2f}x tokens/s, "
+          f"{ours.cache_bytes / xla.cache_bytes:.2f}x cache memory")
+  first = results["jaxops"].outputs[0]
+  print("  | " + data.decode_text(np.concatenate([prompts[0], first])).replace("\n", "\n  | "))
+  return results
+
+
 def plot(path, runs):
   try:
     import matplotlib
@@ -237,6 +306,9 @@ def main(argv=None):
     print_comparison(runs["jaxops"], runs["xla"])
   if args.sample_tokens > 0:
     print_samples(runs["jaxops"]["variables"], config, args.sample_tokens, args.seed)
+
+  if args.serve:
+    serve_stream(runs["jaxops"]["variables"], config, corpus, args)
 
   if args.plot:
     plot(args.plot, runs)

@@ -100,3 +100,18 @@ def test_data_parallel_step_splits_the_batch(implementation):
   assert result.returncode == 0, result.stdout + result.stderr
   collectives = json.loads(result.stdout.strip().splitlines()[-1])
   assert collectives["all-gather"] == 0 and collectives["all-reduce"] > 0, collectives
+
+
+def test_serve_streams_prompts_through_the_paged_cache(capsys):
+  """``--serve``: continuous batching over the paged cache, then the jnp
+  reference over a contiguous one; both finish every request."""
+  flags = [f for f in TINY_FLAGS if f != "--no-compare"]
+  demo.main(flags + ["--compare-steps", "1", "--serve", "--serve-requests", "5",
+                     "--serve-new-tokens", "6", "--serve-batch", "2", "--page-size", "4"])
+  out = capsys.readouterr().out
+  assert "serving 5 prompts" in out
+  assert "   5/5 requests" in out
+  assert "jaxops / xla:" in out and "x cache memory" in out
+  lines = {line.split()[0]: line.split() for line in out.splitlines()
+           if line.split()[:2] in (["jaxops", "paged"], ["xla", "contiguous"])}
+  assert set(lines) == {"jaxops", "xla"}

@@ -18,6 +18,7 @@ from jax import lax
 import jaxops
 from jaxops._src import validation
 from jaxops.flax._dtypes import is_kernel_dtype
+from jaxops.flax._serving_caches import SERVING_CACHES
 
 
 def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_offset=0,
@@ -88,7 +89,13 @@ def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False,
   through ``key_value_seq_lengths``; ``is_causal`` masks as for the full
   sequence. ``rope`` sees absolute positions for both query and new keys.
   Returns (output [B, T, N, H], updated cache).
+
+  ``kv_cache`` may also be a serving cache (jaxops/flax/_serving_caches.py:
+  paged, or one row per sequence), whose sequences each have their own
+  position; ``query_offset`` is then unused.
   """
+  if isinstance(kv_cache, SERVING_CACHES):
+    return kv_cache.attend(query, key, value, rope=rope, implementation=implementation)
   validation.rank("attend_cached", "query", query, low=4, high=4, labels="[B, T, N, H]")
   offset = jnp.asarray(query_offset, jnp.int32)
   query, key = rotate(rope, query, key, offset, offset)
