@@ -136,18 +136,28 @@ uint32_t select_top_k(Candidates& c, int64_t k) {
 // only above the k-th key of the candidates so far (a later token tied with it
 // has a higher index and loses the tie); when the list fills up it is cut back
 // to k. The list is written over c.z in place (it never overtakes the scan).
+// Once the floor has risen, most blocks of the row hold no token above it: a
+// vectorised maximum of the block skips them without the per-token branch.
 void stream_top_k(Candidates& c, int64_t vocab, int64_t k) {
+  constexpr int64_t kBlock = 256;
   const int64_t capacity = std::max<int64_t>(4 * k, 1024);
   float* z = c.z.data();
   int32_t* index = c.index.data();
   uint64_t floor = 0;  // keys below it cannot be kept; 2^32: none can join
   c.n = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    const float zi = z[i];
-    if (order_key(zi) < floor) continue;
-    z[c.n] = zi;
-    index[c.n] = static_cast<int32_t>(i);
-    if (++c.n == capacity) floor = uint64_t{select_top_k(c, k)} + 1;
+  for (int64_t start = 0; start < vocab; start += kBlock) {
+    const int64_t end = std::min(vocab, start + kBlock);
+    float block_top = kNegInf;
+#pragma omp simd reduction(max : block_top)
+    for (int64_t i = start; i < end; ++i) block_top = block_top > z[i] ? block_top : z[i];
+    if (order_key(block_top) < floor) continue;
+    for (int64_t i = start; i < end; ++i) {
+      const float zi = z[i];
+      if (order_key(zi) < floor) continue;
+      z[c.n] = zi;
+      index[c.n] = static_cast<int32_t>(i);
+      if (++c.n == capacity) floor = uint64_t{select_top_k(c, k)} + 1;
+    }
   }
   if (c.n > k) select_top_k(c, k);
 }

@@ -10,7 +10,7 @@ the block's threads.
 
 from support.sanitizers import check_driver
 
-ASAN_SHAPES = ["14x1", "14x37", "7x600"]
+ASAN_SHAPES = ["14x1", "14x37", "3x300"]
 TSAN_SHAPES = ["7x40"]
 DRIVER = "sampling_driver.cc"
 
