@@ -391,6 +391,26 @@ inline void reset_decode_state(const DecodeShape& shape, const DecodeState& st) 
   std::fill(st.o, st.o + shape.rows * Hp, 0.0f);
 }
 
+// The keys of the tile at j0 (at most n): n, or, when those rows are not
+// uniformly strided, their longest uniformly strided prefix if it still fills
+// a vector of scores. A paged cache's tile then ends at its page, and its rows
+// are read in place (float32 rows, bfloat16 value pairs) instead of being
+// converted into the tile buffer.
+template <typename Source>
+int64_t uniform_tile_length(const Source& src, int64_t j0, int64_t n) {
+  if (n <= kLanes || src.uniform_stride(j0, n) != 0) return n;
+  int64_t lo = 1, hi = n - 1;  // uniform_stride(j0, lo) != 0 (one row always is)
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (src.uniform_stride(j0, mid) != 0) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo >= kLanes ? lo : n;
+}
+
 // Accumulates keys [j_begin, j_end) (each row limited to its own interval in
 // s.key_begin/key_end) into st, which reset_decode_state (or an earlier call
 // over other keys) set. s.q holds the rows' queries (padded); with the bf16
@@ -414,9 +434,13 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   first = std::max(first, j_begin);
   last = std::min(last, j_end);
 
+  // Rows read where they lie when uniformly strided (else converted, and
+  // a shorter tile would only add per-tile work).
+  const bool reads_in_place = (std::is_same_v<Element, float> && H == Hp) || bf16_dot;
   const float* k_ptr[kDecodeKeyTile];
-  for (int64_t j0 = first; j0 < last; j0 += Bc) {
-    const int64_t jn = std::min(Bc, last - j0);
+  for (int64_t j0 = first, jn = 0; j0 < last; j0 += jn) {
+    jn = std::min(Bc, last - j0);
+    if (reads_in_place) jn = uniform_tile_length(src, j0, jn);
     const int64_t width = round_up(jn, kLanes);
     // The next tile's rows, asked for now: each row of a kv head is often a
     // page or more from the previous one, where hardware prefetchers stop.
