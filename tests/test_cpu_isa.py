@@ -66,7 +66,7 @@ SUBSET = [
     "tests/test_adamw.py::test_implementations_agree_and_kernel_is_used",
     "tests/test_cpu_isa.py::test_cpu_isa_follows_the_variable",
     *(f"tests/test_sparse.py::test_linear_matches_reference[cpu-{shape}-{dtype}]"
-      for dtype in _DTYPES for shape in ("(8, 4100)-5", "(17, 260)-19")),
+      for dtype in _DTYPES for shape in ("(8, 4100)-5", "(67, 260)-19")),
     *(f"tests/test_sparse.py::test_derivatives_match_reference[cpu-{mode}-(20, 64)-19-{dtype}]"
       for mode in _MODES for dtype in _DTYPES),
 ]
