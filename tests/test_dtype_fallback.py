@@ -148,6 +148,12 @@ OPS = {
     "embedding": Op(
         _embedding_inputs, (0,), jaxops.embedding,
         lambda table, ids: _flax(nn.Embed(_VOCAB, _DIM), {"embedding": table}, ids), "table"),
+    # A 2:4 weight (traced compress keeps its nonzeros); x differentiated.
+    "sparse_linear": Op(
+        lambda rng, dtype: (_normal(rng, (_SEQ, _DIM), dtype), _normal(rng, (3, _DIM), dtype)
+                            * jnp.asarray([1, 0, 0, 1, 0, 1, 1, 0], dtype)), (0,),
+        lambda x, w, **k: jaxops.sparse.linear(x, jaxops.sparse.compress(jnp.real(w)), **k),
+        lambda x, w: jnp.matmul(x, w.T, precision=_HIGHEST), "x", complex_ok=False),
 }
 
 DTYPES = {"float64": np.float64, "complex64": np.complex64}
