@@ -155,6 +155,12 @@ OPS = {
         lambda x, k, b: _flax(nn.Conv(_DIM, (2, 2), strides=2, padding="VALID", precision=_HIGHEST),
                               {"kernel": k, "bias": b}, x).reshape(1, 6, _DIM), "images",
         complex_ok=False),
+    # A 2:4 weight (traced compress keeps its nonzeros); x differentiated.
+    "sparse_linear": Op(
+        lambda rng, dtype: (_normal(rng, (_SEQ, _DIM), dtype), _normal(rng, (3, _DIM), dtype)
+                            * jnp.asarray([1, 0, 0, 1, 0, 1, 1, 0], dtype)), (0,),
+        lambda x, w, **k: jaxops.sparse.linear(x, jaxops.sparse.compress(jnp.real(w)), **k),
+        lambda x, w: jnp.matmul(x, w.T, precision=_HIGHEST), "x", complex_ok=False),
 }
 
 DTYPES = {"float64": np.float64, "complex64": np.complex64}
