@@ -75,6 +75,7 @@ SUBSET = [
     *(f"tests/test_sampling.py::test_kernel_matches_reference_and_keeps_to_the_kept_set[{dtype}-cpu-(257, 97)]"
       for dtype in _DTYPES),
     *(f"tests/test_patch_embed.py::test_derivatives_match_reference[cpu-{mode}-(2, 32, 16, 3, 16, 17)-{dtype}]"
+      for mode in _MODES for dtype in _DTYPES),
     *(f"tests/test_sparse.py::test_linear_matches_reference[cpu-{shape}-{dtype}]"
       for dtype in _DTYPES for shape in ("(8, 4100)-5", "(67, 260)-19")),
     *(f"tests/test_sparse.py::test_derivatives_match_reference[cpu-{mode}-(20, 64)-19-{dtype}]"
