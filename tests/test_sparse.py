@@ -336,24 +336,25 @@ def test_linen_sparse_dense_matches_dense_on_the_pruned_kernel():
   x = random_inputs(23, [(3, 5, 16)])[0]
   dense = nn.Dense(7)
   dense_params = dense.init(jax.random.key(0), x)["params"]
-  sparse_params = linen.SparseDense.from_dense_params(dense_params)
+  converted = linen.SparseDense.from_dense_params(dense_params)
   pruned = {"kernel": sparse.prune_2_4(dense_params["kernel"].T)[0].T,
             "bias": dense_params["bias"] + 0.5}
-  sparse_params["bias"] = pruned["bias"]
+  converted["params"]["bias"] = pruned["bias"]
   layer = linen.SparseDense(7)
-  assert_close(layer.apply({"params": sparse_params}, x),
-               dense.apply({"params": pruned}, x))
-  # init gives packed parameters of the declared shapes and a 2:4 kernel.
-  params = layer.init(jax.random.key(1), x)["params"]
-  assert params["kernel_values"].shape == (7, 8) and params["kernel_metadata"].dtype == jnp.uint8
-  assert params["bias"].shape == (7,)
-  # bfloat16 compute, no bias; gradients reach the values and the bias.
+  assert_close(layer.apply(converted, x), dense.apply({"params": pruned}, x))
+  # init gives packed parameters of the declared shapes; the positions are
+  # integer state in their own collection, outside the trained parameters.
+  variables = layer.init(jax.random.key(1), x)
+  params, sparsity = variables["params"], variables["sparsity"]
+  assert set(params) == {"kernel_values", "bias"} and params["kernel_values"].shape == (7, 8)
+  assert params["bias"].shape == (7,) and sparsity["kernel_metadata"].dtype == jnp.uint8
+  # bfloat16 compute, no bias; plain jax.grad over the params reaches values and bias.
   half = linen.SparseDense(7, use_bias=False, dtype=jnp.bfloat16)
-  y = half.apply({"params": {k: v for k, v in params.items() if k != "bias"}}, x)
+  y = half.apply({"params": {"kernel_values": params["kernel_values"]}, "sparsity": sparsity}, x)
   assert y.dtype == jnp.bfloat16
-  grads = jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x) ** 2), allow_int=True)(params)
-  assert grads["kernel_values"].shape == (7, 8)
-  assert grads["kernel_metadata"].dtype == jax.dtypes.float0
+  grads = jax.grad(lambda p: jnp.sum(layer.apply({"params": p, "sparsity": sparsity}, x) ** 2))(
+      params)
+  assert grads["kernel_values"].shape == (7, 8) and grads["bias"].shape == (7,)
 
 
 def test_nnx_sparse_dense_matches_linear_on_the_pruned_kernel():

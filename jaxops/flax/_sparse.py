@@ -8,18 +8,19 @@ accumulate in float32), ``kernel_init`` (called with Flax's dense kernel shape
 ``(in, features)``; the result is pruned to 2:4 with ``prune_2_4`` and packed)
 and ``bias_init``; plus ``implementation``. ``in`` must be a multiple of 4.
 
-Parameters: ``kernel_values [features, in / 2]`` and ``kernel_metadata
-[features, ceil(in / 8)]`` uint8 (the layout of :mod:`jaxops.sparse`), and
-``bias``. The metadata is integer data, not trained: in linen it is a member
-of ``params`` (differentiate with ``jax.grad(..., allow_int=True)`` and mask it
-out of optax, e.g. ``optax.masked``); in nnx it is a :class:`SparseMetadata`
-variable, not an ``nnx.Param``, so ``nnx.grad`` and ``nnx.Optimizer`` over
-``nnx.Param`` leave it alone.
+Parameters: ``kernel_values [features, in / 2]`` and ``bias``; the packed
+positions ``kernel_metadata [features, ceil(in / 8)]`` uint8 (the layout of
+:mod:`jaxops.sparse`) are integer state, not trained, so they live outside the
+parameters, as Flax keeps BatchNorm's statistics: in linen in the
+``"sparsity"`` collection (``apply({"params": ..., "sparsity": ...}, x)``), in
+nnx in a :class:`SparseMetadata` variable (not an ``nnx.Param``). So
+``jax.grad`` over ``params``, ``nnx.grad``, optax and ``nnx.Optimizer`` see
+float parameters only, and training keeps the 2:4 pattern.
 
-``SparseDense.from_dense_params(params)`` (linen) and
-``SparseDense.from_linear(linear)`` (nnx) build the layer's parameters from a
-trained dense layer's: the kernel pruned to its 2 largest magnitudes of every
-4 inputs, then packed; the bias kept.
+``SparseDense.from_dense_params(params)`` (linen: the ``{"params": ...,
+"sparsity": ...}`` variables) and ``SparseDense.from_linear(linear)`` (nnx)
+build the layer from a trained dense layer's parameters: the kernel pruned to
+its 2 largest magnitudes of every 4 inputs, then packed; the bias kept.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from jaxops import sparse
 from jaxops.flax._dtypes import compute_dtype
 
 Initializer = Callable[..., Any]
+# The linen collection of the packed positions (integer state, never trained).
+SPARSITY = "sparsity"
 _DEFAULT_KERNEL_INIT = nn.initializers.lecun_normal()
 
 
@@ -76,7 +79,7 @@ class LinenSparseDense(nn.Module):
       return packed["weight"].values
 
     values = self.param("kernel_values", init_values)
-    metadata = self.param("kernel_metadata", lambda key: packed["weight"].metadata)
+    metadata = self.variable(SPARSITY, "kernel_metadata", lambda: packed["weight"].metadata).value
     bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
             if self.use_bias else None)
     return _apply(inputs, values, metadata, bias, self.dtype, self.param_dtype,
@@ -84,13 +87,14 @@ class LinenSparseDense(nn.Module):
 
   @staticmethod
   def from_dense_params(params) -> dict:
-    """The params of a SparseDense from those of a ``flax.linen.Dense``
-    (``{"kernel": [in, out], "bias": [out]}``): the kernel pruned to 2:4 and packed."""
+    """The variables of a SparseDense from the params of a ``flax.linen.Dense``
+    (``{"kernel": [in, out], "bias": [out]}``): ``{"params": {"kernel_values",
+    "bias"}, "sparsity": {"kernel_metadata"}}``, the kernel pruned to 2:4 and packed."""
     weight = _packed_from_dense_kernel(params["kernel"])
-    out = {"kernel_values": weight.values, "kernel_metadata": weight.metadata}
+    new_params = {"kernel_values": weight.values}
     if "bias" in params:
-      out["bias"] = params["bias"]
-    return out
+      new_params["bias"] = params["bias"]
+    return {"params": new_params, SPARSITY: {"kernel_metadata": weight.metadata}}
 
 
 class SparseMetadata(nnx.Variable):
