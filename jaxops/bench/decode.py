@@ -125,18 +125,30 @@ def _parse(argv):
   parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
   parser.add_argument("--q-lens", nargs="+", type=int, default=[1, 4])
   parser.add_argument("--runs", type=int, default=9)
+  parser.add_argument("--no-paged", action="store_true",
+                      help="only jaxops.attention, not the paged cache's cases")
   return parser.parse_args(argv)
+
+
+def run_bench(cases, runs: int) -> None:
+  """The streaming bandwidth, then every case against it, in one run."""
+  print(f"# {machine_line()}")
+  start = time.perf_counter()
+  stream_gbs, probe = stream_bandwidth(runs)
+  print(f"# streaming read bandwidth: {stream_gbs:.1f} GB/s ({probe}, {_STREAM_BYTES >> 20} MiB, "
+        f"median of {runs})")
+  medians = run_cases(cases, stream_gbs, runs)
+  print_dtype_ratios(cases, medians)
+  print(f"# {time.perf_counter() - start:.0f} s")
 
 
 def main(argv):
   args = _parse(argv)
-  print(f"# {machine_line()}")
-  start = time.perf_counter()
-  stream_gbs, probe = stream_bandwidth(args.runs)
-  print(f"# streaming read bandwidth: {stream_gbs:.1f} GB/s ({probe}, {_STREAM_BYTES >> 20} MiB, "
-        f"median of {args.runs})")
   cases = dense_cases(args.dtypes, args.q_lens)
-  medians = run_cases(cases, stream_gbs, args.runs)
-  print_dtype_ratios(cases, medians)
-  print(f"# {time.perf_counter() - start:.0f} s")
+  if not args.no_paged:
+    # The paged cache's decode (jaxops/bench/paged_attention.py) in the same run,
+    # against the same bandwidth: float32, bfloat16 and int8 pages, batch 8 and 1.
+    from jaxops.bench.paged_attention import paged_cases
+    cases += paged_cases(args.dtypes + ["int8"], [8, 1])
+  run_bench(cases, args.runs)
   return 0

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 
 import jax.numpy as jnp
 import numpy as np
 
 import jaxops
 from jaxops import reference
-from jaxops.bench.decode import print_dtype_ratios, run_cases, stream_bandwidth
-from jaxops.bench.timing import machine_line
+from jaxops.bench.decode import run_bench
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +94,7 @@ def _parse(argv):
 
 def main(argv=()):
   args = _parse(argv)
-  print(f"# {machine_line()}")
-  start = time.perf_counter()
-  stream_gbs, probe = stream_bandwidth(args.runs)
-  print(f"# streaming read bandwidth: {stream_gbs:.1f} GB/s ({probe}, median of {args.runs})")
   heads = tuple(int(s) for s in args.heads.split("/"))
-  cases = paged_cases(args.dtypes, args.batches, args.kv_len, heads, args.head_dim,
-                      args.page_size)
-  medians = run_cases(cases, stream_gbs, args.runs)
-  print_dtype_ratios(cases, medians)
-  print(f"# {time.perf_counter() - start:.0f} s")
+  run_bench(paged_cases(args.dtypes, args.batches, args.kv_len, heads, args.head_dim,
+                        args.page_size), args.runs)
   return 0
