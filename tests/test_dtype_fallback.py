@@ -247,7 +247,37 @@ def test_mixed_dtypes_promote_as_the_replaced_expression():
     assert h.dtype == jnp.float64
 
 
+# Ops whose float64 fallback is tested in their own files, because the table's
+# checks differentiate (sample's and paged attention's results are not
+# differentiable; the router's float64 path is checked with its integer ids).
+OWN_FALLBACK_TESTS = {
+    "sample": "tests/test_sampling.py::test_float64_logits_run_the_reference",
+    "topk_router": "tests/test_routing.py::test_float64_takes_the_reference",
+    "moe_aux_loss": "tests/test_routing.py::test_float64_takes_the_reference",
+    "paged_attention": "tests/test_dtype_fallback.py::test_paged_attention_float64_runs_the_reference",
+    "paged_kv_update": "tests/test_dtype_fallback.py::test_paged_attention_float64_runs_the_reference",
+}
+
+
 def test_the_table_covers_every_public_op():
   ops = {n for n in jaxops.__all__ if callable(getattr(jaxops, n))}
   ops -= {"cpu_isa", "export_checks"}
-  assert ops <= set(OPS), ops - set(OPS)
+  assert ops <= set(OPS) | set(OWN_FALLBACK_TESTS), ops - set(OPS) - set(OWN_FALLBACK_TESTS)
+
+
+def test_paged_attention_float64_runs_the_reference():
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(0)
+    pages = [jnp.asarray(rng.normal(size=(4, 2, 1, 8))) for _ in range(2)]
+    rows = [jnp.asarray(rng.normal(size=(3, 1, 8))) for _ in range(2)]
+    slots = jnp.asarray([0, 3, 6], jnp.int32)
+    tables, lengths = jnp.asarray([[0, 1], [2, 3]], jnp.int32), jnp.asarray([4, 3], jnp.int32)
+    query = jnp.asarray(rng.normal(size=(2, 2, 8)))
+    updated = jaxops.paged_kv_update(*pages, *rows, slots)
+    np.testing.assert_array_equal(updated[0], reference.paged_kv_update(*pages, *rows, slots)[0])
+    out = jaxops.paged_attention(query, *updated, tables, lengths)
+    assert out.dtype == jnp.float64
+    np.testing.assert_allclose(out, reference.paged_attention(query, *updated, tables, lengths),
+                               rtol=1e-12)
+    with pytest.raises(TypeError, match="query"):
+      jaxops.paged_attention(query, *updated, tables, lengths, implementation="ffi")

@@ -211,6 +211,11 @@ _ROPE = lambda **kw: jaxops.rope(_r, jnp.arange(3), **kw)  # noqa: E731
 _ATTN = lambda **kw: jaxops.attention(_q, _kv, _kv, **kw)  # noqa: E731
 _CE = lambda **kw: jaxops.cross_entropy(_x, _i, **kw)  # noqa: E731
 _ADAMW = jaxops.optim.adamw(1e-3)
+_PAGES = jnp.ones((4, 2, 1, 8))
+_ROWS = jnp.ones((3, 1, 8))
+_TABLES = jnp.zeros((2, 2), jnp.int32)
+_PAGED = lambda query=jnp.ones((2, 2, 8)), block_tables=_TABLES, **kw: (  # noqa: E731
+    jaxops.paged_attention(query, _PAGES, _PAGES, block_tables, jnp.ones(2, jnp.int32), **kw))
 
 # (public name, argument, exception, call)
 OP_CASES = [
@@ -310,6 +315,41 @@ OP_CASES = [
      lambda: _ADAMW.update({"w": _x}, None, {"w": _x})),
     ("jaxops.optim.adamw", "params", ValueError,
      lambda: _ADAMW.update({"w": _x}, _ADAMW.init({"w": _x}))),
+    ("jaxops.paged_attention", "query", TypeError,
+     lambda: _PAGED(query=_q[:, 0].astype(jnp.int32))),
+    ("jaxops.paged_attention", "block_tables", TypeError,
+     lambda: _PAGED(block_tables=_TABLES.astype(jnp.float32))),
+    ("jaxops.paged_attention", "scale", TypeError, lambda: _PAGED(scale="x")),
+    ("jaxops.paged_kv_update", "slot_mapping", TypeError,
+     lambda: jaxops.paged_kv_update(_PAGES, _PAGES, _ROWS, _ROWS, jnp.zeros(3))),
+    ("jaxops.paged_kv_update", "key", ValueError,
+     lambda: jaxops.paged_kv_update(_PAGES, _PAGES, _ROWS[..., 1:], _ROWS, _i[:1].repeat(3))),
+    ("jaxops.sample", "key", TypeError, lambda: jaxops.sample(3, _x)),
+    ("jaxops.sample", "logits", TypeError, lambda: jaxops.sample(jax.random.key(0), _i)),
+    ("jaxops.sample", "temperature", ValueError,
+     lambda: jaxops.sample(jax.random.key(0), _x, temperature=-1.0)),
+    ("jaxops.sample", "top_p", ValueError, lambda: jaxops.sample(jax.random.key(0), _x, top_p=1.5)),
+    ("jaxops.topk_router", "logits", TypeError, lambda: jaxops.topk_router(_i, 1)),
+    ("jaxops.topk_router", "k", ValueError, lambda: jaxops.topk_router(_x, 5)),
+    ("jaxops.topk_router", "score", ValueError, lambda: jaxops.topk_router(_x, 2, score="relu")),
+    ("jaxops.topk_router", "num_groups", ValueError,
+     lambda: jaxops.topk_router(_x, 1, num_groups=3, group_topk=1)),
+    ("jaxops.moe_aux_loss", "probs", TypeError,
+     lambda: jaxops.moe_aux_loss(_i, jnp.ones(4), 1, 0.01)),
+    ("jaxops.moe_aux_loss", "expert_counts", ValueError,
+     lambda: jaxops.moe_aux_loss(_x, jnp.ones(3), 1, 0.01)),
+    ("jaxops.patch_embed", "images", ValueError,
+     lambda: jaxops.patch_embed(jnp.ones((1, 5, 4, 3)), jnp.ones((2, 2, 3, 4)), patch_size=2)),
+    ("jaxops.patch_embed", "kernel", ValueError,
+     lambda: jaxops.patch_embed(jnp.ones((1, 4, 4, 3)), jnp.ones((2, 2, 2, 4)), patch_size=2)),
+    ("jaxops.patch_embed", "patch_size", ValueError,
+     lambda: jaxops.patch_embed(jnp.ones((1, 4, 4, 3)), jnp.ones((2, 2, 3, 4)), patch_size=0)),
+    ("jaxops.sparse.compress", "w", ValueError, lambda: jaxops.sparse.compress(jnp.ones((3, 6)))),
+    ("jaxops.sparse.prune_2_4", "w", ValueError, lambda: jaxops.sparse.prune_2_4(jnp.ones((3, 6)))),
+    ("jaxops.sparse.decompress", "sparse_w", TypeError,
+     lambda: jaxops.sparse.decompress(jnp.ones((3, 6)))),
+    ("jaxops.sparse.linear", "x", ValueError,
+     lambda: jaxops.sparse.linear(jnp.ones((2, 6)), jaxops.sparse.compress(jnp.zeros((3, 8))))),
 ]
 
 
@@ -329,9 +369,13 @@ def _assert_named_error(op, argument, error, call):
 
 def test_every_public_op_has_bad_argument_cases():
   # Functions without arguments and namespaces have no bad arguments.
-  no_arguments = {"jaxops.export_checks", "jaxops.cpu_isa", "jaxops.optim"}
-  ops = {f"jaxops.{name}" for name in jaxops.__all__} - no_arguments
-  assert ops | {"jaxops.optim.adamw"} == {case[0] for case in OP_CASES}
+  # Namespaces count by their ops (jaxops.sparse.metadata_cols is a size helper).
+  namespaces = {"jaxops.optim": ["adamw"],
+                "jaxops.sparse": ["compress", "decompress", "linear", "prune_2_4"]}
+  no_arguments = {"jaxops.export_checks", "jaxops.cpu_isa"}
+  ops = {f"jaxops.{name}" for name in jaxops.__all__} - no_arguments - set(namespaces)
+  ops |= {f"{space}.{name}" for space, names in namespaces.items() for name in names}
+  assert ops == {case[0] for case in OP_CASES}
 
 
 def test_errors_happen_at_trace_time_before_any_primitive():
