@@ -68,18 +68,15 @@ SUBSET = [
     # The decode core's vector code: split keys, and an odd head dim in bf16.
     "tests/test_attention_decode.py::test_decode_against_reference[(1, 1, 1031, 4, 1, 128)-float32]",
     "tests/test_attention_decode.py::test_decode_against_reference[(3, 1, 97, 6, 2, 17)-bfloat16]",
+    # The newer families, one case each through their vector code (bf16 where
+    # the kernel has a bf16 path, float32 otherwise): the lower variants take
+    # their scalar fallbacks.
     "tests/test_paged_attention.py::test_values_against_reference[cpu-(1, 5, 16, 2, 64, 16, 2)-bfloat16-None]",
     "tests/test_paged_attention.py::test_values_against_reference[cpu-(2, None, 8, 2, 7, 5, 4)-int8-bfloat16]",
-    "tests/test_paged_attention.py::test_one_sequence_splits_its_keys_across_threads[cpu-float32]",
-    "tests/test_paged_attention.py::test_update_round_trip[cpu-int8-float32]",
-    *(f"tests/test_sampling.py::test_kernel_matches_reference_and_keeps_to_the_kept_set[{dtype}-cpu-(257, 97)]"
-      for dtype in _DTYPES),
-    *(f"tests/test_patch_embed.py::test_derivatives_match_reference[cpu-{mode}-(2, 32, 16, 3, 16, 17)-{dtype}]"
-      for mode in _MODES for dtype in _DTYPES),
-    *(f"tests/test_sparse.py::test_linear_matches_reference[cpu-{shape}-{dtype}]"
-      for dtype in _DTYPES for shape in ("(8, 4100)-5", "(67, 260)-19")),
-    *(f"tests/test_sparse.py::test_derivatives_match_reference[cpu-{mode}-(20, 64)-19-{dtype}]"
-      for mode in _MODES for dtype in _DTYPES),
+    "tests/test_sampling.py::test_kernel_matches_reference_and_keeps_to_the_kept_set[float32-cpu-(257, 97)]",
+    "tests/test_patch_embed.py::test_derivatives_match_reference[cpu-vjp-(2, 32, 16, 3, 16, 17)-bfloat16]",
+    "tests/test_sparse.py::test_linear_matches_reference[cpu-(8, 4100)-5-float32]",
+    "tests/test_sparse.py::test_derivatives_match_reference[cpu-vjp-(20, 64)-19-float32]",
 ]
 
 
