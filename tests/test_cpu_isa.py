@@ -73,7 +73,7 @@ SUBSET = [
     # their scalar fallbacks.
     "tests/test_paged_attention.py::test_values_against_reference[cpu-(1, 5, 16, 2, 64, 16, 2)-bfloat16-None]",
     "tests/test_paged_attention.py::test_values_against_reference[cpu-(2, None, 8, 2, 7, 5, 4)-int8-bfloat16]",
-    "tests/test_sampling.py::test_kernel_matches_reference_and_keeps_to_the_kept_set[float32-cpu-(257, 97)]",
+    "tests/test_sampling.py::test_kernel_matches_reference_and_keeps_to_the_kept_set[cpu-(257, 97)-float32]",
     "tests/test_patch_embed.py::test_derivatives_match_reference[cpu-vjp-(2, 32, 16, 3, 16, 17)-bfloat16]",
     "tests/test_sparse.py::test_linear_matches_reference[cpu-(8, 4100)-5-float32]",
     "tests/test_sparse.py::test_derivatives_match_reference[cpu-vjp-(20, 64)-19-float32]",

@@ -66,8 +66,11 @@ def _reduce_size(case):
   return max(p * p * c, b * (h // p) * (w // p) + 1)
 
 
-@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@backends.parametrize("case", {backends.CPU: CPU_CASES, backends.HARNESS: HARNESS_CASES})
+# Low precision on the cases that take the bf16 dot-product path (even patch
+# length, D a multiple of 16) and a CUDA case past one tile.
+@backends.parametrize("case,dtype", {
+    backends.CPU: backends.with_dtypes([(c,) for c in CPU_CASES], [(CPU_CASES[1],), (CPU_CASES[4],)]),
+    backends.HARNESS: backends.with_dtypes([(c,) for c in HARNESS_CASES], [(HARNESS_CASES[2],)])})
 def test_forward_matches_reference(backend, case, dtype):
   args, p = make_args(0, case, dtype)
   f, present = _bind(jaxops.patch_embed, args, p)

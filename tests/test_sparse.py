@@ -71,8 +71,9 @@ def test_packed_layout_is_the_documented_one():
   assert packed.nbytes == 2 * 6 * 4 + 2 * 2
 
 
-@pytest.mark.parametrize("out,in_features", [(1, 4), (7, 12), (3, 8), (5, 4100)])
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("out,in_features,dtype", [
+    (1, 4, jnp.float32), (7, 12, jnp.bfloat16), (3, 8, jnp.float16), (5, 4100, jnp.float32)],
+    ids=lambda v: backends.param_id(v))
 def test_compress_decompress_round_trip(out, in_features, dtype):
   w_pruned, packed = _sparse_weight(0, out, in_features, dtype)
   assert packed.values.shape == (out, in_features // 2) and packed.values.dtype == dtype
@@ -119,8 +120,9 @@ SHAPES = [((1, 4), 1), ((3, 12), 7), ((8, 4100), 5), ((2, 3, 12), 130), ((67, 26
 HARNESS_SHAPES = [((1, 4), 1), ((3, 12), 7), ((9, 36), 5), ((2, 260), 3)]
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@backends.parametrize("x_shape,out", {backends.CPU: SHAPES, backends.HARNESS: HARNESS_SHAPES})
+@backends.parametrize("x_shape,out,dtype", {
+    backends.CPU: backends.with_dtypes(SHAPES, [SHAPES[2], SHAPES[4]]),
+    backends.HARNESS: backends.with_dtypes(HARNESS_SHAPES, [HARNESS_SHAPES[2]])})
 def test_linear_matches_reference(backend, x_shape, out, dtype):
   (x, b) = random_inputs(1, [x_shape, (out,)], dtype)
   _, packed = _sparse_weight(2, out, x_shape[-1], dtype)
@@ -167,10 +169,11 @@ DERIVATIVE_SHAPES = [((1, 4), 1), ((3, 12), 7), ((2, 5, 36), 9), ((20, 64), 19)]
 CPU_DERIVATIVE_SHAPES = [DERIVATIVE_SHAPES[i] for i in (0, 2, 3)]
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: jnp.dtype(d).name)
-@backends.parametrize("mode,x_shape,out", {
-    backends.CPU: [(m, *s) for m in ("vjp", "jvp") for s in CPU_DERIVATIVE_SHAPES],
-    backends.HARNESS: [(m, *s) for m in ("vjp", "jvp") for s in DERIVATIVE_SHAPES[1:3]]})
+@backends.parametrize("mode,x_shape,out,dtype", {
+    backends.CPU: backends.with_dtypes([(m, *s) for m in ("vjp", "jvp") for s in CPU_DERIVATIVE_SHAPES],
+                               [("vjp", *CPU_DERIVATIVE_SHAPES[1])]),
+    backends.HARNESS: backends.with_dtypes([(m, *s) for m in ("vjp", "jvp") for s in DERIVATIVE_SHAPES[1:3]],
+                                   [("vjp", *DERIVATIVE_SHAPES[2])])})
 def test_derivatives_match_reference(backend, mode, x_shape, out, dtype):
   x, b = random_inputs(7, [x_shape, (out,)], dtype)
   _, packed = _sparse_weight(8, out, x_shape[-1], dtype)

@@ -59,6 +59,16 @@ def param_id(value) -> str:
   return getattr(value, "__name__", None) or str(value)
 
 
+def with_dtypes(cases, low_precision_cases):
+  """Cases for a trailing ``dtype`` argument: float32 on every case, bfloat16
+  and float16 on a few (kernels whose low-precision paths differ from
+  float32's only in their loads and stores: the whole product costs compile
+  time and adds nothing)."""
+  return ([(*case, jnp.float32) for case in cases]
+          + [(*case, dtype) for case in low_precision_cases
+             for dtype in (jnp.bfloat16, jnp.float16)])
+
+
 def parametrize(argnames: str, cases: dict[str, list], ids=None):
   """``@pytest.mark.parametrize("backend," + argnames, ...)`` with each backend's cases.
 
