@@ -24,6 +24,7 @@ from jaxops._src.autodiff import not_differentiable
 from jaxops._src.primitive import FfiPrimitive, batch_to_front
 from jaxops._src.sharding import leading_axes
 
+
 def _sample_batch_rule(prim, args, dims):
   """The vmapped axis becomes more rows: [n, batch, ...] -> [n * batch, ...]."""
   args, size = batch_to_front(args, dims, (0, 1, 2))
