@@ -35,7 +35,8 @@ ffi::Error TopkRouterJvp(ffi::AnyBuffer logits, ffi::AnyBuffer experts, ffi::Any
                          ffi::Result<ffi::AnyBuffer> dweights, int64_t score, bool renormalize) {
   RouterShape s;
   JAXOPS_RETURN_IF_ERROR(
-      check_topk_router_jvp(logits, experts, dlogits, *dweights, score, renormalize, &s));
+      check_topk_router_derivative(kTopkRouterJvp.name, logits, experts, dlogits,
+                                   *dweights, score, renormalize, &s));
   return dispatch(kTopkRouterJvp.name, logits.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::topk_router_jvp<T>(data<const T>(logits), data<const int32_t>(experts),
@@ -48,7 +49,8 @@ ffi::Error TopkRouterBwd(ffi::AnyBuffer dweights, ffi::AnyBuffer logits, ffi::An
                          ffi::Result<ffi::AnyBuffer> dlogits, int64_t score, bool renormalize) {
   RouterShape s;
   JAXOPS_RETURN_IF_ERROR(
-      check_topk_router_bwd(dweights, logits, experts, *dlogits, score, renormalize, &s));
+      check_topk_router_derivative(kTopkRouterBwd.name, logits, experts, *dlogits,
+                                   dweights, score, renormalize, &s));
   return dispatch(kTopkRouterBwd.name, logits.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::topk_router_bwd<T>(data<const float>(dweights), data<const T>(logits),

@@ -116,12 +116,15 @@ inline ffi::Error check_topk_router_fwd(const ffi::AnyBuffer& logits,
   return check_per_choice(op, "experts", experts, logits, ffi::DataType::S32, "int32", &s->k);
 }
 
-inline ffi::Error check_topk_router_jvp(const ffi::AnyBuffer& logits,
-                                        const ffi::AnyBuffer& experts,
-                                        const ffi::AnyBuffer& dlogits,
-                                        const ffi::AnyBuffer& dweights, int64_t score,
-                                        bool renormalize, RouterShape* s) {
-  const std::string op = kTopkRouterJvp.name;
+// The tangent and the backward take the same buffers (the logits, the chosen
+// experts, a logits-shaped dlogits and a float32 per-choice dweights), one as
+// input and the other as result: one check serves both targets.
+inline ffi::Error check_topk_router_derivative(const std::string& op,
+                                               const ffi::AnyBuffer& logits,
+                                               const ffi::AnyBuffer& experts,
+                                               const ffi::AnyBuffer& dlogits,
+                                               const ffi::AnyBuffer& dweights, int64_t score,
+                                               bool renormalize, RouterShape* s) {
   *s = {};
   JAXOPS_RETURN_IF_ERROR(check_logits(op, logits, s));
   JAXOPS_RETURN_IF_ERROR(check_score(op, score, renormalize, s));
@@ -130,23 +133,6 @@ inline ffi::Error check_topk_router_jvp(const ffi::AnyBuffer& logits,
   JAXOPS_RETURN_IF_ERROR(same_dims(op, "logits", logits, "dlogits", dlogits));
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "logits", logits, "dlogits", dlogits));
   return check_per_choice(op, "dweights", dweights, logits, ffi::DataType::F32, "float32", &s->k);
-}
-
-inline ffi::Error check_topk_router_bwd(const ffi::AnyBuffer& dweights,
-                                        const ffi::AnyBuffer& logits,
-                                        const ffi::AnyBuffer& experts,
-                                        const ffi::AnyBuffer& dlogits, int64_t score,
-                                        bool renormalize, RouterShape* s) {
-  const std::string op = kTopkRouterBwd.name;
-  *s = {};
-  JAXOPS_RETURN_IF_ERROR(check_logits(op, logits, s));
-  JAXOPS_RETURN_IF_ERROR(check_score(op, score, renormalize, s));
-  JAXOPS_RETURN_IF_ERROR(
-      check_per_choice(op, "dweights", dweights, logits, ffi::DataType::F32, "float32", &s->k));
-  JAXOPS_RETURN_IF_ERROR(
-      check_per_choice(op, "experts", experts, logits, ffi::DataType::S32, "int32", &s->k));
-  JAXOPS_RETURN_IF_ERROR(same_dims(op, "logits", logits, "dlogits", dlogits));
-  return same_dtype(op, "logits", logits, "dlogits", dlogits);
 }
 
 template <typename Binding>

@@ -44,7 +44,8 @@ ffi::Error TopkRouterJvp(cudaStream_t stream, ffi::AnyBuffer logits, ffi::AnyBuf
   const std::string op = kTopkRouterJvp.name;
   RouterShape s;
   JAXOPS_RETURN_IF_ERROR(
-      check_topk_router_jvp(logits, experts, dlogits, *dweights, score, renormalize, &s));
+      check_topk_router_derivative(kTopkRouterJvp.name, logits, experts, dlogits,
+                                   *dweights, score, renormalize, &s));
   return dispatch(op, logits.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(op, cuda::topk_router_jvp<T>(stream, data<const T>(logits),
@@ -60,7 +61,8 @@ ffi::Error TopkRouterBwd(cudaStream_t stream, ffi::AnyBuffer dweights, ffi::AnyB
   const std::string op = kTopkRouterBwd.name;
   RouterShape s;
   JAXOPS_RETURN_IF_ERROR(
-      check_topk_router_bwd(dweights, logits, experts, *dlogits, score, renormalize, &s));
+      check_topk_router_derivative(kTopkRouterBwd.name, logits, experts, *dlogits,
+                                   dweights, score, renormalize, &s));
   return dispatch(op, logits.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(op, cuda::topk_router_bwd<T>(stream, data<const float>(dweights),
