@@ -119,21 +119,17 @@ class SummedRows {
 // The linear maps of a row that the backward (g = the cotangent dy) and the
 // JVP (g = the input's tangent) apply: out_c = out(y_c, g_c, s) with
 // s = sum_c term(y_c, g_c). Softmax's Jacobian is symmetric, so its VJP and JVP
-// differ only in the JVP's guard; log_softmax's are each other's transpose.
+// are one map; log_softmax's are each other's transpose.
 //
 // kStageRows: copy float rows into the thread's buffers before the reduction.
 // A reduction with an exp per column, run on rows that are still in memory,
 // keeps too few loads in flight (log_softmax's JVP: 15-20% slower at 4096 x 4096
 // float32); where the exp is in the writing pass, the copy would only cost.
-struct SoftmaxVjp {
-  static constexpr bool kStageRows = false;
-  static float term(float y, float g) { return y * g; }
-  static float out(float y, float g, float s) { return y * (g - s); }
-};
-
-// Columns with y = 0 are masked ones, whose tangent may be non-finite
-// (0 * inf would be NaN): they take no part.
-struct SoftmaxJvp {
+// Columns with y = 0 are masked ones (by a mask, or causally hidden), whose
+// tangent or cotangent may be non-finite, and whose row sum s is NaN in a
+// NaN row: they take no part and get 0, as the references' masked columns
+// do (0 * NaN would be NaN). The backward and the JVP are the same map.
+struct SoftmaxLinearMap {
   static constexpr bool kStageRows = false;
   static float term(float y, float g) { return y != 0.f ? y * g : 0.f; }
   static float out(float y, float g, float s) { return y != 0.f ? y * (g - s) : 0.f; }
@@ -155,9 +151,11 @@ struct LogSoftmaxJvp {
 
 // out = Map(y, g + g_broadcast) row by row: one pass for s over rows that stay
 // in cache, one that writes.
+// With a causal limit, the columns past a row's visible prefix are 0 and take
+// no part: in a NaN row y is NaN there too, so the guard on y cannot hide them.
 template <typename Map, typename T>
 void softmax_linear_map(const T* y, const T* g, const BroadcastOperand<T>& g_broadcast, T* out,
-                        SoftmaxShape shape) {
+                        SoftmaxShape shape, CausalLimit causal = {}) {
   const int64_t cols = shape.cols;
   advise_huge_pages(out, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
@@ -170,12 +168,14 @@ void softmax_linear_map(const T* y, const T* g, const BroadcastOperand<T>& g_bro
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* yr = y_rows.read(y + r * cols, cols);
       const float* gr = g_rows.read(r);
+      const int64_t n = visible_prefix(r, shape, causal);
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < cols; ++c) s += Map::term(yr[c], gr[c]);
+      for (int64_t c = 0; c < n; ++c) s += Map::term(yr[c], gr[c]);
       float* o = out_rows.target(out + r * cols);
 #pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) o[c] = Map::out(yr[c], gr[c], s);
+      for (int64_t c = 0; c < n; ++c) o[c] = Map::out(yr[c], gr[c], s);
+      std::fill(o + n, o + cols, 0.f);
       out_rows.commit(out + r * cols, cols);
     }
   }
@@ -247,8 +247,8 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
 
 
 template <typename T>
-void softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape) {
-  softmax_linear_map<SoftmaxVjp>(y, dy, BroadcastOperand<T>{}, dx, shape);
+void softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape, CausalLimit causal) {
+  softmax_linear_map<SoftmaxLinearMap>(y, dy, BroadcastOperand<T>{}, dx, shape, causal);
 }
 
 template <typename T>
@@ -259,7 +259,7 @@ void log_softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape) {
 template <typename T>
 void softmax_jvp(const T* y, const T* dx, const BroadcastOperand<T>& dbias, T* dy,
                  SoftmaxShape shape) {
-  softmax_linear_map<SoftmaxJvp>(y, dx, dbias, dy, shape);
+  softmax_linear_map<SoftmaxLinearMap>(y, dx, dbias, dy, shape);
 }
 
 template <typename T>
@@ -272,7 +272,7 @@ void log_softmax_jvp(const T* y, const T* dx, const BroadcastOperand<T>& dbias, 
   template void softmax_fwd<T>(const T*, const BroadcastOperand<uint8_t>&,                    \
                                const BroadcastOperand<T>&, T*, SoftmaxShape, SoftmaxOutput,   \
                                CausalLimit);                                                  \
-  template void softmax_bwd<T>(const T*, const T*, T*, SoftmaxShape);                         \
+  template void softmax_bwd<T>(const T*, const T*, T*, SoftmaxShape, CausalLimit);            \
   template void log_softmax_bwd<T>(const T*, const T*, T*, SoftmaxShape);                     \
   template void softmax_jvp<T>(const T*, const T*, const BroadcastOperand<T>&, T*,            \
                                SoftmaxShape);                                                 \

@@ -31,9 +31,11 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
                  const BroadcastOperand<T>& bias, T* y, SoftmaxShape shape, SoftmaxOutput output,
                  CausalLimit causal);
 
-// dx = y * (dy - sum(y * dy)), y the softmax output (0 where invisible).
+// dx = y * (dy - sum(y * dy)) over the columns where y != 0 and, with a causal
+// limit (causal_softmax's; queries == 0: none), inside the row's visible
+// prefix; dx = 0 elsewhere, also in a NaN row.
 template <typename T>
-void softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape);
+void softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape, CausalLimit causal);
 
 // dx = dy - exp(y) * sum(dy) over columns where y > -inf; dx = 0 elsewhere.
 template <typename T>

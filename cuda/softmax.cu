@@ -75,16 +75,13 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 // The linear maps of a row that the backward (g = the cotangent dy) and the
 // JVP (g = the input's tangent dx + dbias) apply: out_c = out(y_c, g_c, s) with
 // s the row sum of term(y_c, g_c). Softmax's Jacobian is symmetric, so its VJP
-// and JVP differ only in the JVP's guard; log_softmax's are each other's
+// and JVP are one map; log_softmax's are each other's
 // transpose.
-struct SoftmaxVjp {
-  __device__ static float term(float y, float g) { return y * g; }
-  __device__ static float out(float y, float g, float s) { return y * (g - s); }
-};
-
-// Columns with y = 0 are masked ones, whose tangent may be non-finite
-// (0 * inf would be NaN): they take no part.
-struct SoftmaxJvp {
+// Columns with y = 0 are masked ones (by a mask, or causally hidden), whose
+// tangent or cotangent may be non-finite, and whose row sum s is NaN in a
+// NaN row: they take no part and get 0, as the references' masked columns
+// do (0 * NaN would be NaN). The backward and the JVP are the same map.
+struct SoftmaxLinearMap {
   __device__ static float term(float y, float g) { return y != 0.f ? y * g : 0.f; }
   __device__ static float out(float y, float g, float s) { return y != 0.f ? y * (g - s) : 0.f; }
 };
@@ -101,26 +98,29 @@ struct LogSoftmaxJvp {
   __device__ static float out(float y, float g, float s) { return y != -CUDART_INF_F ? g - s : 0.f; }
 };
 
-// out = Map(y, g + g_broadcast), either term of g absent (0).
+// out = Map(y, g + g_broadcast), either term of g absent (0); past a row's
+// causal prefix (if any) out = 0: in a NaN row y is NaN there, so the guard on y
+// cannot hide those columns.
 template <typename T, typename Map>
 __global__ void __launch_bounds__(kMaxRowThreads)
     softmax_linear_map_kernel(const T* __restrict__ y, const T* __restrict__ g,
                               BroadcastOperand<T> g_broadcast, T* __restrict__ out, int64_t rows,
-                              int64_t cols) {
+                              int64_t cols, CausalLimit causal) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* y_row = y + row * cols;
     const MaskedRow<T> g_row{
         g != nullptr ? g + row * cols : nullptr, nullptr, 0,
         g_broadcast.data ? g_broadcast.data + g_broadcast.row_offset(row) : nullptr,
         g_broadcast.col_stride};
+    const int64_t n = visible_prefix(row, cols, causal);
     float partial = 0.f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
       partial += Map::term(to_float(y_row[c]), g_row(c));
     }
     const float s = block_sum(partial);
     T* out_row = out + row * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      out_row[c] = from_float<T>(Map::out(to_float(y_row[c]), g_row(c), s));
+      out_row[c] = from_float<T>(c < n ? Map::out(to_float(y_row[c]), g_row(c), s) : 0.f);
     }
   }
 }
@@ -141,14 +141,15 @@ bool valid_broadcast(const BroadcastOperand<T>& operand) {
 
 template <typename Map, typename T>
 cudaError_t softmax_linear_map(cudaStream_t stream, const T* y, const T* g,
-                               BroadcastOperand<T> g_broadcast, T* out, SoftmaxShape shape) {
-  if (shape.cols < 1 || shape.rows < 0 || !valid_broadcast(g_broadcast)) {
+                               BroadcastOperand<T> g_broadcast, T* out, SoftmaxShape shape,
+                               CausalLimit causal = {}) {
+  if (shape.cols < 1 || shape.rows < 0 || causal.queries < 0 || !valid_broadcast(g_broadcast)) {
     return cudaErrorInvalidValue;
   }
   if (shape.rows == 0) return cudaSuccess;
   return launch_kernel(softmax_linear_map_kernel<T, Map>, grid_for(shape.rows),
                        block_for(shape.cols), stream, y, g, g_broadcast, out, shape.rows,
-                       shape.cols);
+                       shape.cols, causal);
 }
 
 }  // namespace
@@ -168,8 +169,10 @@ cudaError_t softmax_fwd(cudaStream_t stream, const T* x, BroadcastOperand<uint8_
 }
 
 template <typename T>
-cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx, SoftmaxShape shape) {
-  return softmax_linear_map<SoftmaxVjp>(stream, y, dy, BroadcastOperand<T>{}, dx, shape);
+cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx, SoftmaxShape shape,
+                        CausalLimit causal) {
+  return softmax_linear_map<SoftmaxLinearMap>(stream, y, dy, BroadcastOperand<T>{}, dx, shape,
+                                              causal);
 }
 
 template <typename T>
@@ -181,7 +184,7 @@ cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx,
 template <typename T>
 cudaError_t softmax_jvp(cudaStream_t stream, const T* y, const T* dx, BroadcastOperand<T> dbias,
                         T* dy, SoftmaxShape shape) {
-  return softmax_linear_map<SoftmaxJvp>(stream, y, dx, dbias, dy, shape);
+  return softmax_linear_map<SoftmaxLinearMap>(stream, y, dx, dbias, dy, shape);
 }
 
 template <typename T>
@@ -194,7 +197,8 @@ cudaError_t log_softmax_jvp(cudaStream_t stream, const T* y, const T* dx,
   template cudaError_t softmax_fwd<T>(cudaStream_t, const T*, BroadcastOperand<uint8_t>,   \
                                       BroadcastOperand<T>, T*, SoftmaxShape, SoftmaxOutput, \
                                       CausalLimit);                                         \
-  template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, const T*, T*, SoftmaxShape); \
+  template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, const T*, T*, SoftmaxShape,  \
+                                      CausalLimit);                                         \
   template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, const T*, T*, SoftmaxShape); \
   template cudaError_t softmax_jvp<T>(cudaStream_t, const T*, const T*, BroadcastOperand<T>, T*, \
                                       SoftmaxShape);                                           \

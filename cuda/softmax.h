@@ -35,9 +35,11 @@ cudaError_t softmax_fwd(cudaStream_t stream, const T* x, BroadcastOperand<uint8_
                         BroadcastOperand<T> bias, T* y, SoftmaxShape shape, SoftmaxOutput output,
                         CausalLimit causal);
 
-// dx = y * (dy - sum(y * dy)), y the softmax output.
+// dx = y * (dy - sum(y * dy)), y the softmax output, over the columns where
+// y != 0 and inside the causal prefix (causal.queries == 0: no limit); 0 elsewhere.
 template <typename T>
-cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx, SoftmaxShape shape);
+cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx, SoftmaxShape shape,
+                        CausalLimit causal);
 
 // dx = dy - exp(y) * sum(dy) over columns where y > -inf; 0 elsewhere.
 template <typename T>
@@ -62,7 +64,7 @@ cudaError_t log_softmax_jvp(cudaStream_t stream, const T* y, const T* dx,
                                              BroadcastOperand<uint8_t>, BroadcastOperand<T>, \
                                              T*, SoftmaxShape, SoftmaxOutput, CausalLimit);  \
   extern template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, const T*, T*,          \
-                                             SoftmaxShape);                                  \
+                                             SoftmaxShape, CausalLimit);                     \
   extern template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, const T*, T*,      \
                                                  SoftmaxShape);                              \
   extern template cudaError_t softmax_jvp<T>(cudaStream_t, const T*, const T*,              \

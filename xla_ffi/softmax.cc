@@ -56,20 +56,35 @@ ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
   });
 }
 
+// A validated backward call; `causal` is softmax's limit (none unless causal_softmax's).
+template <bool kLog>
+ffi::Error softmax_bwd(const std::string& op, const ffi::AnyBuffer& dy, const ffi::AnyBuffer& y,
+                       ffi::AnyBuffer& dx, SoftmaxShape s, CausalLimit causal) {
+  return dispatch(op, y.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (kLog) {
+      cpu::log_softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(dx), s);
+    } else {
+      cpu::softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(dx), s, causal);
+    }
+    return ffi::Error::Success();
+  });
+}
+
 template <bool kLog>
 ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx) {
   const std::string op = kLog ? kLogSoftmaxBwd.name : kSoftmaxBwd.name;
   SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
-  return dispatch(op, y.element_type(), [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (kLog) {
-      cpu::log_softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(*dx), s);
-    } else {
-      cpu::softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(*dx), s);
-    }
-    return ffi::Error::Success();
-  });
+  return softmax_bwd<kLog>(op, dy, y, *dx, s, {});
+}
+
+ffi::Error CausalSoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx,
+                            int64_t query_offset) {
+  SoftmaxShape s;
+  CausalLimit causal;
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_bwd(dy, y, *dx, query_offset, &s, &causal));
+  return softmax_bwd<false>(kCausalSoftmaxBwd.name, dy, y, *dx, s, causal);
 }
 
 template <bool kLog>
@@ -97,6 +112,8 @@ JAXOPS_FFI_TARGET(kLogSoftmaxFwd, kLogSoftmaxFwdCpu, LogSoftmaxFwd,
 JAXOPS_FFI_TARGET(kCausalSoftmaxFwd, kCausalSoftmaxFwdCpu, CausalSoftmaxFwd,
                   bind_causal_softmax_fwd(ffi::Ffi::Bind()));
 JAXOPS_FFI_TARGET(kSoftmaxBwd, kSoftmaxBwdCpu, SoftmaxBwd<false>,
+                  bind_softmax_bwd(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kCausalSoftmaxBwd, kCausalSoftmaxBwdCpu, CausalSoftmaxBwd,
                   bind_softmax_bwd(ffi::Ffi::Bind()));
 JAXOPS_FFI_TARGET(kLogSoftmaxBwd, kLogSoftmaxBwdCpu, SoftmaxBwd<true>,
                   bind_softmax_bwd(ffi::Ffi::Bind()));

@@ -30,14 +30,17 @@ inline constexpr auto kLogSoftmaxFwd = contract::target("jaxops_log_softmax_fwd"
 inline constexpr auto kCausalSoftmaxFwd = contract::target(
     "jaxops_causal_softmax_fwd", contract::Attribute<int64_t>{"query_offset"});
 inline constexpr auto kSoftmaxBwd = contract::target("jaxops_softmax_bwd");
+// softmax's backward with causal_softmax's limit: the hidden columns get 0.
+inline constexpr auto kCausalSoftmaxBwd = contract::target(
+    "jaxops_causal_softmax_bwd", contract::Attribute<int64_t>{"query_offset"});
 inline constexpr auto kLogSoftmaxBwd = contract::target("jaxops_log_softmax_bwd");
 inline constexpr auto kSoftmaxJvp = contract::target("jaxops_softmax_jvp");
 inline constexpr auto kLogSoftmaxJvp = contract::target("jaxops_log_softmax_jvp");
 
 inline std::vector<contract::TargetDescription> contracts() {
   return {describe(kSoftmaxFwd),    describe(kLogSoftmaxFwd), describe(kCausalSoftmaxFwd),
-          describe(kSoftmaxBwd),    describe(kLogSoftmaxBwd), describe(kSoftmaxJvp),
-          describe(kLogSoftmaxJvp)};
+          describe(kSoftmaxBwd),    describe(kCausalSoftmaxBwd), describe(kLogSoftmaxBwd),
+          describe(kSoftmaxJvp),    describe(kLogSoftmaxJvp)};
 }
 
 // x and an output (or a second input) shaped like it.
@@ -133,14 +136,21 @@ inline ffi::Error check_masked_softmax_fwd(const std::string& op, const ffi::Any
 }
 
 // The causal limit: the queries are x's second-to-last axis.
+inline ffi::Error causal_limit(const std::string& op, const char* x_name, const ffi::AnyBuffer& x,
+                               int64_t query_offset, CausalLimit* causal) {
+  if (x.dimensions().size() < 2) {
+    return invalid(op, std::string(x_name) + " must have rank >= 2 (queries, keys)");
+  }
+  *causal = {x.dimensions()[x.dimensions().size() - 2], query_offset};
+  return ffi::Error::Success();
+}
+
 inline ffi::Error check_causal_softmax_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
                                            int64_t query_offset, SoftmaxShape* s,
                                            CausalLimit* causal) {
   const std::string op = kCausalSoftmaxFwd.name;
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
-  if (x.dimensions().size() < 2) return invalid(op, "x must have rank >= 2 (queries, keys)");
-  *causal = {x.dimensions()[x.dimensions().size() - 2], query_offset};
-  return ffi::Error::Success();
+  return causal_limit(op, "x", x, query_offset, causal);
 }
 
 inline ffi::Error check_softmax_bwd(const std::string& op, const ffi::AnyBuffer& dy,
@@ -148,6 +158,14 @@ inline ffi::Error check_softmax_bwd(const std::string& op, const ffi::AnyBuffer&
                                     SoftmaxShape* s) {
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "y", y, dy, "dy", s));
   return check_rows(op, "y", y, dx, "dx", s);
+}
+
+inline ffi::Error check_causal_softmax_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& y,
+                                           const ffi::AnyBuffer& dx, int64_t query_offset,
+                                           SoftmaxShape* s, CausalLimit* causal) {
+  const std::string op = kCausalSoftmaxBwd.name;
+  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, dx, s));
+  return causal_limit(op, "y", y, query_offset, causal);
 }
 
 // The tangent primitives: the tangents dx ([0]: absent, else y's shape) and

@@ -83,10 +83,24 @@ def _causal_softmax_fwd_reference(x, *, query_offset):
   return (reference.causal_softmax(x, query_offset=query_offset),)
 
 
+def _softmax_linear_map(p, g):
+  """The kernels' map, backward and JVP alike: p * (g - sum(p * g)) over the
+  visible columns; an invisible one (p = 0: masked, causally hidden) takes no
+  part and gets 0, even where g is non-finite (a -inf bias's tangent) or the
+  row's sum is NaN (a NaN row)."""
+  visible = p != 0
+  s = jnp.sum(jnp.where(visible, p * g, 0.0), axis=-1, keepdims=True)
+  return jnp.where(visible, p * (g - s), 0.0)
+
+
 def _softmax_bwd_reference(dy, y):
-  p, g = y.astype(_F32), dy.astype(_F32)
-  dx = p * (g - jnp.sum(p * g, axis=-1, keepdims=True))
-  return (dx.astype(y.dtype),)
+  return (_softmax_linear_map(y.astype(_F32), dy.astype(_F32)).astype(y.dtype),)
+
+
+def _causal_softmax_bwd_reference(dy, y, *, query_offset):
+  visible = reference.causal_mask(y.shape[-2], y.shape[-1], query_offset)
+  p = jnp.where(visible, y.astype(_F32), 0.0)
+  return (_softmax_linear_map(p, dy.astype(_F32)).astype(y.dtype),)
 
 
 def _log_softmax_bwd_reference(dy, y):
@@ -108,10 +122,7 @@ def _tangent_sum(dx, dbias, shape):
 
 
 def _softmax_jvp_reference(y, dx, dbias):
-  p, t = y.astype(_F32), _tangent_sum(dx, dbias, y.shape)
-  # Invisible columns (p = 0) may hold non-finite tangents (of a -inf bias).
-  pt = jnp.where(p != 0, p * t, 0.0)
-  return ((pt - p * jnp.sum(pt, axis=-1, keepdims=True)).astype(y.dtype),)
+  return (_softmax_linear_map(y.astype(_F32), _tangent_sum(dx, dbias, y.shape)).astype(y.dtype),)
 
 
 def _log_softmax_jvp_reference(y, dx, dbias):
@@ -150,6 +161,10 @@ causal_softmax_jvp_p = _make(
     whole_trailing=2,
     composite=lambda y, dx, *, query_offset: softmax_jvp_p(y, dx, absent(y.dtype)))
 softmax_bwd_p = _make("jaxops_softmax_bwd", _softmax_bwd_reference, _row_batch_rule, "xx -> x")
+# softmax's backward that also knows the causal limit: in a NaN row y is NaN at
+# the hidden columns too, and their gradient is 0 only if the kernel knows them.
+causal_softmax_bwd_p = _make("jaxops_causal_softmax_bwd", _causal_softmax_bwd_reference,
+                             _row_batch_rule, "xx -> x", whole_trailing=2)
 log_softmax_bwd_p = _make("jaxops_log_softmax_bwd", _log_softmax_bwd_reference, _row_batch_rule,
                           "xx -> x")
 
@@ -175,7 +190,7 @@ def _masked_transpose(bwd_p):
 
 
 def _causal_transpose(cotangents, saved, wanted, *, query_offset):
-  return (softmax_bwd_p(cotangents[0], saved[0])[0],)
+  return (causal_softmax_bwd_p(cotangents[0], saved[0], query_offset=query_offset)[0],)
 
 
 for _fwd_p, _jvp_p, _bwd_p, _name in (

@@ -213,8 +213,25 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
       dlogx_ref[i] = lpi > -INFINITY ? dyr[i] - std::exp(lpi) * visible_sum : 0.0;
     }
   }
-  check(cuda::softmax_bwd<T>(nullptr, dy.data, y.data, dx.data, shape), "softmax_bwd " + name);
+  check(cuda::softmax_bwd<T>(nullptr, dy.data, y.data, dx.data, shape, {}),
+        "softmax_bwd " + name);
   compare("softmax_bwd " + name, dx.data, dx_ref, tol * 4);
+  // causal_softmax's backward: softmax's over each row's visible prefix, 0 past it.
+  std::vector<double> causal_dx_ref(n, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t visible = std::min<int64_t>(r + 1, cols);
+    double dot = 0.0;
+    for (int64_t c = 0; c < visible; ++c) {
+      dot += static_cast<float>(causal.data[r * cols + c]) * dyr[r * cols + c];
+    }
+    for (int64_t c = 0; c < visible; ++c) {
+      const size_t i = r * cols + c;
+      causal_dx_ref[i] = static_cast<float>(causal.data[i]) * (dyr[i] - dot);
+    }
+  }
+  check(cuda::softmax_bwd<T>(nullptr, dy.data, causal.data, dx.data, shape, {rows, 0}),
+        "causal_softmax_bwd " + name);
+  compare("causal_softmax_bwd " + name, dx.data, causal_dx_ref, tol * 4);
   check(cuda::log_softmax_bwd<T>(nullptr, dy.data, logy.data, dlogx.data, shape),
         "log_softmax_bwd " + name);
   compare("log_softmax_bwd " + name, dlogx.data, dlogx_ref, tol * 4);

@@ -64,22 +64,38 @@ ffi::Error CausalSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<f
   });
 }
 
+// A validated backward call; `causal` is softmax's limit (none unless causal_softmax's).
+template <bool kLog>
+ffi::Error softmax_bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer& dy,
+                       const ffi::AnyBuffer& y, ffi::AnyBuffer& dx, SoftmaxShape s,
+                       CausalLimit causal) {
+  return dispatch(op, y.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (kLog) {
+      return launch_status(op, cuda::log_softmax_bwd<T>(stream, data<const T>(dy),
+                                                        data<const T>(y), data<T>(dx), s));
+    } else {
+      return launch_status(op, cuda::softmax_bwd<T>(stream, data<const T>(dy), data<const T>(y),
+                                                    data<T>(dx), s, causal));
+    }
+  });
+}
+
 template <bool kLog>
 ffi::Error SoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
                       ffi::Result<ffi::AnyBuffer> dx) {
   const std::string op = kLog ? kLogSoftmaxBwd.name : kSoftmaxBwd.name;
   SoftmaxShape s;
   JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
-  return dispatch(op, y.element_type(), [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (kLog) {
-      return launch_status(op, cuda::log_softmax_bwd<T>(stream, data<const T>(dy),
-                                                        data<const T>(y), data<T>(*dx), s));
-    } else {
-      return launch_status(op, cuda::softmax_bwd<T>(stream, data<const T>(dy), data<const T>(y),
-                                                    data<T>(*dx), s));
-    }
-  });
+  return softmax_bwd<kLog>(stream, op, dy, y, *dx, s, {});
+}
+
+ffi::Error CausalSoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
+                            ffi::Result<ffi::AnyBuffer> dx, int64_t query_offset) {
+  SoftmaxShape s;
+  CausalLimit causal;
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_bwd(dy, y, *dx, query_offset, &s, &causal));
+  return softmax_bwd<false>(stream, kCausalSoftmaxBwd.name, dy, y, *dx, s, causal);
 }
 
 template <bool kLog>
@@ -109,6 +125,8 @@ JAXOPS_FFI_TARGET(kLogSoftmaxFwd, kLogSoftmaxFwdCuda, LogSoftmaxFwd,
 JAXOPS_FFI_TARGET(kCausalSoftmaxFwd, kCausalSoftmaxFwdCuda, CausalSoftmaxFwd,
                   bind_causal_softmax_fwd(cuda_binding()));
 JAXOPS_FFI_TARGET(kSoftmaxBwd, kSoftmaxBwdCuda, SoftmaxBwd<false>,
+                  bind_softmax_bwd(cuda_binding()));
+JAXOPS_FFI_TARGET(kCausalSoftmaxBwd, kCausalSoftmaxBwdCuda, CausalSoftmaxBwd,
                   bind_softmax_bwd(cuda_binding()));
 JAXOPS_FFI_TARGET(kLogSoftmaxBwd, kLogSoftmaxBwdCuda, SoftmaxBwd<true>,
                   bind_softmax_bwd(cuda_binding()));
