@@ -257,7 +257,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Combines the splits' partial states of one query row (a block per row of
 // every (sequence, kv head)): out = sum_s e^(m_s - M) o_s / L with M the
-// largest max and L = sum_s e^(m_s - M) l_s.
+// largest max and L = sum_s e^(m_s - M) l_s. A split that saw no key (l_s = 0,
+// o_s = 0) adds nothing; one whose logits were all NaN kept m_s = -inf (fmaxf
+// ignores NaN) with a NaN l_s, and its weight (1 when every max is -inf)
+// carries the NaN into the row, as the unsplit kernel's does.
 template <typename Q>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_merge_kernel(PagedAttentionParams p, PagedAttentionPlan plan,
@@ -275,16 +278,20 @@ __global__ void __launch_bounds__(kThreads)
       partial + p.batch * p.num_kv_heads * plan.splits * rows * h_dim + 2 * bk * plan.splits * rows;
   float max = -CUDART_INF_F;
   for (int64_t s = 0; s < plan.splits; ++s) max = fmaxf(max, partial_state[2 * (s * rows + r)]);
+  // Split s's weight e^(m_s - M); 1 at m_s = M, so also when every m_s is -inf.
+  const auto weight = [&](int64_t s) {
+    const float m = partial_state[2 * (s * rows + r)];
+    return m == max ? 1.0f : __expf(m - max);
+  };
+  const auto saw_keys = [&](int64_t s) { return partial_state[2 * (s * rows + r) + 1] != 0.0f; };
   float sum = 0.0f;
   for (int64_t s = 0; s < plan.splits; ++s) {
-    const float m = partial_state[2 * (s * rows + r)];
-    if (m != -CUDART_INF_F) sum += partial_state[2 * (s * rows + r) + 1] * __expf(m - max);
+    if (saw_keys(s)) sum += weight(s) * partial_state[2 * (s * rows + r) + 1];
   }
   for (int h = threadIdx.x; h < h_dim; h += kThreads) {
     float acc = 0.0f;
     for (int64_t s = 0; s < plan.splits; ++s) {
-      const float m = partial_state[2 * (s * rows + r)];
-      if (m != -CUDART_INF_F) acc += __expf(m - max) * partial_o[(s * rows + r) * h_dim + h];
+      if (saw_keys(s)) acc += weight(s) * partial_o[(s * rows + r) * h_dim + h];
     }
     out[((b * p.q_len + t) * p.num_heads + n) * h_dim + h] =
         from_float<Q>(sum != 0.0f ? acc / sum : 0.0f);

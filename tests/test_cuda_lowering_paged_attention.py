@@ -3,11 +3,14 @@
 ``lower(lowering_platforms=("cuda",))`` must name the CUDA handlers' targets
 (xla_ffi/cuda/paged_attention.cc) with operands, results and attributes of the
 types those handlers bind (xla_ffi/paged_attention_common.h, whose contract
-gives the attribute types), absent optional operands as [0] placeholders, and
-paged_kv_update's pages and scales aliased to its results (written in place).
-The handlers themselves run in the CUDA harness: they reject inconsistent
-buffers with an error (launching nothing), and the update starts from a copy
-of its operands when XLA did not alias them.
+gives the attribute types), absent optional operands as [0] placeholders, the
+attention's hidden workspace of the size its split-K plan needs
+(params/paged_attention_plan.h; [0] on the CPU and where the keys are not
+split), and paged_kv_update's pages and scales aliased to its results (written
+in place). The handlers themselves run in the CUDA harness: they reject
+inconsistent buffers, a missing workspace included, with an error (launching
+nothing), and the update starts from a copy of its operands when XLA did not
+alias them.
 """
 
 import re
@@ -20,7 +23,7 @@ import pytest
 import cuda_harness
 import jaxops
 from support import backends
-from support.lowering import DTYPES, T, check_binding, custom_calls
+from support.lowering import DTYPES, T, check_binding, contract_workspace, custom_calls
 
 B, TQ, N, K, H, P, PAGE, M = 2, 3, 4, 2, 16, 7, 5, 3
 
@@ -37,7 +40,8 @@ def _buffers(page_dtype):
   """{target: (operand dtypes, result dtypes)}, T the query's dtype."""
   kv = "i8" if page_dtype == "int8" else T
   return {
-      "jaxops_paged_attention_fwd": ((T, kv, kv, "i32", "i32", "i32", "f32", "f32"), (T, "f32")),
+      "jaxops_paged_attention_fwd": ((T, kv, kv, "i32", "i32", "i32", "f32", "f32"),
+                                     (T, "f32", "ui8")),
       "jaxops_paged_kv_update": ((kv, kv, T, T, "i32", "f32", "f32"), (kv, kv, "f32", "f32")),
   }
 
@@ -64,7 +68,8 @@ def test_paged_attention_lowers_to_the_cuda_target(dtype, page_dtype):
   assert [shape for shape, _ in call.operands[3:6]] == [(B, M), (B,), (B,)]
   scales = [shape for shape, _ in call.operands[6:]]
   assert scales == ([(P, PAGE, K)] * 2 if page_dtype == "int8" else [(0,), (0,)])
-  assert [shape for shape, _ in call.results] == [(B, TQ, N, H), (B, N, TQ)]
+  # 15 keys of capacity: the plan does not split them, the workspace is empty.
+  assert [shape for shape, _ in call.results] == [(B, TQ, N, H), (B, N, TQ), (0,)]
   assert call.integers["window_left"] == 4
 
 
@@ -79,6 +84,35 @@ def test_decode_query_lowers_with_one_query_row_and_no_query_lens():
   assert call.operands[0][0] == (B, 1, N, H)
   assert call.operands[5][0] == (0,)  # query_lens absent
   assert call.integers["window_left"] == -1
+
+
+def _lowered_workspace(query_shape, page_size, max_pages, platform="cuda"):
+  """The workspace result of paged_attention lowered for ``platform``."""
+  pages = jnp.ones((4, page_size, K, H), jnp.float32)
+  tables = jnp.zeros((query_shape[0], max_pages), jnp.int32)
+  (call,) = custom_calls(
+      lambda q, lens: jaxops.paged_attention(q, pages, pages, tables, lens, implementation="ffi"),
+      jnp.ones(query_shape, jnp.float32), jnp.ones((query_shape[0],), jnp.int32),
+      platform=platform)
+  assert call.results[-1] == contract_workspace(call, platform)
+  return call.results[-1]
+
+
+def test_split_decode_lowers_with_the_planned_workspace():
+  """Decode of one sequence over 1024 keys: the plan (params/paged_attention_plan.h)
+  splits them 4 ways (256 keys each), so the CUDA call carries the float32
+  partial outputs and (max, sum) of [B, K, splits, rows] rows, as bytes."""
+  batch, splits, rows = 1, 4, N // K
+  assert _lowered_workspace((batch, N, H), 16, 64) == (
+      (batch * K * splits * rows * (H + 2) * 4,), "ui8")
+  # The CPU kernel splits within its own scratch: its workspace is empty.
+  assert _lowered_workspace((batch, N, H), 16, 64, platform="cpu") == ((0,), "ui8")
+
+
+def test_unsplit_plans_lower_with_an_empty_workspace():
+  """Short capacities, and rows that take several tiles (prefill), are not split."""
+  assert _lowered_workspace((1, N, H), 16, 16) == ((0,), "ui8")         # 256 keys
+  assert _lowered_workspace((1, 9, N, H), 16, 64) == ((0,), "ui8")      # 18 rows > 16
 
 
 @pytest.mark.parametrize("dtype,page_dtype", PAIRS, ids=lambda d: str(d))
@@ -125,25 +159,35 @@ _TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
 _ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1)}
 _NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
 _WIDE = 264  # above the CUDA kernel's head-dim limit, which the CPU kernel does not have
+_EMPTY = ((0,), np.uint8)  # the workspace of a plan without key splits
+# Decode of one sequence over 512 keys: two splits of 2 rows x (8 + 2) floats per kv head.
+_LONG_TABLES, _SPLIT_BYTES = np.zeros((1, 32), np.int32), 1 * 2 * 2 * 2 * (8 + 2) * 4
+_LONG_PAGES = np.ones((3, 16, 2, 8), F32)
 
 
 @pytest.mark.parametrize("target,operands,results,attrs,match", [
     ("jaxops_paged_attention_fwd",
      [np.ones((2, 1, 4, _WIDE), F32), np.ones((3, 4, 2, _WIDE), F32),
       np.ones((3, 4, 2, _WIDE), F32), _TABLES, _LENS, *_NONE],
-     [((2, 1, 4, _WIDE), F32), ((2, 4, 1), F32)], _ATTRS, "head_dim <= 256"),
+     [((2, 1, 4, _WIDE), F32), ((2, 4, 1), F32), _EMPTY], _ATTRS, "head_dim <= 256"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES[:, :2], _TABLES, _LENS, *_NONE],
-     [((2, 1, 4, 8), F32), ((2, 4, 1), F32)], _ATTRS, "value_pages has shape"),
+     [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _EMPTY], _ATTRS, "value_pages has shape"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES.astype(np.int8), _PAGES.astype(np.int8),
                                     _TABLES, _LENS, *_NONE],
-     [((2, 1, 4, 8), F32), ((2, 4, 1), F32)], _ATTRS, "key_scales must be float32 of shape"),
+     [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _EMPTY], _ATTRS,
+     "key_scales must be float32 of shape"),
+    ("jaxops_paged_attention_fwd", [_Q[:1], _LONG_PAGES, _LONG_PAGES, _LONG_TABLES, _LENS[:1],
+                                    *_NONE],
+     [((1, 1, 4, 8), F32), ((1, 4, 1), F32), _EMPTY], _ATTRS,
+     rf"workspace must be uint8 of shape \[{_SPLIT_BYTES}\]"),
     ("jaxops_paged_kv_update", [_PAGES, _PAGES, np.ones((3, 2, 4), F32), np.ones((3, 2, 4), F32),
                                 np.zeros((3,), np.int32), *_NONE[1:]],
      [((3, 4, 2, 8), F32), ((3, 4, 2, 8), F32), ((0,), F32), ((0,), F32)], {}, "key must be"),
 ])
 def test_cuda_handler_rejects_inconsistent_buffers(target, operands, results, attrs, match):
   """The CUDA handlers return an error, launching nothing, for what the shared
-  checks reject and for head dims above the CUDA kernel's limit."""
+  checks reject, for head dims above the CUDA kernel's limit and for a
+  workspace other than the plan's (here: none where the keys split)."""
   harness = backends.harness()
   launches = harness.launches()
   call = jax.ffi.ffi_call(cuda_harness.harness_target(target),

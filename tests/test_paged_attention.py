@@ -57,13 +57,25 @@ def check_against_reference(cache, *, query_lens=None, **options):
   query, kp, vp, tables, kv_lens, scales = cache
   kwargs = dict(query_lens=query_lens, return_residual=True, **_scale_kwargs(scales), **options)
   out, lse = jaxops.paged_attention(query, kp, vp, tables, kv_lens, **kwargs, **FFI)
-  ref_out, ref_lse = reference.paged_attention(query, kp, vp, tables, kv_lens, **kwargs)
+  # Jitted: one compilation instead of one per jnp op (seconds per shape eagerly).
+  ref_out, ref_lse = jax.jit(lambda *operands: reference.paged_attention(*operands, **kwargs))(
+      query, kp, vp, tables, kv_lens)
   keys = tables.shape[1] * kp.shape[1]
   assert out.dtype == query.dtype and lse.dtype == jnp.float32
   assert_close(out, ref_out, reduce_size=keys, name="out")
   atol, rtol = tolerance(query.dtype, keys)
   assert_close(lse, ref_lse, atol=atol, rtol=rtol, name="logsumexp")
   return out, lse
+
+
+def check_split_on_cuda(backend, run):
+  """Runs ``run()``; on the harness, checks that it launched the CUDA split-K:
+  the attention writing its partial states to the workspace, then the merge."""
+  before = backends.harness().launches() if backend == backends.HARNESS else None
+  result = run()
+  if before is not None:
+    assert backends.harness().launches() - before == 2
+  return result
 
 
 # (batch, T or None (decode), heads, kv_heads, head_dim, page_size, max_pages): GQA
@@ -105,10 +117,31 @@ def test_values_against_reference(backend, case, dtype, query_dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=backends.param_id)
 def test_one_sequence_splits_its_keys_across_threads(backend, dtype):
   """One sequence and one kv head (fewer groups than threads) with enough
-  keys that the decode core splits them and merges the partial states."""
+  keys that the decode core splits them and merges the partial states (on
+  CUDA: three key splits through the workspace)."""
   cache = make_cache(15, batch=1, heads=4, kv_heads=1, head_dim=64, page_size=16, max_pages=40,
                      dtype=dtype, kv_lens=[601])
-  check_against_reference(cache, logits_soft_cap=20.0)
+  check_split_on_cuda(backend, lambda: check_against_reference(cache, logits_soft_cap=20.0))
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("options", [{}, {"local_window_size": 40}], ids=str)
+def test_decode_splits_keys_through_the_workspace(backend, options):
+  """Decode of few (sequence, kv head) pairs over a long capacity: the CUDA
+  plan (params/paged_attention_plan.h) splits the 1024 keys four ways, the
+  splits' partial states go to the hidden workspace and a second kernel merges
+  them. kv_lens 0 and 1 leave every split empty or all but the first; the
+  window empties the early splits of the long sequence. A NaN query row stays
+  NaN through the merge, as it does unsplit."""
+  cache = make_cache(21, batch=3, heads=4, kv_heads=2, head_dim=12, page_size=32, max_pages=32,
+                     dtype=jnp.bfloat16, kv_lens=[0, 1, 1000])
+  out, lse = check_split_on_cuda(backend, lambda: check_against_reference(cache, **options))
+  assert (out[0] == 0).all() and (lse[0] == -jnp.inf).all()
+  query, *rest = cache
+  out, lse = jaxops.paged_attention(query.at[2, 1].set(jnp.nan), *rest[:4], return_residual=True,
+                                    **options, **FFI)
+  assert jnp.isnan(out[2, 1]).all() and jnp.isnan(lse[2, 1]).all()
+  assert not jnp.isnan(out[2].at[1].set(0)).any()  # the other rows of the sequence
 
 
 @pytest.mark.backends(*BACKENDS)
@@ -359,7 +392,8 @@ _Q, _PAGES = np.ones((2, 1, 4, 8), F32), np.ones((3, 4, 2, 8), F32)
 _TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
 _ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1)}
 _NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
-_OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32)]
+_NO_WORKSPACE = ((0,), np.uint8)  # the CPU's hidden workspace result: empty
+_OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _NO_WORKSPACE]
 
 
 @pytest.mark.parametrize("target,operands,results,attrs,match", [
@@ -368,7 +402,7 @@ _OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32)]
     ("jaxops_paged_attention_fwd", [_Q[..., :4], _PAGES, _PAGES, _TABLES, _LENS, *_NONE], _OUT,
      _ATTRS, "head_dim"),
     ("jaxops_paged_attention_fwd", [_Q[:, :, :3], _PAGES, _PAGES, _TABLES, _LENS, *_NONE],
-     [((2, 1, 3, 8), F32), ((2, 3, 1), F32)], _ATTRS, "multiple of num_kv_heads"),
+     [((2, 1, 3, 8), F32), ((2, 3, 1), F32), _NO_WORKSPACE], _ATTRS, "multiple of num_kv_heads"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES[:1], _LENS, *_NONE], _OUT,
      _ATTRS, "block_tables must be int32"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS[:1], *_NONE], _OUT,
@@ -379,7 +413,10 @@ _OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32)]
                                     _TABLES, _LENS, *_NONE], _OUT, _ATTRS,
      "key_scales must be float32 of shape"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS, *_NONE],
-     [((2, 1, 4, 8), F32), ((2, 1, 4), F32)], _ATTRS, "logsumexp must be float32"),
+     [((2, 1, 4, 8), F32), ((2, 1, 4), F32), _NO_WORKSPACE], _ATTRS,
+     "logsumexp must be float32"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS, *_NONE],
+     _OUT[:2] + [((16,), np.uint8)], _ATTRS, r"workspace must be uint8 of shape \[0\]"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS, *_NONE], _OUT,
      dict(_ATTRS, window_left=np.int64(-2)), "window_left"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES, _TABLES, _LENS, *_NONE], _OUT,

@@ -26,14 +26,17 @@ ffi::Error PagedAttentionFwd(ffi::AnyBuffer query, ffi::AnyBuffer key_pages,
                              ffi::AnyBuffer kv_lens, ffi::AnyBuffer query_lens,
                              ffi::AnyBuffer key_scales, ffi::AnyBuffer value_scales,
                              ffi::Result<ffi::AnyBuffer> out,
-                             ffi::Result<ffi::AnyBuffer> logsumexp, float scale,
+                             ffi::Result<ffi::AnyBuffer> logsumexp,
+                             ffi::Result<ffi::AnyBuffer> workspace, float scale,
                              float logits_soft_cap, int64_t window_left) {
   const std::string op = kPagedAttentionFwd.name;
   PagedAttentionParams p;
+  // The workspace is CUDA's split-K scratch: [0] here, checked and unused.
   JAXOPS_RETURN_IF_ERROR(decode_paged_attention(query, key_pages, value_pages, block_tables,
                                                 kv_lens, query_lens, key_scales, value_scales,
-                                                *out, *logsumexp, scale, logits_soft_cap,
-                                                window_left, &p));
+                                                *out, *logsumexp, *workspace,
+                                                contract::Platform::kCpu, scale,
+                                                logits_soft_cap, window_left, &p));
   return dispatch(op, query.element_type(), key_pages.element_type(), [&](auto q_tag, auto kv_tag) {
     using Q = decltype(q_tag);
     using KV = decltype(kv_tag);

@@ -18,11 +18,13 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "params/paged_attention.h"
+#include "params/paged_attention_plan.h"
 #include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 
@@ -40,8 +42,42 @@ inline constexpr contract::Attribute<float> kScale{"scale"};
 inline constexpr contract::Attribute<float> kLogitsSoftCap{"logits_soft_cap"};  // 0: none
 inline constexpr contract::Attribute<int64_t> kWindowLeft{"window_left"};      // -1: unbounded
 
-inline constexpr auto kPagedAttentionFwd = contract::target(
-    "jaxops_paged_attention_fwd", kScale, kLogitsSoftCap, kWindowLeft);
+// The attention's workspace: on CUDA the float32 partial outputs and softmax
+// states of its split-K (params/paged_attention_plan.h), which depend on the
+// shapes alone (never on the traced kv_lens) and are empty when the plan does
+// not split; the CPU kernel splits within its own threads' scratch, so its
+// workspace result is empty ([0] bytes).
+inline int64_t paged_attention_workspace_bytes(const PagedAttentionParams& p,
+                                               contract::Platform platform) {
+  if (platform == contract::Platform::kCpu) return 0;
+  return params::paged_attention_workspace_bytes(p);
+}
+
+// The workspace for query [B, T, N, H], key_pages [P, page_size, K, H] and
+// block_tables [B, M] (operands 0, 1 and 3), in bytes.
+inline contract::Workspace paged_attention_workspace(const contract::WorkspaceQuery& call) {
+  const auto& q = call.operand(0);
+  const auto& pages = call.operand(1);
+  const auto& tables = call.operand(3);
+  if (q.size() != 4 || pages.size() != 4 || tables.size() != 2) {
+    throw std::invalid_argument("paged_attention workspace: query and key_pages must have rank "
+                                "4 and block_tables rank 2");
+  }
+  PagedAttentionParams p;
+  p.batch = q[0];
+  p.q_len = q[1];
+  p.num_heads = q[2];
+  p.head_dim = q[3];
+  p.num_pages = pages[0];
+  p.page_size = pages[1];
+  p.num_kv_heads = pages[2];
+  p.max_pages_per_seq = tables[1];
+  return {{paged_attention_workspace_bytes(p, call.platform)}, "uint8"};
+}
+
+inline constexpr auto kPagedAttentionFwd = contract::target_with_workspace(
+    "jaxops_paged_attention_fwd", paged_attention_workspace, kScale, kLogitsSoftCap,
+    kWindowLeft);
 inline constexpr auto kPagedKvUpdate = contract::target("jaxops_paged_kv_update");
 
 inline std::vector<contract::TargetDescription> contracts() {
@@ -124,13 +160,16 @@ inline ffi::Error check_int32_vector(const std::string& op, const char* name,
 // -- paged_attention ----------------------------------------------------------------
 
 // Every buffer and attribute of a paged_attention call, decoded into `p`
-// (whose operand pointers then point into the buffers).
+// (whose operand pointers then point into the buffers); the workspace must be
+// the uint8 [paged_attention_workspace_bytes(p, platform)] the Python side
+// sized from the contract.
 inline ffi::Error decode_paged_attention(
     const ffi::AnyBuffer& query, const ffi::AnyBuffer& key_pages,
     const ffi::AnyBuffer& value_pages, const ffi::AnyBuffer& block_tables,
     const ffi::AnyBuffer& kv_lens, const ffi::AnyBuffer& query_lens,
     const ffi::AnyBuffer& key_scales, const ffi::AnyBuffer& value_scales,
-    const ffi::AnyBuffer& out, const ffi::AnyBuffer& logsumexp, float scale,
+    const ffi::AnyBuffer& out, const ffi::AnyBuffer& logsumexp,
+    const ffi::AnyBuffer& workspace, contract::Platform platform, float scale,
     float logits_soft_cap, int64_t window_left, PagedAttentionParams* p) {
   const std::string op = kPagedAttentionFwd.name;
   auto qd = query.dimensions();
@@ -176,6 +215,12 @@ inline ffi::Error decode_paged_attention(
     return invalid(op, "logsumexp must be float32 of shape [" + str(p->batch) + ", " +
                            str(p->num_heads) + ", " + str(p->q_len) + "], got " +
                            dims_string(ld));
+  }
+  const int64_t workspace_bytes = paged_attention_workspace_bytes(*p, platform);
+  auto wd = workspace.dimensions();
+  if (workspace.element_type() != ffi::DataType::U8 || wd.size() != 1 || wd[0] != workspace_bytes) {
+    return invalid(op, "workspace must be uint8 of shape [" + str(workspace_bytes) + "], got " +
+                           dims_string(wd));
   }
   p->scale = scale;
   p->logits_soft_cap = logits_soft_cap;
@@ -252,7 +297,8 @@ auto bind_paged_attention_fwd(Binding prefix) {
       .template Arg<ffi::AnyBuffer>()                      // key_scales f32 [P, page_size, K] or [0]
       .template Arg<ffi::AnyBuffer>()                      // value_scales
       .template Ret<ffi::AnyBuffer>()                      // out [B, T, N, H]
-      .template Ret<ffi::AnyBuffer>();                     // logsumexp f32 [B, N, T]
+      .template Ret<ffi::AnyBuffer>()                      // logsumexp f32 [B, N, T]
+      .template Ret<ffi::AnyBuffer>();                     // workspace (u8; [0] on the CPU)
 }
 
 template <typename Binding>

@@ -12,7 +12,9 @@ Primitives:
 * ``paged_attention_fwd_p``: (query [B, T, N, H], key_pages, value_pages,
   block_tables, kv_lens, query_lens | [0], key_scales | [0], value_scales | [0])
   -> (out [B, T, N, H], logsumexp [B, N, T] float32); static ``scale``,
-  ``logits_soft_cap`` (0: none) and ``window_left`` (-1: none).
+  ``logits_soft_cap`` (0: none) and ``window_left`` (-1: none). Its lowering
+  adds the target's hidden workspace, the CUDA kernel's split-K partials
+  (sized from the shapes in xla_ffi/paged_attention_common.h; [0] on the CPU).
 * ``paged_kv_update_p``: (key_pages, value_pages, key [n, K, H], value,
   slot_mapping [n], key_scales | [0], value_scales | [0]) -> (key_pages,
   value_pages, key_scales, value_scales), the pages and scales written in place

@@ -2,10 +2,14 @@
 // bindings and validation (xla_ffi/paged_attention_common.h), then a launch of
 // cuda/paged_attention on the stream XLA hands over.
 //
-// The contract declares no workspace for jaxops_paged_attention_fwd, so the
-// attention runs without split-K (a block per row tile, kv head and sequence);
-// a CUDA workspace result of params::paged_attention_workspace_bytes(p) bytes
-// (params/paged_attention_plan.h) would let decode split the keys.
+// jaxops_paged_attention_fwd's hidden workspace result is sized by the
+// contract from the shapes (params::paged_attention_workspace_bytes,
+// params/paged_attention_plan.h): when the plan splits the keys (decode and
+// short chunks whose rows fit one tile, with few (sequence, kv head) blocks
+// for the GPU) the kernel writes each split's partial output and softmax
+// state there and a second kernel merges them; otherwise it is [0] and one
+// kernel runs a block per row tile, kv head and sequence. The plan depends on
+// shapes only, so the workspace is what the handler recomputes and checks.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -40,14 +44,16 @@ ffi::Error PagedAttentionFwd(cudaStream_t stream, ffi::AnyBuffer query, ffi::Any
                              ffi::AnyBuffer kv_lens, ffi::AnyBuffer query_lens,
                              ffi::AnyBuffer key_scales, ffi::AnyBuffer value_scales,
                              ffi::Result<ffi::AnyBuffer> out,
-                             ffi::Result<ffi::AnyBuffer> logsumexp, float scale,
+                             ffi::Result<ffi::AnyBuffer> logsumexp,
+                             ffi::Result<ffi::AnyBuffer> workspace, float scale,
                              float logits_soft_cap, int64_t window_left) {
   const std::string op = kPagedAttentionFwd.name;
   PagedAttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_paged_attention(query, key_pages, value_pages, block_tables,
                                                 kv_lens, query_lens, key_scales, value_scales,
-                                                *out, *logsumexp, scale, logits_soft_cap,
-                                                window_left, &p));
+                                                *out, *logsumexp, *workspace,
+                                                contract::Platform::kCuda, scale,
+                                                logits_soft_cap, window_left, &p));
   // The kernel's own limit: its tiles hold whole float32 head vectors.
   if (p.head_dim > cuda::kCudaPagedAttentionMaxHeadDim) {
     return invalid(op, "the CUDA kernel supports head_dim <= " +
@@ -57,10 +63,13 @@ ffi::Error PagedAttentionFwd(cudaStream_t stream, ffi::AnyBuffer query, ffi::Any
   return dispatch(op, query.element_type(), key_pages.element_type(), [&](auto q_tag, auto kv_tag) {
     using Q = decltype(q_tag);
     using KV = decltype(kv_tag);
+    // The plan the contract sized the workspace by (checked in decode): it
+    // splits exactly when the workspace is not empty.
+    const cuda::PagedAttentionPlan plan = cuda::paged_attention_plan(p);
     return launch_status(op, cuda::launch_paged_attention<Q, KV>(
-                                 stream, p, data<const Q>(query), data<const KV>(key_pages),
+                                 stream, p, plan, data<const Q>(query), data<const KV>(key_pages),
                                  data<const KV>(value_pages), data<Q>(*out),
-                                 data<float>(*logsumexp), /*workspace=*/nullptr));
+                                 data<float>(*logsumexp), data_or_null<void>(*workspace)));
   });
 }
 
