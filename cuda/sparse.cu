@@ -116,6 +116,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
 #pragma unroll
       for (int n = 0; n < kMmaRowTiles; ++n) {
+        // Row tiles wholly past the rows (the same for the whole warp) do nothing.
+        if (r0 + kRows * n >= s.rows) break;
         // B = x^T: inputs k0 + 2t + 8j, + 1 of row r0 + 8n + g.
         const int64_t row = r0 + kRows * n + g;
         uint32_t b[4];
