@@ -176,14 +176,16 @@ def test_equal_positions_add_like_decompress(backend, dtype):
 @pytest.mark.backends(backends.HARNESS)
 def test_low_precision_forward_takes_the_sparse_tensor_cores(harness):
   """bfloat16 (float16: the same template): one mma.sp per 16 outputs x 8 rows
-  x 32 inputs; float32: none."""
+  x 32 inputs, here over two blocks of 4 warps (67 outputs); float32: none."""
   x = random_inputs(7, [(9, 36)])[0]
-  _, packed = _sparse_weight(8, 19, 36)
-  for dtype, instructions in ((jnp.bfloat16, 2 * 2 * 2), (jnp.float32, 0)):
+  _, packed = _sparse_weight(8, 67, 36)
+  for dtype, instructions in ((jnp.bfloat16, 5 * 2 * 2), (jnp.float32, 0)):
+    values = packed.values.astype(dtype)
     before = harness.sparse_mmas()
-    sparse.linear(x.astype(dtype), jax.tree.map(lambda a: a.astype(dtype) if a.dtype != jnp.uint8
-                                                else a, packed)).block_until_ready()
+    y = sparse.linear(x.astype(dtype), sparse.SparseWeight(values, packed.metadata, 36))
     assert harness.sparse_mmas() - before == instructions, dtype
+    assert_close(y, _reference(*upcast([x.astype(dtype), values]), packed.metadata), dtype=dtype,
+                 reduce_size=18)
 
 
 # -- linear: derivatives -------------------------------------------------------------
