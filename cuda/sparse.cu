@@ -3,10 +3,12 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/row_reduce.cuh"
+#include "cuda/sparse_mma.cuh"
 
 namespace jaxops::cuda {
 namespace {
 
+using ::jaxops::params::kSparseGroup;
 using ::jaxops::params::sparse_column;
 using ::jaxops::params::sparse_metadata_cols;
 using ::jaxops::params::sparse_position;
@@ -20,7 +22,7 @@ using elementwise::kThreads;
 constexpr int kRowsPerWarp = 8;
 constexpr int kMaxRowBlocks = 65535;  // gridDim.y
 
-// Block (o, row block): the 32 lanes stride over packed row o, each keeping a
+// float32. Block (o, row block): the 32 lanes stride over packed row o, each keeping a
 // sum per row, then the warp adds them up.
 template <typename T>
 __global__ void sparse_linear_fwd_kernel(const T* x, const T* values, const uint8_t* metadata,
@@ -48,6 +50,97 @@ __global__ void sparse_linear_fwd_kernel(const T* x, const T* values, const uint
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const float total = row_reduce::block_sum(sums[r]);
       if (threadIdx.x == 0 && r0 + r < s.rows) y[(r0 + r) * s.out + o] = from_float<T>(total + b);
+    }
+  }
+}
+
+// The bfloat16/float16 forward on sparse tensor cores (mma.sp, cuda/sparse_mma.cuh).
+// A warp computes a tile of 16 outputs x kMmaRowTiles * 8 rows of x over the
+// whole of `in`, 32 inputs per step: the weight's fragment (A: 16 outputs x 32
+// inputs, compressed) and its metadata are loaded and canonicalised once per
+// step and serve kMmaRowTiles instructions, one per 8 rows of x (B = x^T).
+// Fragments are read straight from global memory (each lane reads 4-byte pairs;
+// the 4 lanes of a group read 16 contiguous bytes of a row): no shared-memory
+// staging yet. Tails are zeros: outputs past `out` and groups past in / 4 get
+// zero values and metadata, rows of x past `rows` and inputs past `in` zero B.
+constexpr int kMmaRowTiles = 4;
+constexpr int kMmaWarps = 4;
+constexpr int kMmaRowsPerWarp = kMmaRowTiles * sparse_mma::kRows;
+
+template <typename T>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    sparse_linear_fwd_mma_kernel(const T* x, const T* values, const uint8_t* metadata,
+                                 const T* bias, T* y, SparseLinearShape s) {
+  using namespace sparse_mma;
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+  const int64_t groups = s.in / kSparseGroup;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kMmaWarps + threadIdx.x / 32) * kOut;
+  if (o0 >= s.out) return;  // the whole warp: no barrier follows
+  const T zero = from_float<T>(0.f);
+  // jaxops' nibble of (output o, group): the positions of its 2 values.
+  const auto nibble = [&](int64_t o, int64_t group) -> uint32_t {
+    return o < s.out && group < groups ? metadata[o * mcols + group / 2] >> (4 * (group % 2)) & 0xfu
+                                       : 0u;
+  };
+  const int64_t row_blocks = (s.rows + kMmaRowsPerWarp - 1) / kMmaRowsPerWarp;
+  for (int64_t rb = blockIdx.y; rb < row_blocks; rb += gridDim.y) {
+    const int64_t r0 = rb * kMmaRowsPerWarp;
+    float acc[kMmaRowTiles][4];
+#pragma unroll
+    for (int n = 0; n < kMmaRowTiles; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+    }
+    for (int64_t k0 = 0; k0 < s.in; k0 += kK) {
+      const int64_t group0 = k0 / kSparseGroup;
+      // A: chunks t and t + 4 (register pairs 0-1 and 2-3) of rows g and g + 8.
+      uint32_t a[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t o = o0 + g + 8 * (r % 2), group = group0 + t + 4 * (r / 2);
+        const bool kept = o < s.out && group < groups;
+        const T* v = values + (kept ? o * half + 2 * group : 0);
+        a[r] = canonical_values(nibble(o, group), kept ? v[0] : zero, kept ? v[1] : zero);
+      }
+      // Metadata (selector 0: lanes t = 0, 1): chunks 4 (t % 2) .. + 3 of rows g and g + 8.
+      uint32_t e = 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        uint32_t nibbles = 0;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          nibbles |= nibble(o0 + g + 8 * r, group0 + 4 * (t % 2) + c) << (4 * c);
+        }
+        e |= canonical_nibbles(nibbles) << (16 * r);
+      }
+#pragma unroll
+      for (int n = 0; n < kMmaRowTiles; ++n) {
+        // Row tiles wholly past the rows (the same for the whole warp) do nothing.
+        if (r0 + kRows * n >= s.rows) break;
+        // B = x^T: inputs k0 + 2t + 8j, + 1 of row r0 + 8n + g.
+        const int64_t row = r0 + kRows * n + g;
+        uint32_t b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t k = k0 + 2 * t + 8 * j;
+          const bool inside = row < s.rows && k < s.in;  // in is even: k + 1 < in too
+          const T* p = x + (inside ? row * s.in + k : 0);
+          b[j] = pack(inside ? p[0] : zero, inside ? p[1] : zero);
+        }
+        mma_sp_m16n8k32<T>(acc[n], a, b, e);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kMmaRowTiles; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t o = o0 + g + 8 * (i / 2), row = r0 + kRows * n + 2 * t + i % 2;
+        if (o < s.out && row < s.rows) {
+          const float b = bias != nullptr ? to_float(bias[o]) : 0.f;
+          y[row * s.out + o] = from_float<T>(acc[n][i] + b);
+        }
+      }
     }
   }
 }
@@ -107,11 +200,21 @@ cudaError_t sparse_linear_fwd(cudaStream_t stream, const T* x, const T* values,
                               const uint8_t* metadata, const T* bias, T* y,
                               SparseLinearShape shape) {
   if (shape.rows == 0 || shape.out == 0) return cudaGetLastError();
-  const int64_t row_blocks = (shape.rows + kRowsPerWarp - 1) / kRowsPerWarp;
-  const dim3 grid(static_cast<unsigned>(shape.out),
-                  static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
-  return launch_kernel(sparse_linear_fwd_kernel<T>, grid, row_reduce::kWarpSize, stream, x,
-                       values, metadata, bias, y, shape);
+  if constexpr (std::is_same<T, float>::value) {
+    const int64_t row_blocks = (shape.rows + kRowsPerWarp - 1) / kRowsPerWarp;
+    const dim3 grid(static_cast<unsigned>(shape.out),
+                    static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
+    return launch_kernel(sparse_linear_fwd_kernel<T>, grid, row_reduce::kWarpSize, stream, x,
+                         values, metadata, bias, y, shape);
+  } else {
+    // bfloat16/float16: sparse tensor cores, always (the build targets sm_80+).
+    const int64_t warps = (shape.out + sparse_mma::kOut - 1) / sparse_mma::kOut;
+    const int64_t row_blocks = (shape.rows + kMmaRowsPerWarp - 1) / kMmaRowsPerWarp;
+    const dim3 grid(static_cast<unsigned>((warps + kMmaWarps - 1) / kMmaWarps),
+                    static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
+    return launch_kernel(sparse_linear_fwd_mma_kernel<T>, grid, kMmaWarps * 32, stream, x, values,
+                         metadata, bias, y, shape);
+  }
 }
 
 template <typename T>

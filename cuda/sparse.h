@@ -2,10 +2,10 @@
 //
 // The same operations, arguments and semantics as cpu/sparse.h (keep the two in
 // step; packed layout: params/sparse.h), plus the stream to launch on. T is
-// float, __half or __nv_bfloat16; every product accumulates in float32. These
-// are SIMT kernels for every dtype (the bf16/f16 sparse tensor-core path,
-// mma.sp, is not written yet). Every function returns cudaGetLastError()
-// after its launches.
+// float, __half or __nv_bfloat16; every product accumulates in float32. The
+// __half/__nv_bfloat16 forward runs on sparse tensor cores (mma.sp, sm_80+;
+// cuda/sparse_mma.cuh); the float32 forward and dx, dvalues are SIMT kernels.
+// Every function returns cudaGetLastError() after its launches.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,12 @@ namespace jaxops::cuda {
 
 using ::jaxops::params::SparseLinearShape;
 
-// y = x W^T (+ bias when not null): one warp per output feature and block of
-// 8 rows of x, the lanes striding over the packed row (coalesced reads of the
-// values and metadata).
+// y = x W^T (+ bias when not null). float32: one warp per output feature and
+// block of 8 rows of x, the lanes striding over the packed row (coalesced reads
+// of the values and metadata). __half/__nv_bfloat16: a warp per 16 outputs and
+// 32 rows of x, mma.sp over 32 inputs at a time, the metadata converted to the
+// hardware's layout (and its unordered or repeated positions canonicalised) as
+// the tiles load.
 template <typename T>
 cudaError_t sparse_linear_fwd(cudaStream_t stream, const T* x, const T* values,
                               const uint8_t* metadata, const T* bias, T* y,

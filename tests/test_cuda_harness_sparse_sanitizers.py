@@ -5,13 +5,16 @@ tests/cuda_harness/sparse_driver.cc runs the forward (with and without bias),
 dx and the sampled dvalues kernels against a double-precision reference in
 every dtype, on small shapes: one row and one group, an odd number of groups
 (the metadata's half-used last byte), more rows than a warp's block of 8, more
-groups than a warp's lanes.
+groups than a warp's lanes. The bfloat16/float16 forward is the sparse
+tensor-core kernel (mma.sp, emulated): `in` not a multiple of its 32-wide step,
+`out` not a multiple of its 16 outputs, rows not a multiple of its 8, two warps
+of a block at work; metadata with descending and repeated positions.
 """
 
 from support.sanitizers import check_driver
 
-ASAN_SHAPES = ["1x4x1", "3x12x5", "9x36x7", "2x260x3", "0x8x2"]
-TSAN_SHAPES = ["2x12x3", "9x68x2"]
+ASAN_SHAPES = ["1x4x1", "3x12x5", "9x36x7", "2x260x3", "0x8x2", "17x68x19"]
+TSAN_SHAPES = ["2x12x17", "9x68x2"]
 DRIVER = "sparse_driver.cc"
 
 

@@ -116,13 +116,16 @@ def test_compress_names_the_first_dense_group():
 # the GEMV path (<= 64 rows, 8-row blocks and a remainder) and the GEMM path.
 SHAPES = [((1, 4), 1), ((3, 12), 7), ((8, 4100), 5), ((2, 3, 12), 130), ((67, 260), 19)]
 # CUDA: one group, odd group counts, more rows than a warp's block of 8, more
-# groups than a warp has lanes.
-HARNESS_SHAPES = [((1, 4), 1), ((3, 12), 7), ((9, 36), 5), ((2, 260), 3)]
+# groups than a warp has lanes. bfloat16/float16 take the sparse tensor-core
+# forward (16 outputs x 8 rows x 32 inputs per instruction): one row, `in` not a
+# multiple of 32, `out` and rows not multiples of 16 and 8, several row tiles.
+HARNESS_SHAPES = [((1, 4), 1), ((3, 12), 7), ((9, 36), 5), ((2, 260), 3), ((33, 68), 19)]
 
 
 @backends.parametrize("x_shape,out,dtype", {
     backends.CPU: backends.with_dtypes(SHAPES, [SHAPES[2], SHAPES[4]]),
-    backends.HARNESS: backends.with_dtypes(HARNESS_SHAPES, [HARNESS_SHAPES[2]])})
+    backends.HARNESS: backends.with_dtypes(HARNESS_SHAPES[:4],
+                                           [HARNESS_SHAPES[0], HARNESS_SHAPES[4]])})
 def test_linear_matches_reference(backend, x_shape, out, dtype):
   (x, b) = random_inputs(1, [x_shape, (out,)], dtype)
   _, packed = _sparse_weight(2, out, x_shape[-1], dtype)
@@ -153,14 +156,36 @@ def test_implementations_agree_and_kernel_is_used():
       functools.partial(sparse.linear, implementation="xla"))(x, packed))
 
 
-def test_equal_positions_add_like_decompress(backend):
-  """Metadata naming one position twice (not made by compress): every path adds."""
-  values = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+@backends.parametrize("dtype", {backends.CPU: [jnp.float32],
+                                backends.HARNESS: [jnp.float32, jnp.bfloat16]})
+def test_equal_positions_add_like_decompress(backend, dtype):
+  """Metadata naming one position twice or in descending order (not made by
+  compress): every path adds like decompress (the tensor-core path reorders and
+  merges them for the hardware)."""
+  values = jnp.array([[1.0, 2.0, 3.0, 4.0]], dtype)
   metadata = jnp.array([[0b11_11_01_01]], jnp.uint8)
   packed = sparse.SparseWeight(values, metadata, 8)
-  x = jnp.arange(1.0, 9.0)[None]
+  x = jnp.arange(1.0, 9.0, dtype=dtype)[None]
   np.testing.assert_array_equal(sparse.decompress(packed), [[0, 3, 0, 0, 0, 0, 0, 7]])
-  assert_close(sparse.linear(x, packed), jnp.array([[2 * 3 + 8 * 7.0]]))
+  assert_close(sparse.linear(x, packed), jnp.array([[2 * 3 + 8 * 7.0]], dtype), dtype=dtype)
+  descending = sparse.SparseWeight(values, jnp.array([[0b01_10_00_11]], jnp.uint8), 8)
+  assert_close(sparse.linear(x, descending), jnp.array([[4 * 1 + 1 * 2 + 7 * 3 + 6 * 4.0]], dtype),
+               dtype=dtype)
+
+
+@pytest.mark.backends(backends.HARNESS)
+def test_low_precision_forward_takes_the_sparse_tensor_cores(harness):
+  """bfloat16 (float16: the same template): one mma.sp per 16 outputs x 8 rows
+  x 32 inputs, here over two blocks of 4 warps (67 outputs); float32: none."""
+  x = random_inputs(7, [(9, 36)])[0]
+  _, packed = _sparse_weight(8, 67, 36)
+  for dtype, instructions in ((jnp.bfloat16, 5 * 2 * 2), (jnp.float32, 0)):
+    values = packed.values.astype(dtype)
+    before = harness.sparse_mmas()
+    y = sparse.linear(x.astype(dtype), sparse.SparseWeight(values, packed.metadata, 36))
+    assert harness.sparse_mmas() - before == instructions, dtype
+    assert_close(y, _reference(*upcast([x.astype(dtype), values]), packed.metadata), dtype=dtype,
+                 reduce_size=18)
 
 
 # -- linear: derivatives -------------------------------------------------------------

@@ -43,6 +43,7 @@ class Harness:
     self._lib.jaxops_harness_target_name.restype = ctypes.c_char_p
     self._lib.jaxops_harness_target_handler.restype = ctypes.c_void_p
     self._lib.jaxops_harness_launches.restype = ctypes.c_ulonglong
+    self._lib.jaxops_harness_sparse_mmas.restype = ctypes.c_ulonglong
     self._lib.jaxops_harness_configure.argtypes = (ctypes.c_int, ctypes.c_ulonglong)
     self.targets = {}
     for i in range(self._lib.jaxops_harness_target_count()):
@@ -55,6 +56,10 @@ class Harness:
   def launches(self) -> int:
     """Kernel launches run so far (a test can check that the harness ran)."""
     return self._lib.jaxops_harness_launches()
+
+  def sparse_mmas(self) -> int:
+    """Emulated sparse tensor-core instructions (mma.sp) run so far."""
+    return self._lib.jaxops_harness_sparse_mmas()
 
   def configure(self, mode: str = "fibers", seed: int = 0) -> None:
     """Fibers or OS threads per CUDA thread; seed 0 runs threads and blocks in order."""

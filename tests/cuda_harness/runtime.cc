@@ -711,3 +711,17 @@ unsigned long long jaxops_harness_launches() {
 }
 
 }  // extern "C"
+
+// -- the sparse tensor-core emulation (include/sparse_mma_emulation.h) ----------------------
+
+namespace jaxops_harness {
+namespace {
+std::atomic<unsigned long long> g_sparse_mmas{0};
+}  // namespace
+void count_sparse_mma() { ++g_sparse_mmas; }
+}  // namespace jaxops_harness
+
+// Emulated mma.sp instructions so far (a test checks that a kernel took that path).
+extern "C" unsigned long long jaxops_harness_sparse_mmas() {
+  return jaxops_harness::g_sparse_mmas.load();
+}

@@ -3,7 +3,8 @@
 // entry points of the CUDA FFI handlers) in float32, bfloat16 and float16, and
 // checks every result against a double-precision reference built from the
 // packed layout's definition (params/sparse.h). Built under AddressSanitizer
-// and ThreadSanitizer by tests/test_cuda_harness_sparse_sanitizers.py: every
+// and ThreadSanitizer by tests/test_cuda_harness_sparse_sanitizers.py (the
+// bfloat16/float16 forward runs on the emulated sparse tensor cores): every
 // buffer is its own exact-size allocation, the metadata included (its last
 // byte half used when in / 4 is odd), so a read past any end is caught.
 //
@@ -68,13 +69,17 @@ void run_sparse(const params::SparseLinearShape& s, std::mt19937& rng) {
   Buffer<T> y(s.rows * s.out), y_no_bias(s.rows * s.out), dx(s.rows * s.in), dvalues(s.out * half);
   const std::vector<double> xh = randomize(x, rng), vh = randomize(values, rng),
                             bh = randomize(bias, rng), dyh = randomize(dy, rng);
-  // Two distinct positions per group, in index order, as compress makes them.
-  std::uniform_int_distribution<int> pick(0, 5);
+  // Mostly two distinct positions per group, in index order, as compress makes
+  // them; one group in 4 any two positions (descending, or one position twice:
+  // the values add), which the bfloat16/float16 tensor-core path must reorder
+  // and merge for the hardware.
+  std::uniform_int_distribution<int> pick(0, 5), position(0, 3), arbitrary(0, 3);
   const int pairs[6][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 3}};
   for (int64_t o = 0; o < s.out; ++o) {
     for (int64_t j = 0; j < mcols; ++j) metadata.data[o * mcols + j] = 0;
     for (int64_t g = 0; g < s.in / 4; ++g) {
-      const int* pair = pairs[pick(rng)];
+      int any_pair[2] = {position(rng), position(rng)};
+      const int* pair = arbitrary(rng) == 0 ? any_pair : pairs[pick(rng)];
       for (int slot = 0; slot < 2; ++slot) {
         const int64_t k = 2 * g + slot;
         metadata.data[o * mcols + k / 4] |= static_cast<uint8_t>(pair[slot] << (2 * (k % 4)));
