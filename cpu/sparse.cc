@@ -78,29 +78,156 @@ inline uint32_t metadata_word(const uint8_t* metadata_row, int64_t k) {
 }
 #endif
 
-// acc[r] += sum over the kept values k of one packed row: v[k] x[r, column(k)].
-// The AVX-512 steps expand x against the values (two-register permute)
-// instead of expanding the weight.
-template <int R>
-inline void packed_row_dot(const float* x, int64_t ldx, const float* v, const uint8_t* meta,
-                           int64_t half, float* acc) {
-  int64_t k = 0;
 #if defined(__AVX512F__)
-  __m512 sums[R];
-  for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_ps();
-  for (; k + kValuesPerStep <= half; k += kValuesPerStep) {
-    const __m512i index = permute_index(metadata_word(meta, k));
-    const __m512 values = _mm512_loadu_ps(v + k);
+// The AVX-512 GEMV. Expanding x against the values (a two-register permute per
+// 16 kept values and row of x) costs the same for every output row, so what
+// decides the speed is where x comes from: a row-at-a-time loop re-reads all
+// of x (128 KB at 8 rows of 4096) from L2 for every output row and ran at L2
+// bandwidth, below the dense dot. Here each OpenMP task owns a block of
+// output rows and walks k in chunks small enough that the chunk of x (every
+// row) stays in L1 while all outputs of the block read it; register blocks of
+// 2 outputs x up to 8 rows of x load each x vector once for two permutes.
+// Partial sums of the chunks stay 16 lanes wide in a per-task buffer and are
+// reduced once per output at the end.
+
+// Output rows per task: the task's partial sums (outputs x rows vectors) stay
+// in L1 next to the x chunk.
+constexpr int64_t kGemvBlockOuts = 16;
+// Floats of x (all rows) per k-chunk: 16 KB, a third of a 48 KB L1.
+constexpr int64_t kGemvChunkFloats = 4096;
+// Outputs per register block: two permutes share each loaded pair of x vectors.
+constexpr int kGemvOuts = 2;
+
+// The kept values per k-chunk for `rows` rows of x: whole vector steps, at
+// least 4 of them (so the partial sums' load and store stay a small share).
+inline int64_t gemv_chunk_values(int64_t rows) {
+  const int64_t fit = kGemvChunkFloats / (2 * rows) / kValuesPerStep * kValuesPerStep;
+  return std::max<int64_t>(fit, 4 * kValuesPerStep);
+}
+
+// sums[o][r] (= acc[o * acc_stride + r]) += the products of `steps` vector
+// steps of output row o's values v[o] (float32, at the chunk's first value)
+// with rows r of x (x at the chunk's first column, row stride ldx); meta[o] is
+// o's metadata at the chunk's first value.
+template <int R, int O>
+inline void gemv_chunk(const float* x, int64_t ldx, const float* const* v,
+                       const uint8_t* const* meta, int64_t steps, __m512* acc,
+                       int64_t acc_stride) {
+  __m512 sums[O][R];
+  for (int o = 0; o < O; ++o) {
+    for (int r = 0; r < R; ++r) sums[o][r] = _mm512_setzero_ps();
+  }
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t k = step * kValuesPerStep;
+    __m512i index[O];
+    __m512 values[O];
+    for (int o = 0; o < O; ++o) {
+      index[o] = permute_index(metadata_word(meta[o], k));
+      values[o] = _mm512_loadu_ps(v[o] + k);
+    }
     const float* xk = x + 2 * k;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 lo = _mm512_loadu_ps(xk + r * ldx), hi = _mm512_loadu_ps(xk + r * ldx + 16);
-      sums[r] = _mm512_fmadd_ps(values, _mm512_permutex2var_ps(lo, index, hi), sums[r]);
+      for (int o = 0; o < O; ++o) {
+        sums[o][r] = _mm512_fmadd_ps(values[o], _mm512_permutex2var_ps(lo, index[o], hi), sums[o][r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) acc[r] += _mm512_reduce_add_ps(sums[r]);
-#endif
-  for (; k < half; ++k) {
+  for (int o = 0; o < O; ++o) {
+    for (int r = 0; r < R; ++r) {
+      acc[o * acc_stride + r] = _mm512_add_ps(acc[o * acc_stride + r], sums[o][r]);
+    }
+  }
+}
+
+// gemv_chunk for R = 1 .. 8 rows of x, chosen at run time.
+template <int O>
+inline void gemv_chunk_rows(int rows, const float* x, int64_t ldx, const float* const* v,
+                            const uint8_t* const* meta, int64_t steps, __m512* acc,
+                            int64_t acc_stride) {
+  switch (rows) {
+#define JAXOPS_SPARSE_GEMV_CASE(R) \
+  case R:                          \
+    return gemv_chunk<R, O>(x, ldx, v, meta, steps, acc, acc_stride);
+    JAXOPS_SPARSE_GEMV_CASE(1)
+    JAXOPS_SPARSE_GEMV_CASE(2)
+    JAXOPS_SPARSE_GEMV_CASE(3)
+    JAXOPS_SPARSE_GEMV_CASE(4)
+    JAXOPS_SPARSE_GEMV_CASE(5)
+    JAXOPS_SPARSE_GEMV_CASE(6)
+    JAXOPS_SPARSE_GEMV_CASE(7)
+    JAXOPS_SPARSE_GEMV_CASE(8)
+#undef JAXOPS_SPARSE_GEMV_CASE
+    default:
+      return;
+  }
+}
+
+// y = x W^T + bias: every packed weight byte is read once for all rows of x.
+template <typename T>
+void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, const T* bias, T* y,
+                 SparseLinearShape s) {
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+  const int64_t vector_end = half / kValuesPerStep * kValuesPerStep;
+  const int64_t chunk = gemv_chunk_values(s.rows);
+  const int64_t blocks = (s.out + kGemvBlockOuts - 1) / kGemvBlockOuts;
+#pragma omp parallel
+  {
+    // acc[o * rows + r]: the 16-lane partial sums of the block's output o0 + o.
+    std::vector<__m512> acc(kGemvBlockOuts * s.rows);
+    // The register block's values of one chunk as float32 (unused for float).
+    std::vector<float> converted(kGemvOuts * chunk);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t o0 = b * kGemvBlockOuts, outs = std::min(kGemvBlockOuts, s.out - o0);
+      std::fill(acc.begin(), acc.begin() + outs * s.rows, _mm512_setzero_ps());
+      for (int64_t k0 = 0; k0 < vector_end; k0 += chunk) {
+        const int64_t kc = std::min(chunk, vector_end - k0), steps = kc / kValuesPerStep;
+        for (int64_t o = 0; o < outs; o += kGemvOuts) {
+          const int n = static_cast<int>(std::min<int64_t>(kGemvOuts, outs - o));
+          const float* v[kGemvOuts];
+          const uint8_t* meta[kGemvOuts];
+          for (int j = 0; j < n; ++j) {
+            const int64_t row = o0 + o + j;
+            v[j] = read_as_float(values + row * half + k0, kc, converted.data() + j * chunk);
+            meta[j] = metadata + row * mcols + k0 / 4;
+          }
+          for (int64_t r = 0; r < s.rows; r += kMaxGemvRows) {
+            const int rb = static_cast<int>(std::min<int64_t>(kMaxGemvRows, s.rows - r));
+            const float* xr = xf + r * s.in + 2 * k0;
+            __m512* a = acc.data() + o * s.rows + r;
+            if (n == kGemvOuts) {
+              gemv_chunk_rows<kGemvOuts>(rb, xr, s.in, v, meta, steps, a, s.rows);
+            } else {
+              gemv_chunk_rows<1>(rb, xr, s.in, v, meta, steps, a, s.rows);
+            }
+          }
+        }
+      }
+      for (int64_t o = 0; o < outs; ++o) {
+        const int64_t row = o0 + o;
+        const float b = bias ? to_float(bias[row]) : 0.f;
+        for (int64_t r = 0; r < s.rows; ++r) {
+          float sum = _mm512_reduce_add_ps(acc[o * s.rows + r]);
+          // The values past the last whole vector step (in not a multiple of 32).
+          for (int64_t k = vector_end; k < half; ++k) {
+            sum += to_float(values[row * half + k]) *
+                   xf[r * s.in + sparse_column(metadata + row * mcols, k)];
+          }
+          y[r * s.out + row] = from_float<T>(sum + b);
+        }
+      }
+    }
+  }
+}
+#else
+// acc[r] += sum over the kept values k of one packed row: v[k] x[r, column(k)]
+// (the builds without AVX-512; the loop is left to the compiler).
+template <int R>
+inline void packed_row_dot(const float* x, int64_t ldx, const float* v, const uint8_t* meta,
+                           int64_t half, float* acc) {
+  for (int64_t k = 0; k < half; ++k) {
     const int64_t col = sparse_column(meta, k);
     for (int r = 0; r < R; ++r) acc[r] += v[k] * x[r * ldx + col];
   }
@@ -150,6 +277,7 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
     }
   }
 }
+#endif
 
 // The dense product C[m, n] = A[m, K] B[K, n] with B given in packed sparse
 // form: each thread decompresses whole column panels of B (NB columns, all K
