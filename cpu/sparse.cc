@@ -76,27 +76,33 @@ inline uint32_t metadata_word(const uint8_t* metadata_row, int64_t k) {
   std::memcpy(&word, metadata_row + k / 4, sizeof(word));
   return word;
 }
+
 #endif
 
 #if defined(__AVX512F__)
 // The AVX-512 GEMV. Expanding x against the values (a two-register permute per
 // 16 kept values and row of x) costs the same for every output row, so what
-// decides the speed is where x comes from: a row-at-a-time loop re-reads all
-// of x (128 KB at 8 rows of 4096) from L2 for every output row and ran at L2
-// bandwidth, below the dense dot. Here each OpenMP task owns a block of
-// output rows and walks k in chunks small enough that the chunk of x (every
-// row) stays in L1 while all outputs of the block read it; register blocks of
-// 2 outputs x up to 8 rows of x load each x vector once for two permutes.
-// Partial sums of the chunks stay 16 lanes wide in a per-task buffer and are
-// reduced once per output at the end.
+// decides the speed is where x and the weight come from: a row-at-a-time loop
+// re-reads all of x (128 KB at 8 rows of 4096) from L2 for every output row
+// and ran at L2 bandwidth, below the dense dot at 8 rows. Here each OpenMP
+// task owns a block of output rows and walks k in chunks small enough that the
+// chunk of x (every row) stays in L1 while all outputs of the block read it;
+// register blocks of 3 outputs x 4 rows of x load each x vector once for
+// three permutes. Partial sums of the chunks stay 16 lanes wide in a per-task
+// buffer and are reduced once per output at the end. (Expanding the weight to
+// dense vectors with vexpandps instead of permuting x measured 3-4x slower on
+// Zen: the expand costs more than the permute it saves.)
 
-// Output rows per task: the task's partial sums (outputs x rows vectors) stay
-// in L1 next to the x chunk.
-constexpr int64_t kGemvBlockOuts = 16;
+// Output rows per task (a multiple of kGemvOuts): the task's partial sums
+// (outputs x rows vectors, 9 KB at 8 rows) stay in L1 next to the x chunk.
+constexpr int64_t kGemvBlockOuts = 18;
 // Floats of x (all rows) per k-chunk: 16 KB, a third of a 48 KB L1.
 constexpr int64_t kGemvChunkFloats = 4096;
-// Outputs per register block: two permutes share each loaded pair of x vectors.
-constexpr int kGemvOuts = 2;
+// Outputs x rows of x per register block (12 accumulators): kGemvOuts
+// permutes share each loaded pair of x vectors. 2 x 8 and 4 x 4 measured
+// 5-20% slower at 1-8 rows of 4096 (Zen 5, one thread).
+constexpr int kGemvOuts = 3;
+constexpr int kGemvRows = 4;
 
 // The kept values per k-chunk for `rows` rows of x: whole vector steps, at
 // least 4 of them (so the partial sums' load and store stay a small share).
@@ -105,13 +111,13 @@ inline int64_t gemv_chunk_values(int64_t rows) {
   return std::max<int64_t>(fit, 4 * kValuesPerStep);
 }
 
-// sums[o][r] (= acc[o * acc_stride + r]) += the products of `steps` vector
-// steps of output row o's values v[o] (float32, at the chunk's first value)
-// with rows r of x (x at the chunk's first column, row stride ldx); meta[o] is
-// o's metadata at the chunk's first value.
+// sums[o][r] (the 16 floats at acc + (o * acc_stride + r) * 16) += the
+// products of `steps` vector steps of output row o's values v[o] (float32, at
+// the chunk's first value) with rows r of x (x at the chunk's first column,
+// row stride ldx); meta[o] is o's metadata at the chunk's first value.
 template <int R, int O>
 inline void gemv_chunk(const float* x, int64_t ldx, const float* const* v,
-                       const uint8_t* const* meta, int64_t steps, __m512* acc,
+                       const uint8_t* const* meta, int64_t steps, float* acc,
                        int64_t acc_stride) {
   __m512 sums[O][R];
   for (int o = 0; o < O; ++o) {
@@ -136,7 +142,8 @@ inline void gemv_chunk(const float* x, int64_t ldx, const float* const* v,
   }
   for (int o = 0; o < O; ++o) {
     for (int r = 0; r < R; ++r) {
-      acc[o * acc_stride + r] = _mm512_add_ps(acc[o * acc_stride + r], sums[o][r]);
+      float* a = acc + (o * acc_stride + r) * kValuesPerStep;
+      _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), sums[o][r]));
     }
   }
 }
@@ -144,7 +151,7 @@ inline void gemv_chunk(const float* x, int64_t ldx, const float* const* v,
 // gemv_chunk for R = 1 .. 8 rows of x, chosen at run time.
 template <int O>
 inline void gemv_chunk_rows(int rows, const float* x, int64_t ldx, const float* const* v,
-                            const uint8_t* const* meta, int64_t steps, __m512* acc,
+                            const uint8_t* const* meta, int64_t steps, float* acc,
                             int64_t acc_stride) {
   switch (rows) {
 #define JAXOPS_SPARSE_GEMV_CASE(R) \
@@ -174,14 +181,15 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
   const int64_t blocks = (s.out + kGemvBlockOuts - 1) / kGemvBlockOuts;
 #pragma omp parallel
   {
-    // acc[o * rows + r]: the 16-lane partial sums of the block's output o0 + o.
-    std::vector<__m512> acc(kGemvBlockOuts * s.rows);
+    // acc + (o * rows + r) * 16: the 16-lane partial sums of output o0 + o
+    // and row r.
+    std::vector<float> acc(kGemvBlockOuts * s.rows * kValuesPerStep);
     // The register block's values of one chunk as float32 (unused for float).
     std::vector<float> converted(kGemvOuts * chunk);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t o0 = b * kGemvBlockOuts, outs = std::min(kGemvBlockOuts, s.out - o0);
-      std::fill(acc.begin(), acc.begin() + outs * s.rows, _mm512_setzero_ps());
+      std::fill(acc.begin(), acc.begin() + outs * s.rows * kValuesPerStep, 0.f);
       for (int64_t k0 = 0; k0 < vector_end; k0 += chunk) {
         const int64_t kc = std::min(chunk, vector_end - k0), steps = kc / kValuesPerStep;
         for (int64_t o = 0; o < outs; o += kGemvOuts) {
@@ -193,14 +201,28 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
             v[j] = read_as_float(values + row * half + k0, kc, converted.data() + j * chunk);
             meta[j] = metadata + row * mcols + k0 / 4;
           }
-          for (int64_t r = 0; r < s.rows; r += kMaxGemvRows) {
-            const int rb = static_cast<int>(std::min<int64_t>(kMaxGemvRows, s.rows - r));
+          // The chunk of the next register block's rows: each is a short
+          // stream of its own, which the hardware prefetchers pick up late
+          // (this prefetch measured 10-25% faster at 1-8 rows).
+          const int64_t next_end = std::min(o0 + o + 2 * kGemvOuts, s.out);
+          for (int64_t row = o0 + o + kGemvOuts; row < next_end; ++row) {
+            const char* p = reinterpret_cast<const char*>(values + row * half + k0);
+            for (int64_t byte = 0; byte < kc * int64_t{sizeof(T)}; byte += 64) {
+              _mm_prefetch(p + byte, _MM_HINT_T0);
+            }
+            _mm_prefetch(reinterpret_cast<const char*>(metadata + row * mcols + k0 / 4), _MM_HINT_T0);
+          }
+          for (int64_t r = 0; r < s.rows; r += kGemvRows) {
+            const int rb = static_cast<int>(std::min<int64_t>(kGemvRows, s.rows - r));
             const float* xr = xf + r * s.in + 2 * k0;
-            __m512* a = acc.data() + o * s.rows + r;
+            float* a = acc.data() + (o * s.rows + r) * kValuesPerStep;
             if (n == kGemvOuts) {
               gemv_chunk_rows<kGemvOuts>(rb, xr, s.in, v, meta, steps, a, s.rows);
             } else {
-              gemv_chunk_rows<1>(rb, xr, s.in, v, meta, steps, a, s.rows);
+              for (int j = 0; j < n; ++j) {
+                gemv_chunk_rows<1>(rb, xr, s.in, v + j, meta + j, steps,
+                                   a + j * s.rows * kValuesPerStep, s.rows);
+              }
             }
           }
         }
@@ -209,7 +231,7 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
         const int64_t row = o0 + o;
         const float b = bias ? to_float(bias[row]) : 0.f;
         for (int64_t r = 0; r < s.rows; ++r) {
-          float sum = _mm512_reduce_add_ps(acc[o * s.rows + r]);
+          float sum = _mm512_reduce_add_ps(_mm512_loadu_ps(acc.data() + (o * s.rows + r) * kValuesPerStep));
           // The values past the last whole vector step (in not a multiple of 32).
           for (int64_t k = vector_end; k < half; ++k) {
             sum += to_float(values[row * half + k]) *
