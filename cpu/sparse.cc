@@ -79,6 +79,28 @@ inline uint32_t metadata_word(const uint8_t* metadata_row, int64_t k) {
 
 #endif
 
+// Calls f(std::integral_constant<int, R>()) for R = rows, 1 .. kMaxGemvRows:
+// a register block's row count as a compile-time constant.
+template <typename F>
+inline void with_row_count(int rows, F&& f) {
+  switch (rows) {
+#define JAXOPS_SPARSE_ROW_COUNT(R) \
+  case R:                          \
+    return f(std::integral_constant<int, R>());
+    JAXOPS_SPARSE_ROW_COUNT(1)
+    JAXOPS_SPARSE_ROW_COUNT(2)
+    JAXOPS_SPARSE_ROW_COUNT(3)
+    JAXOPS_SPARSE_ROW_COUNT(4)
+    JAXOPS_SPARSE_ROW_COUNT(5)
+    JAXOPS_SPARSE_ROW_COUNT(6)
+    JAXOPS_SPARSE_ROW_COUNT(7)
+    JAXOPS_SPARSE_ROW_COUNT(8)
+#undef JAXOPS_SPARSE_ROW_COUNT
+    default:
+      return;
+  }
+}
+
 #if defined(__AVX512F__)
 // The AVX-512 GEMV. Expanding x against the values (a two-register permute per
 // 16 kept values and row of x) costs the same for every output row, so what
@@ -103,6 +125,7 @@ constexpr int64_t kGemvChunkFloats = 4096;
 // 5-20% slower at 1-8 rows of 4096 (Zen 5, one thread).
 constexpr int kGemvOuts = 3;
 constexpr int kGemvRows = 4;
+static_assert(kGemvBlockOuts % kGemvOuts == 0 && kGemvRows <= kMaxGemvRows);
 
 // The kept values per k-chunk for `rows` rows of x: whole vector steps, at
 // least 4 of them (so the partial sums' load and store stay a small share).
@@ -145,29 +168,6 @@ inline void gemv_chunk(const float* x, int64_t ldx, const float* const* v,
       float* a = acc + (o * acc_stride + r) * kValuesPerStep;
       _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), sums[o][r]));
     }
-  }
-}
-
-// gemv_chunk for R = 1 .. 8 rows of x, chosen at run time.
-template <int O>
-inline void gemv_chunk_rows(int rows, const float* x, int64_t ldx, const float* const* v,
-                            const uint8_t* const* meta, int64_t steps, float* acc,
-                            int64_t acc_stride) {
-  switch (rows) {
-#define JAXOPS_SPARSE_GEMV_CASE(R) \
-  case R:                          \
-    return gemv_chunk<R, O>(x, ldx, v, meta, steps, acc, acc_stride);
-    JAXOPS_SPARSE_GEMV_CASE(1)
-    JAXOPS_SPARSE_GEMV_CASE(2)
-    JAXOPS_SPARSE_GEMV_CASE(3)
-    JAXOPS_SPARSE_GEMV_CASE(4)
-    JAXOPS_SPARSE_GEMV_CASE(5)
-    JAXOPS_SPARSE_GEMV_CASE(6)
-    JAXOPS_SPARSE_GEMV_CASE(7)
-    JAXOPS_SPARSE_GEMV_CASE(8)
-#undef JAXOPS_SPARSE_GEMV_CASE
-    default:
-      return;
   }
 }
 
@@ -216,14 +216,16 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
             const int rb = static_cast<int>(std::min<int64_t>(kGemvRows, s.rows - r));
             const float* xr = xf + r * s.in + 2 * k0;
             float* a = acc.data() + (o * s.rows + r) * kValuesPerStep;
-            if (n == kGemvOuts) {
-              gemv_chunk_rows<kGemvOuts>(rb, xr, s.in, v, meta, steps, a, s.rows);
-            } else {
-              for (int j = 0; j < n; ++j) {
-                gemv_chunk_rows<1>(rb, xr, s.in, v + j, meta + j, steps,
-                                   a + j * s.rows * kValuesPerStep, s.rows);
+            with_row_count(rb, [&](auto rows) {
+              if (n == kGemvOuts) {
+                gemv_chunk<rows, kGemvOuts>(xr, s.in, v, meta, steps, a, s.rows);
+              } else {
+                for (int j = 0; j < n; ++j) {
+                  gemv_chunk<rows, 1>(xr, s.in, v + j, meta + j, steps,
+                                      a + j * s.rows * kValuesPerStep, s.rows);
+                }
               }
-            }
+            });
           }
         }
       }
@@ -263,20 +265,10 @@ inline void packed_row_dot_rows(const float* x, int64_t rows, int64_t ldx, const
   for (; r + kMaxGemvRows <= rows; r += kMaxGemvRows) {
     packed_row_dot<kMaxGemvRows>(x + r * ldx, ldx, v, meta, half, acc + r);
   }
-  switch (rows - r) {
-#define JAXOPS_SPARSE_GEMV_CASE(R) \
-  case R:                          \
-    return packed_row_dot<R>(x + r * ldx, ldx, v, meta, half, acc + r);
-    JAXOPS_SPARSE_GEMV_CASE(1)
-    JAXOPS_SPARSE_GEMV_CASE(2)
-    JAXOPS_SPARSE_GEMV_CASE(3)
-    JAXOPS_SPARSE_GEMV_CASE(4)
-    JAXOPS_SPARSE_GEMV_CASE(5)
-    JAXOPS_SPARSE_GEMV_CASE(6)
-    JAXOPS_SPARSE_GEMV_CASE(7)
-#undef JAXOPS_SPARSE_GEMV_CASE
-    default:
-      return;
+  if (r < rows) {
+    with_row_count(static_cast<int>(rows - r), [&](auto count) {
+      packed_row_dot<count>(x + r * ldx, ldx, v, meta, half, acc + r);
+    });
   }
 }
 
