@@ -188,6 +188,17 @@ def test_low_precision_forward_takes_the_sparse_tensor_cores(harness):
                  reduce_size=18)
 
 
+def test_gemv_blocks_chunks_and_any_metadata():
+  """The CPU GEMV's blocking: 13 rows (row blocks of 4 and a remainder), 20 outputs
+  (a block of 18 and a short one), 500 values per row (several k-chunks and a tail),
+  with random metadata bytes (repeated and descending positions included)."""
+  x = random_inputs(11, [(13, 1000)])[0]
+  values = random_inputs(12, [(20, 500)])[0]
+  metadata = jax.random.randint(jax.random.key(13), (20, 125), 0, 256).astype(jnp.uint8)
+  y = sparse.linear(x, sparse.SparseWeight(values, metadata, 1000))
+  assert_close(y, _reference(x, values, metadata), reduce_size=500)
+
+
 # -- linear: derivatives -------------------------------------------------------------
 
 DERIVATIVE_SHAPES = [((1, 4), 1), ((3, 12), 7), ((2, 5, 36), 9), ((20, 64), 19)]

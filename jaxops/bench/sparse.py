@@ -5,8 +5,10 @@ against ``x @ w_pruned.T`` (XLA's dense dot on the same values), in the same
 process. Decode-shaped calls (a few rows) are bound by reading the weight: GB/s
 there counts the weight bytes each implementation reads (packed values and
 metadata; the dense matrix), next to the machine's streaming read bandwidth
-measured in the same run (a large ``jnp.sum``). Prefill-shaped calls are
-compute-bound: GFLOP/s counts the dense product's 2 * rows * in * out.
+measured in the same run (a large ``jnp.sum``); "bound ms" is the time the
+packed weight takes to stream at that bandwidth, the floor of a decode-shaped
+call. Prefill-shaped calls are compute-bound: GFLOP/s counts the dense
+product's 2 * rows * in * out.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from jaxops.bench.timing import machine_line, time_jitted
 def _parse(argv):
   parser = argparse.ArgumentParser(prog="python -m jaxops.bench sparse", description=__doc__)
   parser.add_argument("--weight", default="11008x4096", help="out x in")
-  parser.add_argument("--rows", nargs="+", type=int, default=[1, 4, 8, 2048])
+  parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8, 2048])
   parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
   parser.add_argument("--runs", type=int, default=7)
   return parser.parse_args(argv)
@@ -45,7 +47,7 @@ def main(argv=()):
         f"w [{out}, {in_features}]; streaming read bandwidth (jnp.sum of 512 MiB): "
         f"{bandwidth:.1f} GB/s")
   print(f"{'x':<11} {'dtype':<9} {'sparse ms':>10} {'dense ms':>9} {'speed-up':>8} "
-        f"{'sparse GB/s':>11} {'dense GB/s':>10} {'of stream':>9} {'GFLOP/s':>8} "
+        f"{'sparse GB/s':>11} {'dense GB/s':>10} {'of stream':>9} {'bound ms':>8} {'GFLOP/s':>8} "
         f"{'weight MiB sparse/dense':>24}")
   for dtype_name in args.dtypes:
     dtype = jnp.dtype(dtype_name)
@@ -63,6 +65,7 @@ def main(argv=()):
       print(f"{rows}x{in_features:<6} {dtype_name:<9} {ours.median_ms:>10.2f} "
             f"{dense.median_ms:>9.2f} {dense.median_ms / ours.median_ms:>7.2f}x "
             f"{gbs(sparse_bytes, ours):>11.1f} {gbs(dense_bytes, dense):>10.1f} "
-            f"{gbs(sparse_bytes, ours) / bandwidth:>9.0%} {flops:>8.1f} "
+            f"{gbs(sparse_bytes, ours) / bandwidth:>9.0%} "
+            f"{sparse_bytes / (bandwidth * 1e9) * 1e3:>8.2f} {flops:>8.1f} "
             f"{sparse_bytes / 2**20:>11.1f} / {dense_bytes / 2**20:<10.1f}", flush=True)
   return 0
