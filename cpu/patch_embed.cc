@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/float_convert.h"
@@ -114,8 +115,16 @@ void patch_embed_fwd(const T* images, const T* kernel, const T* bias, const T* p
   const int64_t rows = s.batch * patches;
   advise_huge_pages(tokens, sizeof(T) * s.batch * n_tokens * dim);
   const bool bf16_dot = forward_uses_bf16_dot<T>(s);
-  const std::vector<float> packed =
-      bf16_dot ? std::vector<float>() : padded_float_copy(kernel, len, dim, ld);
+  // The float32 GEMM's B operand: a float32 kernel whose rows are whole SIMD
+  // vectors (ViT widths) is read in place; any other is copied once as float32
+  // with its rows padded. (The copy of ViT-B's kernel is 2.4 MB of freshly
+  // allocated memory per call.)
+  const bool kernel_in_place = std::is_same_v<T, float> && dim == ld;
+  const std::vector<float> packed = bf16_dot || kernel_in_place
+                                        ? std::vector<float>()
+                                        : padded_float_copy(kernel, len, dim, ld);
+  const float* kernel_f =
+      kernel_in_place ? reinterpret_cast<const float*>(kernel) : packed.data();
   std::vector<uint32_t> kernel_pairs(bf16_dot ? len / 2 * dim : 0);
 #if defined(JAXOPS_BF16_DOT)
   if (bf16_dot) {
@@ -123,28 +132,38 @@ void patch_embed_fwd(const T* images, const T* kernel, const T* bias, const T* p
                                    kernel_pairs.data());
   }
 #endif
-  std::vector<float> bias_f(dim, 0.0f);
+  std::vector<float> bias_f(dim, 0.0f), cls_row(s.has_cls ? dim : 0);
   if (s.has_bias) load_row(bias, bias_f.data(), dim);
-
   if (s.has_cls) {
     // Row 0 of every image: the class token plus pos[0].
-    std::vector<float> cls_row(dim);
     load_row(cls, cls_row.data(), dim);
-    RowBuffer<T> pos_row(dim), out_row(dim);
-    const float* pos0 = s.has_pos ? pos_row.read(pos, dim) : nullptr;
-    if (pos0) {
+    if (s.has_pos) {
+      RowBuffer<T> pos_row(dim);
+      const float* pos0 = pos_row.read(pos, dim);
       for (int64_t d = 0; d < dim; ++d) cls_row[d] += pos0[d];
     }
-    for (int64_t b = 0; b < s.batch; ++b) store_row(cls_row.data(), tokens + b * n_tokens * dim, dim);
   }
 
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
 #pragma omp parallel if (panels > 1)
   {
+    // The class-token rows are stored by both threads, not before the
+    // parallel region: each of them is on another page of the freshly
+    // allocated tokens, and their first-touch page faults are a serial
+    // fault-in of the whole output otherwise.
+    if (s.has_cls) {
+#pragma omp for schedule(static) nowait
+      for (int64_t b = 0; b < s.batch; ++b) {
+        store_row(cls_row.data(), tokens + b * n_tokens * dim, dim);
+      }
+    }
     std::vector<float> panel(bf16_dot ? 0 : kPanelRows * len), product(kPanelRows * ld);
     std::vector<uint32_t> pairs(bf16_dot ? kPanelRows * len / 2 : 0);
     RowBuffer<T> pos_row(dim);
-#pragma omp for schedule(static)
+    // Dynamic: a thread that takes more page faults, or is preempted on a
+    // shared machine, does fewer panels instead of holding the other one up
+    // at the end.
+#pragma omp for schedule(dynamic)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t first = p * kPanelRows, m = std::min(kPanelRows, rows - first);
       if (bf16_dot) {
@@ -153,7 +172,7 @@ void patch_embed_fwd(const T* images, const T* kernel, const T* bias, const T* p
 #endif
       } else {
         gather_patches(images, s, first, m, panel.data());
-        gemm<Update::kOverwrite>(m, ld, len, panel.data(), len, 1, packed.data(), ld,
+        gemm<Update::kOverwrite>(m, ld, len, panel.data(), len, 1, kernel_f, ld,
                                  product.data(), ld);
       }
       for (int64_t r = 0; r < m; ++r) {

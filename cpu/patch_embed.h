@@ -5,9 +5,10 @@
 // Forward: tokens[b, cls + n] = patch(b, n) . kernel + bias + pos[cls + n], and
 // tokens[b, 0] = cls + pos[0] with a class token. The GEMM's A panel (a few
 // dozen patch rows) is gathered straight from the image into a float32 buffer
-// (no im2col of the whole batch), the kernel is packed once as float32 with its
-// columns padded to the SIMD width, and the bias/pos epilogue is applied to the
-// product before the one store of each token.
+// (no im2col of the whole batch), the kernel is read in place when it is
+// float32 with whole SIMD vectors of columns (else copied once as float32, its
+// columns padded), and the bias/pos epilogue is applied to the product before
+// the one store of each token.
 //
 // Backward: dimages = dtokens . kernel^T scattered straight back into the
 // (non-overlapping) patches; dkernel = patches^T dtokens, per-thread float32

@@ -21,9 +21,11 @@ from jaxops import testing
 
 # (batch, height, width, channels, patch, dim): p = 1, 3, 16; C = 1, 3;
 # D = 1, 7, primes; H != W; a single patch and a single pixel; an even patch
-# length and D a multiple of 16 (bfloat16: the AVX512_BF16 path where the CPU has it).
+# length and D a multiple of 16 (bfloat16: the AVX512_BF16 path where the CPU has it;
+# float32: the kernel read in place); more patch rows than one 48-row panel, in
+# a partial last panel (60 rows), with class-token rows stored by both threads.
 CPU_CASES = [(1, 1, 1, 1, 1, 1), (2, 6, 9, 3, 3, 7), (3, 5, 10, 1, 5, 31),
-             (2, 32, 16, 3, 16, 17), (3, 8, 4, 2, 2, 48)]
+             (2, 32, 16, 3, 16, 17), (3, 8, 4, 2, 2, 48), (5, 28, 21, 2, 7, 32)]
 # CUDA: more than one 64-row tile of patches (2 x 7 x 5 = 70), a patch longer
 # than a 64-column tile (3 x 3 x 8 = 72), D past one tile (67).
 HARNESS_CASES = [(1, 1, 1, 1, 1, 1), (2, 21, 15, 1, 3, 7), (1, 6, 3, 8, 3, 67)]
@@ -69,7 +71,8 @@ def _reduce_size(case):
 # Low precision on the cases that take the bf16 dot-product path (even patch
 # length, D a multiple of 16) and a CUDA case past one tile.
 @backends.parametrize("case,dtype", {
-    backends.CPU: backends.with_dtypes([(c,) for c in CPU_CASES], [(CPU_CASES[1],), (CPU_CASES[4],)]),
+    backends.CPU: backends.with_dtypes([(c,) for c in CPU_CASES],
+                                     [(CPU_CASES[1],), (CPU_CASES[4],), (CPU_CASES[5],)]),
     backends.HARNESS: backends.with_dtypes([(c,) for c in HARNESS_CASES], [(HARNESS_CASES[2],)])})
 def test_forward_matches_reference(backend, case, dtype):
   args, p = make_args(0, case, dtype)

@@ -27,6 +27,8 @@ def _parse(argv):
   parser.add_argument("--patch", type=int, default=16)
   parser.add_argument("--dim", type=int, default=768)
   parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+  parser.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"],
+                      choices=["fwd", "fwd+bwd"], help="e.g. --passes fwd: the forward alone")
   parser.add_argument("--runs", type=int, default=7)
   return parser.parse_args(argv)
 
@@ -49,7 +51,7 @@ def main(argv=()):
       dy = jnp.ones((b, tokens, d), dtype)
       size = lambda *arrays: sum(a.size for a in arrays) * dtype.itemsize
       moved = {"fwd": size(*operands, dy), "fwd+bwd": 2 * size(*operands) + 2 * size(dy)}
-      for pass_name in ("fwd", "fwd+bwd"):
+      for pass_name in args.passes:
         ours, xla = time_against_xla(
             lambda impl: forward_or_backward(
                 pass_name, lambda i, k, bias, pos, cls: jaxops.patch_embed(
