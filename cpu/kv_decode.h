@@ -676,8 +676,9 @@ inline float finish_decode_row(const DecodeShape& shape, const DecodeState& st, 
 // group, each kv head's rows would be K * H elements apart: a new page every
 // row or few, where those prefetchers stop, and software prefetch alone
 // keeps too few lines in flight to reach the memory's bandwidth (measured,
-// one core, f32, head_dim 128, 8 kv heads: see BENCHMARKS.md, "Decode, second
-// pass").
+// one core, f32, head_dim 128, 8 kv heads: moving the software prefetch one
+// or three tiles ahead, or spreading it, changed nothing; BENCHMARKS.md,
+// "Decode, second pass").
 
 // Key splits per bundle: enough work items for every thread (two each) when
 // the bundles alone are too few, never splits shorter than kMinKeysPerSplit
@@ -695,8 +696,12 @@ inline int64_t whole_bundle(int64_t groups, int64_t bundle) {
 }
 
 // The bundle run_decode uses: whole_bundle, or 1 for rows on the bf16 dot
-// path, which bundles made slower (measured, one core, interleaved runs:
-// paged bf16 1.15x the time, dense bf16 even; float32 0.9x, int8 0.9-1.05x).
+// path. Measured on one core (thread CPU time, interleaved runs against the
+// core without bundles, a shared machine at load 10-18, so +-15% noise):
+// float32 0.89-0.97x the time in every run; paged bf16 1.14-1.16x in the
+// first, which is why the bf16 dot path keeps the group-by-group order (a
+// later run saw the same 1.15x without bundles: to be re-measured on a quiet
+// machine); int8 0.89-1.21x, within the noise.
 // Either way within the workspace sized for whole_bundle: a smaller bundle
 // needs less scratch and no more key splits.
 template <typename Element>
