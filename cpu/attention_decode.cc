@@ -7,10 +7,9 @@
 //
 // Without a bias or mask operand the pass is the decode core's
 // (cpu/kv_decode.h: every (sequence, kv head) a group of T * G rows, each with
-// its own key interval; a sequence's kv heads run as one bundle, tile by tile,
-// so the cache is read in address order; keys split across threads when the
-// sequences are fewer than the threads); with one, decode_kv_head below, which
-// reads the operands per row.
+// its own key interval, keys split across threads when the groups are fewer
+// than the threads); with one, decode_kv_head below, which reads the operands
+// per row.
 #include "cpu/attention.h"
 
 #include <algorithm>
@@ -204,7 +203,7 @@ size_t decode_fwd_workspace_bytes(const AttentionParams& p) {
   const Geometry g(p);
   if (uses_decode_core(p)) {
     return kv_decode::decode_workspace_bytes(g.B * g.K, decode_core_shape(p, g), g.S,
-                                             thread_count(p), g.K);
+                                             thread_count(p));
   }
   return row_tile_workspace_bytes(p, [&](Arena& arena) { return carve_decode(g, arena); });
 }
@@ -215,9 +214,8 @@ void decode_fwd(const AttentionParams& p, const T* q, const T* k, const T* v, T*
   const Geometry g(p);
   if (uses_decode_core(p)) {
     const DenseDecodeGroups<T> groups{g, q, k, v, out, lse};
-    // A sequence's kv heads in one bundle: their rows of key j are adjacent.
     kv_decode::run_decode(groups, g.B * g.K, decode_core_shape(p, g), g.S, thread_count(p),
-                          workspace, g.K);
+                          workspace);
     return;
   }
   // One row tile per kv head: its T * G rows fit in kLanes.

@@ -11,11 +11,8 @@
 // (-inf while no key was attended), the sum l of exp2(x - m) and the
 // unnormalised output o = sum exp2(x - m) v. Partial states over disjoint key
 // ranges merge exactly (merge_decode_state), which lets the keys of one
-// sequence be split across threads when there are fewer sequences than
-// threads (batch 1).
-//
-// Bundles. The kv heads of one sequence run together in one work item, tile
-// by tile (run_decode below), so the cache is read in address order.
+// (sequence, kv head) be split across threads when there are fewer of those
+// than threads (batch 1).
 //
 // Reading each row once: a tile of kDecodeKeyTile keys is read and every query
 // row's scores against it computed while it is in the L1 cache (a dot product
@@ -80,7 +77,6 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 #include "cpu/attention_tiles.h"
 #include "cpu/float_convert.h"
@@ -187,32 +183,24 @@ inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, Arena& are
   return s;
 }
 
-// The fields of one group's problem (queries, key intervals, state) into s;
-// the tile buffers stay as they are, shared by the groups of a bundle.
-inline void carve_group_part(int64_t rows, int64_t head_dim, Arena& arena, DecodeScratch* s) {
-  const int64_t Hp = decode_padded_dim(head_dim);
-  const int64_t Rp = rows_along_lanes(rows) ? round_up(rows, kLanes) : 0;
-  s->q = arena.take<float>(rows * Hp);
-  s->q_pairs = arena.take<uint32_t>(rows * (head_dim / 2));
-  s->q_t = arena.take<float>(head_dim * Rp);
-  s->q_pairs_t = arena.take<uint32_t>(head_dim / 2 * Rp);
-  s->key_begin = arena.take<int64_t>(rows);
-  s->key_end = arena.take<int64_t>(rows);
-  s->state = carve_decode_state(rows, head_dim, arena);
-}
-
 inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, Arena& arena) {
   const int64_t Hp = decode_padded_dim(head_dim), Bc = kDecodeKeyTile;
   DecodeScratch s;
-  carve_group_part(rows, head_dim, arena, &s);
+  s.q = arena.take<float>(rows * Hp);
+  s.q_pairs = arena.take<uint32_t>(rows * (head_dim / 2));
   const int64_t Rp = rows_along_lanes(rows) ? round_up(rows, kLanes) : 0;
+  s.q_t = arena.take<float>(head_dim * Rp);
+  s.q_pairs_t = arena.take<uint32_t>(head_dim / 2 * Rp);
   s.scores_t = arena.take<float>(Bc * Rp);
+  s.key_begin = arena.take<int64_t>(rows);
+  s.key_end = arena.take<int64_t>(rows);
   s.scores = arena.take<float>(rows * Bc);
   s.p_bf16 = arena.take<uint16_t>(rows * Bc);
   s.k_rows = arena.take<float>(Bc * Hp);
   s.v_rows = arena.take<float>(Bc * Hp);
   s.v_pairs = arena.take<uint32_t>(Bc / 2 * head_dim);
   s.out_row = arena.take<float>(Hp);
+  s.state = carve_decode_state(rows, head_dim, arena);
   return s;
 }
 
@@ -471,13 +459,10 @@ int64_t uniform_tile_length(const Source& src, int64_t j0, int64_t n) {
 // Accumulates keys [j_begin, j_end) (each row limited to its own interval in
 // s.key_begin/key_end) into st, which reset_decode_state (or an earlier call
 // over other keys) set. s.q holds the rows' queries (padded); with the bf16
-// dot path prepare_decode_queries must have packed them. The rows of the
-// tile after each one are prefetched while it is computed, up to
-// prefetch_end (>= j_end: a caller going through a longer range one tile at
-// a time passes that range's end; never past the source's keys).
+// dot path prepare_decode_queries must have packed them.
 template <typename Source>
 void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, int64_t j_end,
-                 const DecodeScratch& s, const DecodeState& st, int64_t prefetch_end) {
+                 const DecodeScratch& s, const DecodeState& st) {
   using Element = typename Source::Element;
   const int64_t R = shape.rows, H = shape.head_dim, Hp = decode_padded_dim(H);
   const int64_t Bc = kDecodeKeyTile;
@@ -490,7 +475,6 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
       last = std::max(last, s.key_end[i]);
     }
   }
-  const int64_t ahead_end = std::min(last, prefetch_end);
   first = std::max(first, j_begin);
   last = std::min(last, j_end);
 
@@ -504,7 +488,7 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
     const int64_t width = round_up(jn, kLanes);
     // The next tile's rows, asked for now: each row of a kv head is often a
     // page or more from the previous one, where hardware prefetchers stop.
-    for (int64_t j = j0 + jn; j < std::min(ahead_end, j0 + jn + Bc); ++j) {
+    for (int64_t j = j0 + jn; j < std::min(last, j0 + jn + Bc); ++j) {
       const char* kr = reinterpret_cast<const char*>(src.key(j));
       const char* vr = reinterpret_cast<const char*>(src.value(j));
       for (int64_t at = 0; at < H * static_cast<int64_t>(sizeof(Element)); at += 64) {
@@ -666,68 +650,22 @@ inline float finish_decode_row(const DecodeShape& shape, const DecodeState& st, 
 
 // ---------------------------------------------------------------------------
 // The parallel driver: `groups` independent problems of one shape.
-//
-// Bundles. Groups g = u * bundle + m (m < bundle) form bundle u: the kv heads
-// of one sequence, whose rows for key j lie next to each other in the cache
-// ([S, K, H] dense, [page, K, H] paged). One work item runs a bundle's groups
-// tile by tile (every group's tile of keys j0 .. j0 + kDecodeKeyTile before
-// the next tile of any), so the cache is read in address order, whole 4 KiB
-// pages at a time, which the hardware stream prefetchers follow. Group by
-// group, each kv head's rows would be K * H elements apart: a new page every
-// row or few, where those prefetchers stop, and software prefetch alone
-// keeps too few lines in flight to reach the memory's bandwidth (measured,
-// one core, f32, head_dim 128, 8 kv heads: moving the software prefetch one
-// or three tiles ahead, or spreading it, changed nothing; BENCHMARKS.md,
-// "Decode, second pass").
 
-// Key splits per bundle: enough work items for every thread (two each) when
-// the bundles alone are too few, never splits shorter than kMinKeysPerSplit
+// Key splits per group: enough work items for every thread (two each) when
+// the groups alone are too few, never splits shorter than kMinKeysPerSplit
 // keys of max_keys (the longest key range a group can have). Depends on the
 // shape and the thread count only, so the results do too (deterministic).
-inline int64_t decode_key_splits(int64_t bundles, int64_t max_keys, int threads) {
-  if (threads <= 1 || bundles <= 0 || bundles >= 2 * static_cast<int64_t>(threads)) return 1;
-  const int64_t wanted = ceil_div(2 * static_cast<int64_t>(threads), bundles);
+inline int64_t decode_key_splits(int64_t groups, int64_t max_keys, int threads) {
+  if (threads <= 1 || groups <= 0 || groups >= 2 * static_cast<int64_t>(threads)) return 1;
+  const int64_t wanted = ceil_div(2 * static_cast<int64_t>(threads), groups);
   return std::max<int64_t>(1, std::min(wanted, max_keys / kMinKeysPerSplit));
 }
 
-// `bundle` when it divides the groups, else 1.
-inline int64_t whole_bundle(int64_t groups, int64_t bundle) {
-  return bundle > 1 && groups % bundle == 0 ? bundle : 1;
-}
-
-// The bundle run_decode uses: whole_bundle, or 1 for rows on the bf16 dot
-// path. Measured on one core (thread CPU time, interleaved runs against the
-// core without bundles, a shared machine at load 10-18, so +-15% noise):
-// float32 0.89-0.97x the time in every run; paged bf16 1.14-1.16x in the
-// first, which is why the bf16 dot path keeps the group-by-group order (a
-// later run saw the same 1.15x without bundles: to be re-measured on a quiet
-// machine); int8 0.89-1.21x, within the noise.
-// Either way within the workspace sized for whole_bundle: a smaller bundle
-// needs less scratch and no more key splits.
-template <typename Element>
-inline int64_t decode_bundle(int64_t groups, const DecodeShape& shape, int64_t bundle) {
-  if (decode_uses_bf16_dot<Element>(shape.head_dim)) return 1;
-  return whole_bundle(groups, bundle);
-}
-
-// One thread's scratch: a full scratch and the group parts of the other
-// members of a bundle.
-inline void carve_thread_scratch(const DecodeShape& shape, int64_t bundle, Arena& arena,
-                                 DecodeScratch* members) {
-  members[0] = carve_decode_scratch(shape.rows, shape.head_dim, arena);
-  for (int64_t m = 1; m < bundle; ++m) {
-    members[m] = members[0];
-    carve_group_part(shape.rows, shape.head_dim, arena, &members[m]);
-  }
-}
-
 inline size_t decode_workspace_bytes(int64_t groups, const DecodeShape& shape,
-                                     int64_t max_keys, int threads, int64_t bundle = 1) {
-  bundle = whole_bundle(groups, bundle);
+                                     int64_t max_keys, int threads) {
   Arena arena(nullptr);
-  std::vector<DecodeScratch> members(static_cast<size_t>(bundle));
-  for (int t = 0; t < threads; ++t) carve_thread_scratch(shape, bundle, arena, members.data());
-  const int64_t splits = decode_key_splits(groups / bundle, max_keys, threads);
+  for (int t = 0; t < threads; ++t) carve_decode_scratch(shape.rows, shape.head_dim, arena);
+  const int64_t splits = decode_key_splits(groups, max_keys, threads);
   if (splits > 1) {
     for (int64_t p = 0; p < groups * splits; ++p) carve_decode_state(shape.rows, shape.head_dim, arena);
   }
@@ -736,43 +674,32 @@ inline size_t decode_workspace_bytes(int64_t groups, const DecodeShape& shape,
 
 // Runs every group on `threads` OpenMP threads with the workspace
 // decode_workspace_bytes gave for the same arguments. max_keys bounds every
-// row's key_end (the source's key count; every key below it is valid in every
-// source). A split group's partial states are merged in key order by one
-// thread: the result does not depend on which thread ran which split.
+// row's key_end (the source's key count). A split group's partial states are
+// merged in key order by one thread: the result does not depend on which
+// thread ran which split.
 template <typename Groups>
 void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shape,
-                int64_t max_keys, int threads, void* workspace, int64_t bundle = 1) {
+                int64_t max_keys, int threads, void* workspace) {
   using Source = typename Groups::Source;
   using Element = typename Source::Element;
-  bundle = decode_bundle<Element>(groups, shape, bundle);
-  const int64_t bundles = groups / bundle;
-  const int64_t splits = decode_key_splits(bundles, max_keys, threads);
+  const int64_t splits = decode_key_splits(groups, max_keys, threads);
   const int64_t R = shape.rows, Hp = decode_padded_dim(shape.head_dim);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<DecodeScratch> members(static_cast<size_t>(bundle));
-    std::vector<Source> sources(static_cast<size_t>(bundle));
-    std::vector<DecodeState> states(static_cast<size_t>(bundle));
     Arena arena(workspace);
-    for (int t = 0; t <= omp_get_thread_num(); ++t) {
-      carve_thread_scratch(shape, bundle, arena, members.data());
-    }
-    const DecodeScratch& s = members[0];
-    // The partial states follow every thread's scratch (carved into a copy,
-    // for the offset only).
+    DecodeScratch s = carve_decode_scratch(R, shape.head_dim, arena);
+    for (int t = 0; t < omp_get_thread_num(); ++t) s = carve_decode_scratch(R, shape.head_dim, arena);
+    // The partial states follow every thread's scratch.
     Arena partials(workspace);
-    std::vector<DecodeScratch> others(static_cast<size_t>(bundle));
-    for (int t = 0; t < omp_get_num_threads(); ++t) {
-      carve_thread_scratch(shape, bundle, partials, others.data());
-    }
+    for (int t = 0; t < omp_get_num_threads(); ++t) carve_decode_scratch(R, shape.head_dim, partials);
     Arena measure(nullptr);
     carve_decode_state(R, shape.head_dim, measure);
     const size_t state_bytes = measure.used();  // a multiple of 64
     // partials.used() counts from the workspace with its alignment, so every
     // state starts 64-byte aligned and Arena adds no padding there.
     char* const first_state = static_cast<char*>(workspace) + partials.used();
-    auto partial = [&](int64_t index) {
-      Arena at(first_state + static_cast<size_t>(index) * state_bytes);
+    auto partial = [&](int64_t item) {
+      Arena at(first_state + static_cast<size_t>(item) * state_bytes);
       return carve_decode_state(R, shape.head_dim, at);
     };
     auto store_rows = [&](int64_t g, const DecodeState& st) {
@@ -782,42 +709,31 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
       }
     };
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < bundles * splits; ++item) {
-      const int64_t u = item / splits, split = item % splits;
-      // The bundle's union interval.
+    for (int64_t item = 0; item < groups * splits; ++item) {
+      const int64_t g = item / splits, split = item % splits;
+      const Source src = groups_fn.setup(g, s.q, Hp, s.key_begin, s.key_end);
+      for (int64_t i = 0; i < R; ++i) {
+        std::fill(s.q + i * Hp + shape.head_dim, s.q + (i + 1) * Hp, 0.0f);
+        s.key_begin[i] = std::clamp<int64_t>(s.key_begin[i], 0, max_keys);
+        s.key_end[i] = std::clamp<int64_t>(s.key_end[i], 0, max_keys);
+      }
+      prepare_decode_queries<Element>(shape, s);
+      // This split's share of the group's union interval, in whole tiles.
       int64_t first = max_keys, last = 0;
-      for (int64_t m = 0; m < bundle; ++m) {
-        const DecodeScratch& sm = members[m];
-        sources[m] = groups_fn.setup(u * bundle + m, sm.q, Hp, sm.key_begin, sm.key_end);
-        for (int64_t i = 0; i < R; ++i) {
-          std::fill(sm.q + i * Hp + shape.head_dim, sm.q + (i + 1) * Hp, 0.0f);
-          sm.key_begin[i] = std::clamp<int64_t>(sm.key_begin[i], 0, max_keys);
-          sm.key_end[i] = std::clamp<int64_t>(sm.key_end[i], 0, max_keys);
-          if (sm.key_begin[i] < sm.key_end[i]) {
-            first = std::min(first, sm.key_begin[i]);
-            last = std::max(last, sm.key_end[i]);
-          }
+      for (int64_t i = 0; i < R; ++i) {
+        if (s.key_begin[i] < s.key_end[i]) {
+          first = std::min(first, s.key_begin[i]);
+          last = std::max(last, s.key_end[i]);
         }
-        prepare_decode_queries<Element>(shape, sm);
       }
       if (first > last) first = last = 0;
-      // This split's share of the union interval, in whole tiles.
       const int64_t per = round_up(ceil_div(last - first, splits), kDecodeKeyTile);
       const int64_t j_begin = std::min(last, first + split * per);
       const int64_t j_end = std::min(last, j_begin + per);
-      for (int64_t m = 0; m < bundle; ++m) {
-        states[m] = splits > 1 ? partial((u * bundle + m) * splits + split) : members[m].state;
-        reset_decode_state(shape, states[m]);
-      }
-      for (int64_t j0 = j_begin; j0 < j_end; j0 += kDecodeKeyTile) {
-        const int64_t j1 = std::min(j_end, j0 + kDecodeKeyTile);
-        for (int64_t m = 0; m < bundle; ++m) {
-          decode_keys(shape, sources[m], j0, j1, members[m], states[m], j_end);
-        }
-      }
-      if (splits == 1) {
-        for (int64_t m = 0; m < bundle; ++m) store_rows(u * bundle + m, states[m]);
-      }
+      const DecodeState st = splits > 1 ? partial(item) : s.state;
+      reset_decode_state(shape, st);
+      decode_keys(shape, src, j_begin, j_end, s, st);
+      if (splits == 1) store_rows(g, st);
     }
     if (splits > 1) {
 #pragma omp for schedule(static)

@@ -4,12 +4,10 @@
 // jaxops.attention's decode path: one group per (sequence, kv head) holds the
 // T * G query rows of that kv head (GQA: the group's heads read every K/V row
 // once), each row limited to its own key interval (causal at the end of the
-// sequence, left window); a sequence's kv heads run as one bundle, tile by
-// tile, so each page is read whole and in order; the core splits a
-// sequence's keys across threads when there are fewer sequences than threads
-// (batch 1) and merges the partial softmax states deterministically. What
-// is paged is the row source: key j of a sequence is read through its block
-// table, page ids clamped.
+// sequence, left window); the core splits a group's keys across threads when
+// there are fewer groups than threads (batch 1) and merges the partial
+// softmax states deterministically. What is paged is the row source: key j of
+// a sequence is read through its block table, page ids clamped.
 #include "cpu/paged_attention.h"
 
 #include <omp.h>
@@ -27,6 +25,7 @@ namespace jaxops::cpu {
 namespace {
 
 using params::paged_kv_len;
+using params::paged_page_id;
 using params::paged_query_len;
 using params::paged_slot_valid;
 
@@ -42,33 +41,16 @@ struct PagedKvRows {
   int64_t b;
   int64_t kh;
 
-  // log2(page_size) when it is a power of two (the usual case), else -1. The
-  // core asks for a few rows per key (pointers, scales, prefetches): with a
-  // 64-bit division each, the int8 pages took ~15% longer (one core, page 16,
-  // cache-resident).
-  int page_shift;
-
-  static int shift_of(int64_t page_size) {
-    if (page_size <= 0 || (page_size & (page_size - 1)) != 0) return -1;
-    int shift = 0;
-    while ((int64_t{1} << shift) < page_size) ++shift;
-    return shift;
-  }
-  int64_t page_of(int64_t j) const { return page_shift >= 0 ? j >> page_shift : j / p->page_size; }
   // Row (page, offset, kh) of the [P, page_size, K] rows.
   int64_t row(int64_t j) const {
-    const int64_t page = page_of(j), offset = j - page * p->page_size;
-    // The page id clamped into the pool, as params::paged_page_id does.
-    const int64_t id = std::clamp<int64_t>(p->block_tables[b * p->max_pages_per_seq + page], 0,
-                                           p->num_pages - 1);
-    return (id * p->page_size + offset) * p->num_kv_heads + kh;
+    return (paged_page_id(*p, b, j) * p->page_size + j % p->page_size) * p->num_kv_heads + kh;
   }
   const KV* key(int64_t j) const { return k + row(j) * p->head_dim; }
   const KV* value(int64_t j) const { return v + row(j) * p->head_dim; }
   float key_scale(int64_t j) const { return p->key_scales[row(j)]; }
   float value_scale(int64_t j) const { return p->value_scales[row(j)]; }
   int64_t uniform_stride(int64_t j, int64_t n) const {
-    const bool one_page = page_of(j) == page_of(j + n - 1);
+    const bool one_page = j / p->page_size == (j + n - 1) / p->page_size;
     return one_page ? p->num_kv_heads * p->head_dim : 0;
   }
 };
@@ -100,7 +82,7 @@ struct PagedDecodeGroups {
       begin[i] = !valid || p.window_left < 0 ? 0 : std::max<int64_t>(0, position - p.window_left);
       end[i] = valid ? position + 1 : 0;
     }
-    return Source{&p, key_pages, value_pages, b, kh, Source::shift_of(p.page_size)};
+    return Source{&p, key_pages, value_pages, b, kh};
   }
 
   void store(int64_t group, int64_t i, const float* row, float lse) const {
@@ -150,12 +132,10 @@ void paged_attention_fwd(const PagedAttentionParams& p, const Q* query, const KV
   shape.soft_cap = p.logits_soft_cap;
   const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
   const int64_t max_keys = p.max_pages_per_seq * p.page_size;
-  // A sequence's kv heads in one bundle: a page holds their rows side by side.
-  const int64_t bundle = p.num_kv_heads;
   std::vector<unsigned char> workspace(
-      kv_decode::decode_workspace_bytes(groups, shape, max_keys, threads, bundle));
+      kv_decode::decode_workspace_bytes(groups, shape, max_keys, threads));
   const PagedDecodeGroups<Q, KV> paged{p, query, key_pages, value_pages, out, logsumexp};
-  kv_decode::run_decode(paged, groups, shape, max_keys, threads, workspace.data(), bundle);
+  kv_decode::run_decode(paged, groups, shape, max_keys, threads, workspace.data());
 }
 
 template <typename Src, typename Page>

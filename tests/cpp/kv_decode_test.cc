@@ -4,8 +4,7 @@
 // uniformly strided only inside a page), int8 rows with per-row scales, the
 // logits soft cap, empty and partial per-row key intervals, and key splits
 // across threads (one group on four threads) with their merge, which must be
-// deterministic; groups run in bundles (tile by tile together), alone and
-// with key splits; few rows (a dot product per row and key) and a full vector
+// deterministic; few rows (a dot product per row and key) and a full vector
 // of rows (products with the rows along the lanes). Every element type
 // (float, bfloat16: the AVX512_BF16 dot path where the CPU has it, float16,
 // int8). Prints "ALL PASSED" and exits 0
@@ -66,7 +65,6 @@ struct Case {
   int64_t groups, rows, keys, H, page_size;
   float soft_cap;
   int threads;
-  int64_t bundle = 1;  // groups run together tile by tile (run_decode's bundle)
 };
 
 template <typename E>
@@ -148,12 +146,11 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
 
   std::vector<float> out(c.groups * c.rows * c.H), lse(c.groups * c.rows);
   std::vector<float> out2 = out, lse2 = lse;
-  std::vector<char> workspace(
-      kd::decode_workspace_bytes(c.groups, shape, c.keys, c.threads, c.bundle));
+  std::vector<char> workspace(kd::decode_workspace_bytes(c.groups, shape, c.keys, c.threads));
   const Groups<E> groups{c, q, begin, end, sources, &out, &lse};
-  kd::run_decode(groups, c.groups, shape, c.keys, c.threads, workspace.data(), c.bundle);
+  kd::run_decode(groups, c.groups, shape, c.keys, c.threads, workspace.data());
   const Groups<E> again{c, q, begin, end, sources, &out2, &lse2};
-  kd::run_decode(again, c.groups, shape, c.keys, c.threads, workspace.data(), c.bundle);
+  kd::run_decode(again, c.groups, shape, c.keys, c.threads, workspace.data());
 
   double worst = 0.0;
   bool ok = std::memcmp(out.data(), out2.data(), out.size() * sizeof(float)) == 0 &&
@@ -195,11 +192,10 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
     }
   }
   ok = ok && worst <= tol;
-  std::printf("%s %-8s groups=%ld rows=%ld keys=%ld H=%ld page=%ld cap=%g threads=%d bundle=%ld: "
-              "max err %.2e\n",
+  std::printf("%s %-8s groups=%ld rows=%ld keys=%ld H=%ld page=%ld cap=%g threads=%d: max err %.2e\n",
               ok ? "ok  " : "FAIL", type, static_cast<long>(c.groups), static_cast<long>(c.rows),
               static_cast<long>(c.keys), static_cast<long>(c.H), static_cast<long>(c.page_size),
-              c.soft_cap, c.threads, static_cast<long>(c.bundle), worst);
+              c.soft_cap, c.threads, worst);
   if (!ok) ++failures;
 }
 
@@ -229,7 +225,7 @@ void nan_case() {
 int main() {
   std::mt19937 rng(7);
   const Case cases[] = {
-      // groups, rows, keys, H, page, cap, threads[, bundle]
+      // groups, rows, keys, H, page, cap, threads
       {3, 4, 77, 128, 16, 0.0f, 2},    // tiles cross pages: converted rows
       {2, 12, 300, 64, 64, 0.0f, 2},   // tiles inside pages: rows read in place
       {1, 4, 1000, 128, 32, 0.0f, 4},  // one group, keys split across 4 threads
@@ -237,9 +233,6 @@ int main() {
       {2, 1, 1, 17, 1, 5.0f, 1},       // one key, odd head_dim
       {5, 3, 45, 20, 8, 0.0f, 3},
       {2, 16, 200, 64, 8, 0.0f, 2},    // rows along the lanes, tiles crossing pages
-      {6, 4, 300, 128, 16, 0.0f, 2, 3},  // bundles of 3 groups, one per thread
-      {4, 2, 700, 64, 32, 0.0f, 4, 4},   // one bundle, its keys split across 4 threads
-      {5, 3, 90, 32, 16, 0.0f, 2, 2},    // 2 does not divide 5: no bundles
   };
   for (const Case& c : cases) {
     run_case<float>(c, "float32", 2e-5, rng);
