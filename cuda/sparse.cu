@@ -200,21 +200,24 @@ cudaError_t sparse_linear_fwd(cudaStream_t stream, const T* x, const T* values,
                               const uint8_t* metadata, const T* bias, T* y,
                               SparseLinearShape shape) {
   if (shape.rows == 0 || shape.out == 0) return cudaGetLastError();
-  if constexpr (std::is_same<T, float>::value) {
-    const int64_t row_blocks = (shape.rows + kRowsPerWarp - 1) / kRowsPerWarp;
-    const dim3 grid(static_cast<unsigned>(shape.out),
-                    static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
-    return launch_kernel(sparse_linear_fwd_kernel<T>, grid, row_reduce::kWarpSize, stream, x,
-                         values, metadata, bias, y, shape);
-  } else {
-    // bfloat16/float16: sparse tensor cores, always (the build targets sm_80+).
-    const int64_t warps = (shape.out + sparse_mma::kOut - 1) / sparse_mma::kOut;
-    const int64_t row_blocks = (shape.rows + kMmaRowsPerWarp - 1) / kMmaRowsPerWarp;
-    const dim3 grid(static_cast<unsigned>((warps + kMmaWarps - 1) / kMmaWarps),
-                    static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
-    return launch_kernel(sparse_linear_fwd_mma_kernel<T>, grid, kMmaWarps * 32, stream, x, values,
-                         metadata, bias, y, shape);
+  // bfloat16/float16 on sm_80+: sparse tensor cores.
+  if constexpr (!std::is_same<T, float>::value) {
+    if (sparse_mma::device_has_sparse_mma()) {
+      const int64_t warps = (shape.out + sparse_mma::kOut - 1) / sparse_mma::kOut;
+      const int64_t row_blocks = (shape.rows + kMmaRowsPerWarp - 1) / kMmaRowsPerWarp;
+      const dim3 grid(
+          static_cast<unsigned>((warps + kMmaWarps - 1) / kMmaWarps),
+          static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
+      return launch_kernel(sparse_linear_fwd_mma_kernel<T>, grid, kMmaWarps * 32, stream, x,
+                           values, metadata, bias, y, shape);
+    }
   }
+  // float32, and every dtype on a device without sparse tensor cores: SIMT.
+  const int64_t row_blocks = (shape.rows + kRowsPerWarp - 1) / kRowsPerWarp;
+  const dim3 grid(static_cast<unsigned>(shape.out),
+                  static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
+  return launch_kernel(sparse_linear_fwd_kernel<T>, grid, row_reduce::kWarpSize, stream, x,
+                       values, metadata, bias, y, shape);
 }
 
 template <typename T>

@@ -35,13 +35,26 @@
 
 #include "cuda/float_convert.cuh"
 
+#include <cuda_runtime_api.h>
+
 #ifdef JAXOPS_CUDA_HARNESS
 #include "sparse_mma_emulation.h"
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "the sparse linear layer's bfloat16/float16 forward uses mma.sp (sm_80+): build for 80 or newer"
 #endif
 
 namespace jaxops::cuda::sparse_mma {
+
+// Whether the current device has sparse tensor cores (sm_80+). A build may
+// include older architectures (JAXOPS_CUDA_ARCHITECTURES=75, a T4): there the
+// launcher takes the SIMT forward, and the tensor-core kernel, compiled to a
+// trap for them, is never launched.
+inline bool device_has_sparse_mma() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return false;
+  }
+  return major >= 8;
+}
 
 // The tile of one instruction: 16 outputs x 8 rows of x x 32 inputs.
 constexpr int kOut = 16;
@@ -105,6 +118,8 @@ __device__ __forceinline__ void mma_sp_m16n8k32(float (&acc)[4], const uint32_t 
                 "mma.sp takes bfloat16 or float16 operands");
 #ifdef JAXOPS_CUDA_HARNESS
   jaxops_harness::sparse_mma_m16n8k32<T, 0>(acc, a, b, acc, metadata);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // no mma.sp below sm_80; device_has_sparse_mma keeps the launcher away
 #else
 // CUDA 12.5+ names the ascending-metadata form (all canonical metadata is) and
 // warns about the plain one.
