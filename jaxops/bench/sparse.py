@@ -5,7 +5,8 @@ against ``x @ w_pruned.T`` (XLA's dense dot on the same values), in the same
 process. Decode-shaped calls (a few rows) are bound by reading the weight: GB/s
 there counts the weight bytes each implementation reads (packed values and
 metadata; the dense matrix), next to the machine's streaming read bandwidth
-measured in the same run (a large ``jnp.sum``); "bound ms" is the time the
+measured in the same run (decode's probes: jnp reductions and a C++ OpenMP
+loop, the higher of the two); "bound ms" is the time the
 packed weight takes to stream at that bandwidth, the floor of a decode-shaped
 call. Prefill-shaped calls are compute-bound: GFLOP/s counts the dense
 product's 2 * rows * in * out.
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxops import sparse
+from jaxops.bench.decode import stream_bandwidth
 from jaxops.bench.timing import machine_line, time_jitted
 
 
@@ -31,21 +33,14 @@ def _parse(argv):
   return parser.parse_args(argv)
 
 
-def streaming_read_gbs(runs: int, megabytes: int = 512) -> float:
-  """The machine's streaming read bandwidth: a float32 sum over a large array."""
-  data = jnp.ones((megabytes << 18,), jnp.float32)
-  timing = time_jitted(lambda a: jnp.sum(a), data, runs=runs)
-  return data.nbytes / (timing.median_ms * 1e-3) / 1e9
-
-
 def main(argv=()):
   args = _parse(argv)
   out, in_features = (int(s) for s in args.weight.split("x"))
-  bandwidth = streaming_read_gbs(args.runs)
   print(f"# {machine_line()}")
+  bandwidth, probe = stream_bandwidth(args.runs)
   print(f"# median of {args.runs} runs after warm-up (prefill: of {max(3, args.runs // 2)}); "
-        f"w [{out}, {in_features}]; streaming read bandwidth (jnp.sum of 512 MiB): "
-        f"{bandwidth:.1f} GB/s")
+        f"w [{out}, {in_features}]; streams against the higher probe: {bandwidth:.1f} GB/s "
+        f"({probe})")
   print(f"{'x':<11} {'dtype':<9} {'sparse ms':>10} {'dense ms':>9} {'speed-up':>8} "
         f"{'sparse GB/s':>11} {'dense GB/s':>10} {'of stream':>9} {'bound ms':>8} {'GFLOP/s':>8} "
         f"{'weight MiB sparse/dense':>24}")
