@@ -188,11 +188,14 @@ def test_low_precision_forward_takes_the_sparse_tensor_cores(harness):
                  reduce_size=18)
 
 
-def test_gemv_blocks_chunks_and_any_metadata():
-  """The CPU GEMV's blocking: 13 rows (row blocks of 4 and a remainder), 20 outputs
-  (a block of 18 and a short one), 500 values per row (several k-chunks and a tail),
-  with random metadata bytes (repeated and descending positions included)."""
-  x = random_inputs(11, [(13, 1000)])[0]
+@pytest.mark.parametrize("rows", [13, 21])
+def test_gemv_blocks_chunks_and_any_metadata(rows):
+  """The CPU GEMV paths with random metadata bytes (repeated and descending
+  positions included) and 20 outputs, 500 values per row: 13 rows take the float32
+  rows-along-lanes GEMV (16 lanes, 13 used; blocks of 4 outputs), 21 rows the
+  k-chunked GEMV (row blocks of 4 and a remainder, a block of 18 outputs and a
+  short one, several k-chunks and a tail)."""
+  x = random_inputs(11, [(rows, 1000)])[0]
   values = random_inputs(12, [(20, 500)])[0]
   metadata = jax.random.randint(jax.random.key(13), (20, 125), 0, 256).astype(jnp.uint8)
   y = sparse.linear(x, sparse.SparseWeight(values, metadata, 1000))
