@@ -256,9 +256,10 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
 // side, so the weight is read as a few sequential streams that the hardware
 // prefetchers follow, and the columns of xt that those outputs read are the
 // same (an 8-column window per metadata byte). Measured on Zen 4 from memory,
-// w [11008, 4096] float32, 2 threads (cpu/sparse.cc's kernel alone): 4 rows
-// 8.9 -> 5.4 ms, 8 rows 10.2 -> 6.2, 16 rows 16.4 -> 8.0; at 1 and 2 rows the
-// path above stays faster (half-empty lanes here). bfloat16/float16 weights
+// w [11008, 4096] float32, 2 threads (this file's kernel alone, two rounds):
+// 4 rows 8.3/6.6 -> 5.6/6.4 ms, 8 rows 10.7/9.1 -> 7.0/6.5, 16 rows 14.9/15.5
+// -> 10.8/9.3; at 2 rows the two paths take the same time, at 1 row the path
+// above is faster (three quarters of the lanes would idle). bfloat16/float16 weights
 // keep the path above: each value would need a scalar conversion here, and
 // that path is already several times XLA's dense product.
 constexpr int kRowLaneOuts = 4;
