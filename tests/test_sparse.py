@@ -188,18 +188,20 @@ def test_low_precision_forward_takes_the_sparse_tensor_cores(harness):
                  reduce_size=18)
 
 
-@pytest.mark.parametrize("rows", [13, 21])
-def test_gemv_blocks_chunks_and_any_metadata(rows):
+@pytest.mark.parametrize("rows,dtype", [(13, jnp.float32), (37, jnp.float32), (21, jnp.bfloat16)])
+def test_gemv_blocks_chunks_and_any_metadata(rows, dtype):
   """The CPU GEMV paths with random metadata bytes (repeated and descending
-  positions included) and 20 outputs, 500 values per row: 13 rows take the float32
-  rows-along-lanes GEMV (16 lanes, 13 used; blocks of 4 outputs), 21 rows the
-  k-chunked GEMV (row blocks of 4 and a remainder, a block of 18 outputs and a
-  short one, several k-chunks and a tail)."""
-  x = random_inputs(11, [(rows, 1000)])[0]
-  values = random_inputs(12, [(20, 500)])[0]
+  positions included) and 20 outputs, 500 values per row. float32 takes the
+  rows-along-lanes GEMV: 13 rows in one block of 16 lanes, 37 rows in blocks of
+  16, 16 and 5 (outputs in blocks of 4, the last one short). bfloat16 takes the
+  k-chunked permute GEMV: row blocks of 4 and a remainder, a block of 18 outputs
+  and a short one, several k-chunks and a tail."""
+  x = random_inputs(11, [(rows, 1000)], dtype)[0]
+  values = random_inputs(12, [(20, 500)], dtype)[0]
   metadata = jax.random.randint(jax.random.key(13), (20, 125), 0, 256).astype(jnp.uint8)
   y = sparse.linear(x, sparse.SparseWeight(values, metadata, 1000))
-  assert_close(y, _reference(x, values, metadata), reduce_size=500)
+  assert y.dtype == dtype
+  assert_close(y, _reference(*upcast([x, values]), metadata), dtype=dtype, reduce_size=500)
 
 
 # -- linear: derivatives -------------------------------------------------------------
