@@ -118,7 +118,8 @@ inline void with_row_count(int rows, F&& f) {
 // Output rows per task (a multiple of kGemvOuts): the task's partial sums
 // (outputs x rows vectors, 9 KB at 8 rows) stay in L1 next to the x chunk.
 constexpr int64_t kGemvBlockOuts = 18;
-// Floats of x (all rows) per k-chunk: 16 KB, a third of a 48 KB L1.
+// Floats of x (all rows) per k-chunk: 16 KB, a third of a 48 KB L1 (Zen 5),
+// half of a 32 KB one (Zen 4).
 constexpr int64_t kGemvChunkFloats = 4096;
 // Outputs x rows of x per register block (12 accumulators): kGemvOuts
 // permutes share each loaded pair of x vectors. 2 x 8 and 4 x 4 measured
