@@ -34,20 +34,24 @@ SHARDING_TEST_DEVICES = 8
 
 # The tests compile thousands of small programs whose run time is negligible:
 # XLA's LLVM optimisation of the jnp references and glue is most of a test's
-# time, so it is turned down (about a fifth of the suite's CPU time). The
-# kernels under test are compiled C++ and do not change; the HLO passes
-# (fusion, aliasing, sharding) still run in full.
+# time, so it is turned down (about a fifth of the suite's CPU time), and the
+# fusions are emitted by XLA's older elemental emitters, not the MLIR fusion
+# emitters, whose pipeline costs more per small program (test_norms.py and
+# test_rope.py: 63-65 s of CPU instead of 92-102). The kernels under test are
+# compiled C++ and do not change; the HLO passes (fusion, aliasing, sharding)
+# still run in full.
 _TEST_FLAGS = {
     "xla_force_host_platform_device_count": str(SHARDING_TEST_DEVICES),
     "xla_backend_optimization_level": "0",
     "xla_llvm_disable_expensive_passes": "true",
+    "xla_cpu_use_fusion_emitters": "false",
 }
 _flags = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(
     [_flags] * bool(_flags) + [f"--{name}={value}" for name, value in _TEST_FLAGS.items()
                                if name not in _flags])
 
-from support import backends  # noqa: E402  (imports jax: after XLA_FLAGS)
+from support import background, backends  # noqa: E402  (imports jax: after XLA_FLAGS)
 from support.backends import GPU_VARIABLE, gpu_requested  # noqa: E402
 
 
@@ -55,6 +59,9 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "backends(*names): the backends a test taking `backend` runs on "
       "(default: all; see tests/support/backends.py)")
+  config.addinivalue_line(
+      "markers", f"{background.MARKER}(*jobs): out-of-process work the test needs, started when "
+      "collection ends (tests/support/background.py)")
   if not gpu_requested():
     return
   import jax
@@ -106,6 +113,9 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     modules.setdefault(item.path, len(modules))
   items.sort(key=lambda item: (modules[item.path], backends.rank(_backend_of(item))))
+  for item in items:
+    if _backend_of(item) == backends.HARNESS:
+      item.add_marker(background.prestart(backends.HARNESS_LIBRARY))
   if not gpu_requested():
     return
   skip = pytest.mark.skip(
@@ -136,7 +146,12 @@ def harness(backend):
   return backends.harness()
 
 
+def pytest_collection_finish(session):
+  background.start(session.items)
+
+
 def pytest_sessionfinish(session):
+  background.stop()
   backends.use(None)
 
 

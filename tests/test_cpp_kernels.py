@@ -23,8 +23,12 @@ import pathlib
 import re
 import shutil
 import subprocess
+import threading
 
 import pytest
+
+from support import background
+from support.background import prestart
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CPP_TESTS = sorted((REPO / "tests" / "cpp").glob("*_test.cc"))
@@ -75,7 +79,7 @@ def _build_dir() -> pathlib.Path:
 def _compile(source: pathlib.Path) -> pathlib.Path:
   out = _build_dir() / f"{source.stem}.o"
   if not out.exists():
-    tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
+    tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
     command = [_compiler(), *FLAGS, f"-I{REPO}", "-isystem", _eigen_include(), "-c",
                str(source), "-o", str(tmp)]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -102,7 +106,7 @@ def _executable(test_source: pathlib.Path) -> pathlib.Path:
   out = _build_dir() / test_source.stem
   if not out.exists():
     objects = [_compile(test_source), *_kernel_objects(test_source)]
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     command = [_compiler(), "-fopenmp", "-o", str(tmp), *map(str, objects)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
@@ -114,11 +118,18 @@ def test_there_are_cpp_kernel_tests():
   assert CPP_TESTS, "tests/cpp holds no *_test.cc"
 
 
-@pytest.mark.parametrize("source", CPP_TESTS, ids=lambda p: p.stem)
+def _build_and_run(source: pathlib.Path) -> subprocess.CompletedProcess:
+  return subprocess.run([str(_executable(source))], capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "OMP_NUM_THREADS": "2"})
+
+
+RUNS = {source: background.Job(_build_and_run, source) for source in CPP_TESTS}
+
+
+@pytest.mark.parametrize("source", [pytest.param(s, marks=prestart(RUNS[s])) for s in CPP_TESTS],
+                         ids=lambda p: p.stem)
 def test_cpp_kernel_test_passes(source):
-  executable = _executable(source)
-  result = subprocess.run([str(executable)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "2"})
+  result = RUNS[source].result()
   assert result.returncode == 0, (
       f"{source.name} failed (exit {result.returncode}):\n{result.stdout[-6000:]}\n"
       f"{result.stderr[-2000:]}")

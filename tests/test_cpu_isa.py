@@ -20,6 +20,8 @@ import pytest
 
 import jaxops
 from jaxops import _jaxops_cpu
+from support import background
+from support.background import prestart
 
 VARIABLE = "JAXOPS_CPU_ISA"
 ISAS = tuple(_jaxops_cpu.cpu_isas())
@@ -98,35 +100,22 @@ def test_cpu_isa_follows_the_variable():
   assert jaxops.cpu_isa() in ISAS
 
 
-@pytest.fixture(scope="module")
-def lower_variant_runs(tmp_path_factory):
-  """SUBSET's run on every lower variant, all started at once: each run is
-  one mostly single-threaded pytest process, so on a 2-core machine the
-  avx2 and generic runs overlap instead of taking their ~45 s each in turn.
-  Output goes to files (a pipe that nobody reads could fill and stall a run)."""
-  logs = tmp_path_factory.mktemp("lower_variants")
-  runs = {}
-  for isa in LOWER:
-    out, err = (open(logs / f"{isa}.{kind}", "w+") for kind in ("out", "err"))
-    command = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", *SUBSET]
-    runs[isa] = (subprocess.Popen(command, cwd=REPO, env=_env(isa), stdout=out, stderr=err,
-                                  text=True), out, err)
-  yield runs
-  for process, out, err in runs.values():
-    if process.poll() is None:
-      process.kill()
-      process.wait()
-    out.close()
-    err.close()
+def _run_subset(isa) -> subprocess.CompletedProcess:
+  """SUBSET's run with JAXOPS_CPU_ISA=isa: one mostly single-threaded pytest process."""
+  command = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", *SUBSET]
+  return subprocess.run(command, cwd=REPO, env=_env(isa), capture_output=True, text=True,
+                        timeout=900)
 
 
-@pytest.mark.parametrize("isa", LOWER)
-def test_op_tests_pass_on_a_lower_variant(isa, lower_variant_runs):
-  process, out, err = lower_variant_runs[isa]
-  returncode = process.wait(timeout=900)
-  stdout, stderr = (stream.seek(0) or stream.read() for stream in (out, err))
-  assert returncode == 0, f"{VARIABLE}={isa}:\n{stdout[-6000:]}\n{stderr[-3000:]}"
-  # Every node id selected a test, none skipped.
+LOWER_VARIANT_RUNS = {isa: background.Job(_run_subset, isa) for isa in LOWER}
+
+
+@pytest.mark.parametrize("isa", [pytest.param(isa, marks=prestart(LOWER_VARIANT_RUNS[isa]))
+                                 for isa in LOWER])
+def test_op_tests_pass_on_a_lower_variant(isa):
+  result = LOWER_VARIANT_RUNS[isa].result()
+  stdout, stderr = result.stdout, result.stderr
+  assert result.returncode == 0, f"{VARIABLE}={isa}:\n{stdout[-6000:]}\n{stderr[-3000:]}"
   passed = re.search(r"(\d+) passed", stdout)
   assert passed and int(passed.group(1)) >= len(SUBSET), stdout[-3000:]
   assert "skipped" not in stdout and "deselected" not in stdout

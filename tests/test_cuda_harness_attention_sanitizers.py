@@ -13,16 +13,21 @@ tiles, and every tile configuration of the forward mode (float32 64x64, 32x32
 at H = 64 and 16x16 at H = 200; bfloat16/float16 64x64 and 32x32 at H = 200).
 """
 
-from support.sanitizers import check_driver
+from support.background import prestart
+from support.sanitizers import check_driver, driver_job
 
 ASAN_SHAPES = ["2x5x9x4x2x8c", "1x17x3x2x1x20", "1x3x5x1x1x200c", "1x33x40x1x1x64c"]
 TSAN_SHAPES = ["1x3x5x2x1x8c", "1x3x40x1x1x64c"]
 DRIVER = "attention_driver.cc"
+ASAN = driver_job(DRIVER, "asan", *ASAN_SHAPES, seed=5)
+TSAN = driver_job(DRIVER, "tsan", *TSAN_SHAPES)
 
 
+@prestart(ASAN)
 def test_attention_under_address_sanitizer():
-  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=5)
+  check_driver(ASAN)
 
 
+@prestart(TSAN)
 def test_attention_under_thread_sanitizer():
-  check_driver(DRIVER, "tsan", *TSAN_SHAPES)
+  check_driver(TSAN)

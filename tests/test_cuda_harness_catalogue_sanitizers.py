@@ -11,7 +11,8 @@ per-batch positions, out-of-range ids, more tokens than a warp and a vocabulary
 longer than the scan's 1024 threads, aliased outputs.
 """
 
-from support.sanitizers import check_driver
+from support.background import prestart
+from support.sanitizers import check_driver, driver_job
 
 ASAN_CASES = ["act=1", "act=37", "act=600", "rope=2x3x3x10x6/2", "rope=1x5x2x8x8/1",
               "rope=3x2x1x6x2/1", "emb=7x5x37", "emb=1500x1x70", "emb=4x3x0", "adamw=1",
@@ -22,11 +23,15 @@ ASAN_CASES = ["act=1", "act=37", "act=600", "rope=2x3x3x10x6/2", "rope=1x5x2x8x8
 TSAN_CASES = ["types=float32", "act=5", "rope=2x2x1x6x4/2", "adamw=5", "emb=5x3x37",
               "types=bfloat16", "emb=5x3x37"]
 DRIVER = "catalogue_driver.cc"
+ASAN = driver_job(DRIVER, "asan", *ASAN_CASES, seed=5)
+TSAN = driver_job(DRIVER, "tsan", *TSAN_CASES)
 
 
+@prestart(ASAN)
 def test_catalogue_under_address_sanitizer():
-  check_driver(DRIVER, "asan", *ASAN_CASES, seed=5)
+  check_driver(ASAN)
 
 
+@prestart(TSAN)
 def test_catalogue_under_thread_sanitizer():
-  check_driver(DRIVER, "tsan", *TSAN_CASES)
+  check_driver(TSAN)

@@ -11,7 +11,9 @@ import re
 
 import pytest
 
-from support.sanitizers import LAUNCH_FAILED, RIGHT, WRONG, check_driver, executable, run
+from support.background import prestart
+from support.sanitizers import (LAUNCH_FAILED, RIGHT, WRONG, check_driver, driver_job,
+                                 executable, run)
 
 # Shapes for the sanitizers: one-warp rows (several per block), block rows with
 # shared-memory reductions, scalar and vector paths, rows longer than a chunk,
@@ -91,9 +93,15 @@ def test_thread_sanitizer_catches_the_missing_barrier():
   assert correct.returncode == RIGHT, correct.stderr
 
 
+NORMS_ASAN = driver_job("norms_driver.cc", "asan", *ASAN_SHAPES, seed=5)
+NORMS_TSAN = driver_job("norms_driver.cc", "tsan", *TSAN_SHAPES)
+
+
+@prestart(NORMS_ASAN)
 def test_norm_kernels_under_address_sanitizer():
-  check_driver("norms_driver.cc", "asan", *ASAN_SHAPES, seed=5)
+  check_driver(NORMS_ASAN)
 
 
+@prestart(NORMS_TSAN)
 def test_norm_kernels_under_thread_sanitizer():
-  check_driver("norms_driver.cc", "tsan", *TSAN_SHAPES)
+  check_driver(NORMS_TSAN)

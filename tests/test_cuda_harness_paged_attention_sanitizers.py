@@ -15,7 +15,8 @@ query rows than one tile (several row tiles), key splits merged (decode and a
 short chunk), and the launchers' rejections.
 """
 
-from support.sanitizers import check_driver
+from support.background import prestart
+from support.sanitizers import check_driver, driver_job
 
 # Capacities (page size x pages) above 64 keys give the "3 splits" runs three key
 # splits (of 32 keys, the key tile), so the merge kernel runs; with the window,
@@ -23,11 +24,15 @@ from support.sanitizers import check_driver
 ASAN_SHAPES = ["3x1x4x2x8x16x6s", "2x3x2x1x7x1x70w", "4x3x8x1x20x16x2", "2x1x1x1x33x5x15ws"]
 TSAN_SHAPES = ["1x1x4x2x8x5x15s", "1x3x2x1x7x1x9w"]
 DRIVER = "paged_attention_driver.cc"
+ASAN = driver_job(DRIVER, "asan", *ASAN_SHAPES, seed=7)
+TSAN = driver_job(DRIVER, "tsan", *TSAN_SHAPES)
 
 
+@prestart(ASAN)
 def test_paged_attention_under_address_sanitizer():
-  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=7)
+  check_driver(ASAN)
 
 
+@prestart(TSAN)
 def test_paged_attention_under_thread_sanitizer():
-  check_driver(DRIVER, "tsan", *TSAN_SHAPES)
+  check_driver(TSAN)

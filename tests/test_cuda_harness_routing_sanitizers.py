@@ -8,16 +8,21 @@ derivatives, on small shapes: one expert, k = experts, more experts than a
 warp's lanes, group-limited routing with several groups per lane.
 """
 
-from support.sanitizers import check_driver
+from support.background import prestart
+from support.sanitizers import check_driver, driver_job
 
 ASAN_SHAPES = ["1x1/1", "3x7/7", "2x40/5", "2x64/6/8/3", "1x128/8/4/2"]
 TSAN_SHAPES = ["2x33/3", "1x32/4/4/2"]
 DRIVER = "routing_driver.cc"
+ASAN = driver_job(DRIVER, "asan", *ASAN_SHAPES, seed=5)
+TSAN = driver_job(DRIVER, "tsan", *TSAN_SHAPES)
 
 
+@prestart(ASAN)
 def test_kernels_under_address_sanitizer():
-  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=5)
+  check_driver(ASAN)
 
 
+@prestart(TSAN)
 def test_kernels_under_thread_sanitizer():
-  check_driver(DRIVER, "tsan", *TSAN_SHAPES)
+  check_driver(TSAN)

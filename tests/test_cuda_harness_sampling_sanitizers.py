@@ -8,16 +8,21 @@ rows, on small shapes: a vocabulary of 1, one-warp blocks, a row longer than
 the block's threads.
 """
 
-from support.sanitizers import check_driver
+from support.background import prestart
+from support.sanitizers import check_driver, driver_job
 
 ASAN_SHAPES = ["14x1", "14x37", "3x300"]
 TSAN_SHAPES = ["7x40"]
 DRIVER = "sampling_driver.cc"
+ASAN = driver_job(DRIVER, "asan", *ASAN_SHAPES, seed=5)
+TSAN = driver_job(DRIVER, "tsan", *TSAN_SHAPES)
 
 
+@prestart(ASAN)
 def test_kernels_under_address_sanitizer():
-  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=5)
+  check_driver(ASAN)
 
 
+@prestart(TSAN)
 def test_kernels_under_thread_sanitizer():
-  check_driver(DRIVER, "tsan", *TSAN_SHAPES)
+  check_driver(TSAN)

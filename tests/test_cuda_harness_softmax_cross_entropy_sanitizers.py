@@ -8,16 +8,21 @@ ignored and out-of-range labels and the in-place forward-grad, on small shapes:
 one-warp blocks, several warps, a row longer than a block's threads * 8.
 """
 
-from support.sanitizers import check_driver
+from support.background import prestart
+from support.sanitizers import check_driver, driver_job
 
 ASAN_SHAPES = ["3x5", "8x64", "13x1", "2x1000", "1x4099"]
 TSAN_SHAPES = ["2x5", "2x300"]
 DRIVER = "softmax_cross_entropy_driver.cc"
+ASAN = driver_job(DRIVER, "asan", *ASAN_SHAPES, seed=5)
+TSAN = driver_job(DRIVER, "tsan", *TSAN_SHAPES)
 
 
+@prestart(ASAN)
 def test_kernels_under_address_sanitizer():
-  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=5)
+  check_driver(ASAN)
 
 
+@prestart(TSAN)
 def test_kernels_under_thread_sanitizer():
-  check_driver(DRIVER, "tsan", *TSAN_SHAPES)
+  check_driver(TSAN)

@@ -11,16 +11,21 @@ tensor-core kernel (mma.sp, emulated): `in` not a multiple of its 32-wide step,
 of a block at work; metadata with descending and repeated positions.
 """
 
-from support.sanitizers import check_driver
+from support.background import prestart
+from support.sanitizers import check_driver, driver_job
 
 ASAN_SHAPES = ["1x4x1", "3x12x5", "9x36x7", "2x260x3", "0x8x2", "17x68x19"]
 TSAN_SHAPES = ["2x12x17", "9x68x2"]
 DRIVER = "sparse_driver.cc"
+ASAN = driver_job(DRIVER, "asan", *ASAN_SHAPES, seed=7)
+TSAN = driver_job(DRIVER, "tsan", *TSAN_SHAPES)
 
 
+@prestart(ASAN)
 def test_kernels_under_address_sanitizer():
-  check_driver(DRIVER, "asan", *ASAN_SHAPES, seed=7)
+  check_driver(ASAN)
 
 
+@prestart(TSAN)
 def test_kernels_under_thread_sanitizer():
-  check_driver(DRIVER, "tsan", *TSAN_SHAPES)
+  check_driver(TSAN)

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +109,7 @@ def _compile(source: Path, flavor: str, kind: str) -> Path:
              "-isystem", _ffi_include(), "-include", str(HARNESS / "ffi_host_stream.h")]
   elif kind == "driver":
     flags += ["-fdata-sections", "-include", "cuda_on_cpu.h", "-x", "c++"]
-  tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
+  tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
   _run([compiler(), *flags, "-c", str(source), "-o", str(tmp)])
   if kind in ("kernel", "driver"):
     _move_shared_statics(tmp)
@@ -126,7 +127,7 @@ def _link(name: str, objects: list[Path], flavor: str, shared: bool) -> Path:
   out = _build_dir() / name
   if out.exists():
     return out
-  tmp = out.with_name(f"{name}.{os.getpid()}.tmp")
+  tmp = out.with_name(f"{name}.{os.getpid()}.{threading.get_ident()}.tmp")
   sanitizer = [f for f in _FLAVOR_FLAGS[flavor] if f.startswith("-fsanitize")]
   _run([compiler(), *(["-shared"] if shared else []), *sanitizer, "-o", str(tmp),
         *map(str, objects), "-lpthread"])

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from support import background
+
 CPU, HARNESS, GPU = "cpu", "cuda_harness", "gpu"
 ORDER = (CPU, HARNESS, GPU)
 GPU_VARIABLE = "JAXOPS_TEST_GPU"
@@ -106,6 +108,17 @@ class _Active:
   unavailable: str | None = None
 
 
+def _build_harness_library():
+  import cuda_harness
+  return cuda_harness.build.library("plain")
+
+
+# Built in the background from the start of the session (conftest.py) when a
+# test on the harness backend is selected: a minute of g++ otherwise spent
+# while the first such test waits.
+HARNESS_LIBRARY = background.Job(_build_harness_library)
+
+
 def harness():
   """The loaded harness library (builds it once); skips the test where it cannot be built."""
   import cuda_harness
@@ -113,7 +126,7 @@ def harness():
     pytest.skip(_Active.unavailable)
   if _Active.harness is None:
     try:
-      _Active.harness = cuda_harness.load()
+      _Active.harness = cuda_harness.Harness(HARNESS_LIBRARY.result())
     except cuda_harness.build.HarnessUnavailable as e:
       _Active.unavailable = str(e)
       pytest.skip(_Active.unavailable)

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from cuda_harness import build
+from support import background
 
 # The drivers' exit codes: results right, results wrong, a launch reported an error.
 RIGHT, WRONG, LAUNCH_FAILED = 0, 3, 4
@@ -32,9 +33,19 @@ def run(path, *args, seed: int = 0, **env) -> subprocess.CompletedProcess:
                              **env})
 
 
-def check_driver(driver: str, flavor: str, *args, seed: int = 0) -> None:
-  """A kernel driver under ASan or TSan: right results and no sanitizer report."""
-  result = run(executable(driver, flavor, with_kernels=True), *args, seed=seed)
+def _build_and_run(driver: str, flavor: str, args: tuple[str, ...], seed: int):
+  return flavor, run(executable(driver, flavor, with_kernels=True), *args, seed=seed)
+
+
+def driver_job(driver: str, flavor: str, *args: str, seed: int = 0) -> background.Job:
+  """A kernel driver built under ASan or TSan and run on ``args``: a job to
+  prestart (support/background.py) and give to check_driver."""
+  return background.Job(_build_and_run, driver, flavor, tuple(args), seed)
+
+
+def check_driver(job: background.Job) -> None:
+  """A driver_job's run: right results and no sanitizer report."""
+  flavor, result = job.result()
   assert result.returncode == RIGHT, result.stdout + result.stderr
   tool = {"asan": "AddressSanitizer", "tsan": "ThreadSanitizer"}[flavor]
   assert tool not in result.stderr
