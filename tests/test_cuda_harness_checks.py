@@ -84,12 +84,14 @@ def test_address_sanitizer_catches_out_of_bounds_reads(case, kind):
   assert result.returncode not in (RIGHT, WRONG, LAUNCH_FAILED)
 
 
-def test_thread_sanitizer_catches_the_missing_barrier():
+@pytest.mark.parametrize("mode", ["fibers", "threads"])
+def test_thread_sanitizer_catches_the_missing_barrier(mode):
+  # The drivers run under TSan as fibers; the OS threads mode must find races too.
   tsan_cases = executable("harness_cases.cu", "tsan")
-  result = run(tsan_cases, "missing_barrier")
+  result = run(tsan_cases, "missing_barrier", JAXOPS_HARNESS_MODE=mode)
   assert "ThreadSanitizer: data race" in result.stderr
   assert "block_sum<false>" in result.stderr
-  correct = run(tsan_cases, "block_sum")
+  correct = run(tsan_cases, "block_sum", JAXOPS_HARNESS_MODE=mode)
   assert correct.returncode == RIGHT, correct.stderr
 
 

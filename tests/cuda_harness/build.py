@@ -7,7 +7,7 @@ $JAXOPS_HARNESS_CACHE (default ~/.cache/jaxops/cuda_harness) in a directory name
 by a hash of every input, so a second session only links nothing and loads.
 
 Flavors: "plain" (-O2), "asan" (AddressSanitizer), "tsan" (ThreadSanitizer;
-the runtime then runs each CUDA thread as an OS thread).
+the runtime then makes each CUDA thread's fiber a TSan fiber).
 """
 
 from __future__ import annotations

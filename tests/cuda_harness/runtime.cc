@@ -3,8 +3,10 @@
 //   fibers (default): one ucontext fiber per CUDA thread on the launching OS
 //     thread; a scheduler runs them until they block at a barrier or a warp
 //     collective, in thread order or, with a seed, in a random order;
-//   threads (JAXOPS_HARNESS_MODE=threads, forced under ThreadSanitizer): one OS
-//     thread per CUDA thread, so TSan sees shared-memory races between them.
+//   threads (JAXOPS_HARNESS_MODE=threads): one OS thread per CUDA thread.
+// TSan sees shared-memory races between the CUDA threads either way: as OS
+// threads, or as TSan fibers (run_fibers), 3-10x faster (a barrier of 256 OS
+// threads is 256 futex wake-ups).
 // Both share the bookkeeping below (one state per block, guarded by a mutex in
 // the threads mode), which turns every misuse it can see into a report: threads
 // at different barriers, a thread exiting while others wait at a barrier or a
@@ -28,6 +30,8 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <dlfcn.h>
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define JAXOPS_HARNESS_ASAN 1
 #endif
@@ -46,7 +50,12 @@ void AnnotateIgnoreWritesBegin(const char*, int);
 void AnnotateIgnoreWritesEnd(const char*, int);
 void __tsan_acquire(void* addr);
 void __tsan_release(void* addr);
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
 }
+// __tsan_switch_to_fiber's flag: the switch orders nothing.
+constexpr unsigned kTsanSwitchNoSync = 1;
 #endif
 
 // Bounds of the section holding every static __shared__ variable of this binary.
@@ -71,9 +80,6 @@ Settings settings_from_env() {
     if (std::string(mode) == "threads") s.mode = Mode::kThreads;
   }
   if (const char* seed = std::getenv("JAXOPS_HARNESS_SEED")) s.seed = std::strtoull(seed, nullptr, 10);
-#ifdef JAXOPS_HARNESS_TSAN
-  s.mode = Mode::kThreads;
-#endif
   return s;
 }
 
@@ -107,6 +113,11 @@ struct Thread {
   Site wait_site{};
   ucontext_t context;
   void* fake_stack = nullptr;
+  void* tsan_fiber = nullptr;  // the fiber's thread for TSan
+  // Threads mode: signalled when this thread is released. One per thread, not one
+  // per block: a block-wide notify_all at every barrier woke all 256 threads to
+  // re-check, and the futex traffic was most of a TSan driver's time.
+  std::condition_variable released;
 };
 
 struct Pending {
@@ -140,13 +151,14 @@ struct Block {
   char barrier_clocks[2] = {};
   std::string error;
   std::mutex mutex;
-  std::condition_variable wakeup;
   // Fibers.
   std::vector<int> ready;
   ucontext_t scheduler;
   std::mt19937_64 rng;
   bool random = false;
   void* scheduler_fake_stack = nullptr;
+  void* scheduler_tsan_fiber = nullptr;
+  char exit_clock = 0;  // TSan: every fiber's work, ordered before the block's end
   const void* scheduler_stack_bottom = nullptr;
   size_t scheduler_stack_size = 0;
   const std::function<void()>* kernel = nullptr;
@@ -224,7 +236,11 @@ std::string hex(unsigned mask) {
 void wake(Block& b, Thread& t) {
   t.blocked = false;
   ++b.running;
-  if (b.mode == Mode::kFibers) b.ready.push_back(t.index);
+  if (b.mode == Mode::kFibers) {
+    b.ready.push_back(t.index);
+  } else {
+    t.released.notify_one();
+  }
 }
 
 // Records the block's first error and releases every waiting thread (each then
@@ -234,7 +250,6 @@ void fail(Block& b, const std::string& message) {
   for (Thread& t : b.threads) {
     if (t.blocked) wake(b, t);
   }
-  if (b.mode == Mode::kThreads) b.wakeup.notify_all();
 }
 
 std::string deadlock_report(const Block& b) {
@@ -254,11 +269,35 @@ std::string deadlock_report(const Block& b) {
   return out.str();
 }
 
+#ifdef JAXOPS_HARNESS_ASAN
+// ASan's swapcontext interceptor clears the shadow of the whole target stack at
+// every switch (1 MiB of stack: an mmap and two madvise calls), which made the
+// system time 85% of an ASan driver's run; and for a fiber being resumed it also
+// erases the redzones of its live frames. The fiber switches are annotated
+// (__sanitizer_start/finish_switch_fiber), so they call libc's swapcontext itself;
+// a fiber's stack is cleared once, when a new fiber starts on it (run_fibers).
+using SwapContext = int (*)(ucontext_t*, const ucontext_t*);
+SwapContext libc_swapcontext() {
+  static const SwapContext real = [] {
+    void* libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    void* symbol = libc == nullptr ? nullptr : dlsym(libc, "swapcontext");
+    return symbol == nullptr ? &swapcontext : reinterpret_cast<SwapContext>(symbol);
+  }();
+  return real;
+}
+#define JAXOPS_SWAPCONTEXT libc_swapcontext()
+#else
+#define JAXOPS_SWAPCONTEXT swapcontext
+#endif
+
 void switch_to_scheduler(Block& b, Thread& t) {
 #ifdef JAXOPS_HARNESS_ASAN
   __sanitizer_start_switch_fiber(&t.fake_stack, b.scheduler_stack_bottom, b.scheduler_stack_size);
 #endif
-  swapcontext(&t.context, &b.scheduler);
+#ifdef JAXOPS_HARNESS_TSAN
+  __tsan_switch_to_fiber(b.scheduler_tsan_fiber, kTsanSwitchNoSync);
+#endif
+  JAXOPS_SWAPCONTEXT(&t.context, &b.scheduler);
 #ifdef JAXOPS_HARNESS_ASAN
   __sanitizer_finish_switch_fiber(t.fake_stack, nullptr, nullptr);
 #endif
@@ -272,17 +311,15 @@ void wait(Block& b, Thread& t, Guard& guard) {
   if (b.mode == Mode::kFibers) {
     while (t.blocked) switch_to_scheduler(b, t);
   } else {
-    b.wakeup.wait(guard.lock, [&] { return !t.blocked; });
+    t.released.wait(guard.lock, [&] { return !t.blocked; });
   }
   if (!b.error.empty()) throw Aborted{};
 }
 
 // Lets the other fibers run (a scheduling point after a completed collective).
+// OS threads need none: wake() signalled the released ones.
 void yield(Block& b, Thread& t) {
-  if (b.mode == Mode::kThreads) {
-    b.wakeup.notify_all();
-    return;
-  }
+  if (b.mode == Mode::kThreads) return;
   b.ready.push_back(t.index);
   switch_to_scheduler(b, t);
   if (!b.error.empty()) throw Aborted{};
@@ -318,7 +355,6 @@ void thread_exited(Block& b, Thread& t) {
     }
   }
   if (b.error.empty() && b.live > 0 && b.running == 0) fail(b, deadlock_report(b));
-  if (b.mode == Mode::kThreads) b.wakeup.notify_all();
 }
 
 void run_thread(Block& b, Thread& t) {
@@ -371,10 +407,51 @@ void fiber_main(unsigned high, unsigned low) {
 #ifdef JAXOPS_HARNESS_ASAN
   __sanitizer_start_switch_fiber(nullptr, b.scheduler_stack_bottom, b.scheduler_stack_size);
 #endif
+#ifdef JAXOPS_HARNESS_TSAN
+  // The block's state is read before the release that orders this fiber's
+  // accesses before the block's end (the next block reuses its memory).
+  void* const scheduler_fiber = b.scheduler_tsan_fiber;
+  __tsan_release(&b.exit_clock);
+  __tsan_switch_to_fiber(scheduler_fiber, kTsanSwitchNoSync);
+#endif
   setcontext(&b.scheduler);
 }
 
+// Under TSan each fiber is a TSan fiber, a thread of its own to the race
+// detector: its switches order nothing (kTsanSwitchNoSync), so only the
+// barriers' annotations order the CUDA threads, as OS threads would be ordered;
+// except the scheduler's switches into a fiber, which order what the scheduler
+// wrote (tls_thread) before the fiber's reads. The scheduler never takes a
+// fiber's order until the block ends (exit_clock), so nothing orders two
+// fibers through it.
+#ifdef JAXOPS_HARNESS_TSAN
+// TSan fibers, reused by every launch as the stacks are: creating and
+// destroying one per CUDA thread and block cost an mmap and a munmap each, most
+// of a TSan driver's time. A fiber of an earlier block is ordered before this
+// block (exit_clock, and the scheduler's ordered switches), as a new one would be.
+void* tsan_fiber(int index) {
+  static std::vector<void*> fibers(kMaxThreadsPerBlock, nullptr);
+  if (fibers[index] == nullptr) fibers[index] = __tsan_create_fiber(0);
+  return fibers[index];
+}
+#endif
+
+// The scheduler's write of the running fiber, unseen by TSan: the fibers read
+// it, and the switch back to the scheduler orders nothing.
+void set_running_fiber(Thread* t) {
+#ifdef JAXOPS_HARNESS_TSAN
+  AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+#endif
+  tls_thread = t;
+#ifdef JAXOPS_HARNESS_TSAN
+  AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+#endif
+}
+
 void run_fibers(Block& b) {
+#ifdef JAXOPS_HARNESS_TSAN
+  b.scheduler_tsan_fiber = __tsan_get_current_fiber();
+#endif
   for (Thread& t : b.threads) b.ready.push_back(t.index);
   while (!b.ready.empty()) {
     size_t pick = 0;
@@ -384,7 +461,7 @@ void run_fibers(Block& b) {
     if (!t.started) {
       t.started = true;
       if (!b.error.empty()) {  // the block failed: threads that never ran stay so
-        tls_thread = &t;
+        set_running_fiber(&t);
         thread_exited(b, t);
         continue;
       }
@@ -395,17 +472,31 @@ void run_fibers(Block& b) {
       const uintptr_t self = reinterpret_cast<uintptr_t>(&t);
       makecontext(&t.context, reinterpret_cast<void (*)()>(&fiber_main), 2,
                   static_cast<unsigned>(self >> 32), static_cast<unsigned>(self & 0xffffffffu));
+#ifdef JAXOPS_HARNESS_ASAN
+      // The stack's last fiber left the redzones of the frames it never returned
+      // from (fiber_main's, and any it threw through) poisoned.
+      __asan_unpoison_memory_region(fiber_stack(t.index), kStackBytes);
+#endif
+#ifdef JAXOPS_HARNESS_TSAN
+      t.tsan_fiber = tsan_fiber(t.index);
+#endif
     }
-    tls_thread = &t;
+    set_running_fiber(&t);
 #ifdef JAXOPS_HARNESS_ASAN
     __sanitizer_start_switch_fiber(&b.scheduler_fake_stack, fiber_stack(t.index), kStackBytes);
 #endif
-    swapcontext(&b.scheduler, &t.context);
+#ifdef JAXOPS_HARNESS_TSAN
+    __tsan_switch_to_fiber(t.tsan_fiber, 0);
+#endif
+    JAXOPS_SWAPCONTEXT(&b.scheduler, &t.context);
 #ifdef JAXOPS_HARNESS_ASAN
     __sanitizer_finish_switch_fiber(b.scheduler_fake_stack, nullptr, nullptr);
 #endif
-    tls_thread = nullptr;
+    set_running_fiber(nullptr);
   }
+#ifdef JAXOPS_HARNESS_TSAN
+  __tsan_acquire(&b.exit_clock);
+#endif
 }
 
 // -- OS threads ------------------------------------------------------------------------------
@@ -457,7 +548,8 @@ std::string run_block(const Settings& s, uint3 block_idx, dim3 grid, dim3 block_
   b.random = s.seed != 0;
   b.rng.seed(seed);
   const int n = static_cast<int>(block_dim.x * block_dim.y * block_dim.z);
-  b.threads.resize(n);
+  // Built in place: a Thread holds a condition variable, which cannot move.
+  b.threads = std::vector<Thread>(n);
   b.warps.resize((n + 31) / 32);
   for (int i = 0; i < n; ++i) {
     Thread& t = b.threads[i];
