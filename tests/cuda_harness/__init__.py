@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import importlib
 import pkgutil
 
@@ -73,12 +72,6 @@ class Harness:
       yield
     finally:
       self.configure()
-
-
-@functools.lru_cache(maxsize=None)
-def load() -> Harness:
-  """Builds (or finds in the cache) the harness library and registers its targets."""
-  return Harness(build.library("plain"))
 
 
 def ffi_primitives() -> list[FfiPrimitive]:
