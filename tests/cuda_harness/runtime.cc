@@ -113,7 +113,6 @@ struct Thread {
   Site wait_site{};
   ucontext_t context;
   void* fake_stack = nullptr;
-  void* tsan_fiber = nullptr;  // the fiber's thread for TSan
   // Threads mode: signalled when this thread is released. One per thread, not one
   // per block: a block-wide notify_all at every barrier woke all 256 threads to
   // re-check, and the futex traffic was most of a TSan driver's time.
@@ -477,16 +476,13 @@ void run_fibers(Block& b) {
       // from (fiber_main's, and any it threw through) poisoned.
       __asan_unpoison_memory_region(fiber_stack(t.index), kStackBytes);
 #endif
-#ifdef JAXOPS_HARNESS_TSAN
-      t.tsan_fiber = tsan_fiber(t.index);
-#endif
     }
     set_running_fiber(&t);
 #ifdef JAXOPS_HARNESS_ASAN
     __sanitizer_start_switch_fiber(&b.scheduler_fake_stack, fiber_stack(t.index), kStackBytes);
 #endif
 #ifdef JAXOPS_HARNESS_TSAN
-    __tsan_switch_to_fiber(t.tsan_fiber, 0);
+    __tsan_switch_to_fiber(tsan_fiber(t.index), 0);
 #endif
     JAXOPS_SWAPCONTEXT(&b.scheduler, &t.context);
 #ifdef JAXOPS_HARNESS_ASAN
