@@ -18,7 +18,12 @@
 // row's scores against it computed while it is in the L1 cache (a dot product
 // per row and key for fewer rows than vector lanes, else a register-blocked
 // product with the rows along the lanes); the values are then added to every
-// row's output by one register-blocked product. All
+// row's output by one register-blocked product. With AVX-512, 1 to 8 rows (one
+// token of a GQA group: the common decode step) of float16 or int8 (and
+// bfloat16 off the dot path below) and a head_dim of whole 16-element chunks
+// take the kernels of cpu/kv_decode_few_rows.h instead, which convert rows in
+// registers and ask for the next tile's rows between their products
+// (decode_keys_few_rows). All
 // arithmetic is float32 (accumulation included), except the bfloat16 dot
 // path: with bfloat16 rows, an even head_dim that is a multiple of 32 and a
 // CPU with AVX512_BF16, the scores are vdpbf16ps products of the rows against
@@ -82,6 +87,7 @@
 #include "cpu/float_convert.h"
 #include "cpu/gemm_bf16_microkernels.h"
 #include "cpu/gemm_microkernels.h"
+#include "cpu/kv_decode_few_rows.h"
 #include "cpu/simd.h"
 
 namespace jaxops::cpu::kv_decode {
@@ -96,9 +102,6 @@ using attention_internal::kLn2;
 using attention_internal::kLog2e;
 using attention_internal::round_up;
 
-// Keys per tile: a tile of K and of V rows (f32, head_dim 128: 16 KiB each)
-// stays in the L1 cache while every query row reads it.
-inline constexpr int64_t kDecodeKeyTile = 32;
 // A key split is never shorter than this: below it, merging costs more than
 // the parallelism gains.
 inline constexpr int64_t kMinKeysPerSplit = 256;
@@ -207,37 +210,10 @@ inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, Arena&
 // ---------------------------------------------------------------------------
 // Scores.
 
-// Lane c of the result is the sum of the lanes of acc[c]. With AVX-512 a
-// transposing tree (45 shuffles and adds for 16 sums instead of ~8 each).
-inline VecF sum_each(const VecF* acc) {
-#if defined(__AVX512F__)
-  __m512 pairs[8], quads[4], octs[2];
-  for (int c = 0; c < 8; ++c) {
-    const __m512 a = acc[2 * c], b = acc[2 * c + 1];
-    // Per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3].
-    pairs[c] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512 a = pairs[2 * c], b = pairs[2 * c + 1];
-    // Per 128-bit chunk: one partial sum of each of the four accumulators.
-    quads[c] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
-  }
-  for (int c = 0; c < 2; ++c) {
-    const __m512 a = quads[2 * c], b = quads[2 * c + 1];
-    octs[c] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  }
-  return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], 0x88),
-                       _mm512_shuffle_f32x4(octs[0], octs[1], 0xDD));
-#else
-  VecF out;
-  for (int c = 0; c < kLanes; ++c) out[c] = vsum(acc[c]);
-  return out;
-#endif
-}
-
 // Calls f(std::integral_constant<int, n>) for n in 1..8, else
 // f(std::integral_constant<int, 0>) (0: the count is only known at run time).
-// The score kernels keep a query row's n vectors in registers when n is fixed.
+// The score kernels keep a query row's n vectors in registers when n is fixed;
+// the few-rows kernels take their row count this way.
 template <typename F>
 inline void with_chunk_count(int64_t n, F&& f) {
   switch (n) {
@@ -456,6 +432,53 @@ int64_t uniform_tile_length(const Source& src, int64_t j0, int64_t n) {
   return lo >= kLanes ? lo : n;
 }
 
+// The tile's scores (s.scores, rows of kDecodeKeyTile) into logits, then
+// probabilities; each row's online-softmax state updated and its earlier
+// output rescaled.
+inline void softmax_tile(const DecodeShape& shape, int64_t j0, int64_t jn, const DecodeScratch& s,
+                         const DecodeState& st) {
+  const int64_t Hp = decode_padded_dim(shape.head_dim), width = round_up(jn, kLanes);
+  for (int64_t i = 0; i < shape.rows; ++i) {
+    float* row = s.scores + i * kDecodeKeyTile;
+    scores_to_logits(shape, s.key_begin[i], s.key_end[i], j0, jn, width, row);
+    const float alpha = online_softmax_row(row, width, st.m + i, st.l + i);
+    if (alpha != 1.0f) {
+      float* o = st.o + i * Hp;
+      const VecF a = vsplat(alpha);
+      for (int64_t h = 0; h < Hp; h += kLanes) vstore(o + h, vload(o + h) * a);
+    }
+  }
+}
+
+#if defined(JAXOPS_FEW_ROWS_DECODE)
+// decode_keys for R <= kMaxFewRows rows of whole chunks (few_rows_fit) of the
+// element types few_rows_element takes, on
+// the kernels of cpu/kv_decode_few_rows.h, over keys [first, last): the
+// rows' union interval within the caller's range.
+template <int R, typename Source>
+void decode_keys_few_rows(const DecodeShape& shape, const Source& src, int64_t first,
+                          int64_t last, const DecodeScratch& s, const DecodeState& st) {
+  using Element = typename Source::Element;
+  const int64_t H = shape.head_dim, Hp = decode_padded_dim(H), Bc = kDecodeKeyTile;
+  // This tile's rows and the next one's, which the passes over this one ask
+  // for as they go; the first tile's are asked for at once.
+  TileRows<Element> rows[2];
+  TileRows<Element>* tile = &rows[0];
+  TileRows<Element>* next = &rows[1];
+  if (first < last) find_tile_rows(src, first, std::min(Bc, last - first), tile);
+  ask_for_tile(*tile, H);
+  for (int64_t j0 = first; j0 < last; j0 += Bc) {
+    const int64_t jn = tile->n;
+    next->n = 0;
+    if (j0 + Bc < last) find_tile_rows(src, j0 + Bc, std::min(Bc, last - j0 - Bc), next);
+    few_rows_scores<R>(*tile, s.q, Hp, H, s.scores, Bc, *next);
+    softmax_tile(shape, j0, jn, s, st);
+    few_rows_values<R>(*tile, s.scores, Bc, H, st.o, Hp, *next);
+    std::swap(tile, next);
+  }
+}
+#endif
+
 // Accumulates keys [j_begin, j_end) (each row limited to its own interval in
 // s.key_begin/key_end) into st, which reset_decode_state (or an earlier call
 // over other keys) set. s.q holds the rows' queries (padded); with the bf16
@@ -477,6 +500,16 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   }
   first = std::max(first, j_begin);
   last = std::min(last, j_end);
+#if defined(JAXOPS_FEW_ROWS_DECODE)
+  if constexpr (!std::is_same_v<Element, float>) {
+    if (few_rows_element<Element>(H) && few_rows_fit(R, H)) {
+      with_chunk_count(R, [&](auto rows) {
+        if constexpr (rows() > 0) decode_keys_few_rows<rows()>(shape, src, first, last, s, st);
+      });
+      return;
+    }
+  }
+#endif
 
   // Rows read where they lie when uniformly strided (else converted, and
   // a shorter tile would only add per-tile work).
@@ -485,7 +518,6 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   for (int64_t j0 = first, jn = 0; j0 < last; j0 += jn) {
     jn = std::min(Bc, last - j0);
     if (reads_in_place) jn = uniform_tile_length(src, j0, jn);
-    const int64_t width = round_up(jn, kLanes);
     // The next tile's rows, asked for now: each row of a kv head is often a
     // page or more from the previous one, where hardware prefetchers stop.
     for (int64_t j = j0 + jn; j < std::min(last, j0 + jn + Bc); ++j) {
@@ -554,23 +586,13 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
       });
     }
 
-    // Logits, softmax update, rescale of the earlier output.
-    for (int64_t i = 0; i < R; ++i) {
-      float* row = s.scores + i * Bc;
-      scores_to_logits(shape, s.key_begin[i], s.key_end[i], j0, jn, width, row);
-      const float alpha = online_softmax_row(row, width, st.m + i, st.l + i);
-      if (alpha != 1.0f) {
-        float* o = st.o + i * Hp;
-        const VecF a = vsplat(alpha);
-        for (int64_t h = 0; h < Hp; h += kLanes) vstore(o + h, vload(o + h) * a);
-      }
-    }
+    softmax_tile(shape, j0, jn, s, st);
 
     // Values: o += P V.
 #if defined(JAXOPS_BF16_DOT)
     if (bf16_dot && stride > 0) {
       for (int64_t i = 0; i < R; ++i) {
-        pack_probability_row(s.scores + i * Bc, width, s.p_bf16 + i * Bc);
+        pack_probability_row(s.scores + i * Bc, round_up(jn, kLanes), s.p_bf16 + i * Bc);
       }
       pack_value_pairs(reinterpret_cast<const uint16_t*>(src.value(j0)), stride, jn, H,
                        s.v_pairs);

@@ -4,8 +4,9 @@
 // uniformly strided only inside a page), int8 rows with per-row scales, the
 // logits soft cap, empty and partial per-row key intervals, and key splits
 // across threads (one group on four threads) with their merge, which must be
-// deterministic; few rows (a dot product per row and key) and a full vector
-// of rows (products with the rows along the lanes). Every element type
+// deterministic; few rows (cpu/kv_decode_few_rows.h on AVX-512, else a dot
+// product per row and key) and a full vector of rows (products with the rows
+// along the lanes). Every element type
 // (float, bfloat16: the AVX512_BF16 dot path where the CPU has it, float16,
 // int8). Prints "ALL PASSED" and exits 0
 // when every case passes (tests/test_cpp_kernels.py builds and runs it).
@@ -233,6 +234,18 @@ int main() {
       {2, 1, 1, 17, 1, 5.0f, 1},       // one key, odd head_dim
       {5, 3, 45, 20, 8, 0.0f, 3},
       {2, 16, 200, 64, 8, 0.0f, 2},    // rows along the lanes, tiles crossing pages
+      // The few-rows kernels (1 to 8 rows, head_dim a multiple of 16, AVX-512):
+      // every row count, head dims of 1 to 16 chunks (uneven value blocks),
+      // odd key counts (an unpaired last key on the bf16 path), page sizes 1,
+      // 3, 5 and 7, next-tile prefetches up to the last key.
+      {2, 1, 33, 64, 1, 0.0f, 2},
+      {2, 2, 70, 32, 5, 0.0f, 2},
+      {3, 3, 1, 32, 1, 0.0f, 1},
+      {3, 5, 129, 48, 7, 10.0f, 2},
+      {1, 6, 95, 96, 16, 0.0f, 1},
+      {2, 7, 31, 256, 3, 0.0f, 2},
+      {2, 8, 513, 128, 16, 0.0f, 2},
+      {1, 8, 777, 16, 32, 0.0f, 3},
   };
   for (const Case& c : cases) {
     run_case<float>(c, "float32", 2e-5, rng);

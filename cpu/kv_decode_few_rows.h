@@ -1,0 +1,354 @@
+// The decode core's inner kernels for a few query rows (1 to kMaxFewRows: one
+// token of a GQA group, the common decode step) of float16 or int8 cache rows
+// (and bfloat16 where vdpbf16ps is not used), AVX-512 only (few_rows_element
+// and few_rows_fit say which); the driver is
+// decode_keys_few_rows (cpu/kv_decode.h). They replace the general tile path
+// there (a dot product per row and key over rows converted into a float tile,
+// then a blocked GEMM for the values) for these shapes.
+//
+// What they do differently:
+// - Rows are converted in registers, a 16-element chunk at a time, and never
+//   written to a tile buffer: bfloat16 by a shift, float16 by vcvtph2ps, int8
+//   by a sign extension and vcvtdq2ps (its scale applied to the score, and to
+//   the probability for the values, not to every element).
+// - Scores: each key chunk, once in a register, serves every row, and each
+//   query chunk, once loaded, serves 16 / R keys: 16 accumulators, (row, key)
+//   pairs, summed across their lanes together (sum_each).
+// - Values: the output rows of a block of head-dim chunks stay in registers
+//   over a slice of keys; each value chunk is loaded once per key and serves
+//   every row.
+// - Where a tile's rows lie is looked up once per tile (TileRows), not by
+//   every pass (a paged lookup reads the block table and divides).
+// - Prefetches of the next tile's rows are spread over the passes' products.
+//
+// Measured on one core (Zen 4, 3.66 GHz), 4 rows, head_dim 128, cycles per
+// key. The two passes over a tile in L1/L2: int8 48 + 40. A whole decode of
+// 64 keys per group, the rows in cache, everything included (general path ->
+// these kernels): int8 154-156 -> 111-116.
+//
+// Numerics are the general path's: float32 arithmetic and accumulation.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/float_convert.h"
+#include "cpu/gemm_bf16_microkernels.h"
+#include "cpu/simd.h"
+
+namespace jaxops::cpu::kv_decode {
+
+using namespace simd;
+
+// Keys per tile: a tile of K and of V rows (f32, head_dim 128: 16 KiB each)
+// stays in the L1 cache while every query row reads it.
+inline constexpr int64_t kDecodeKeyTile = 32;
+
+// Lane c of the result is the sum of the lanes of acc[c]. With AVX-512 a
+// transposing tree (45 shuffles and adds for 16 sums instead of ~8 each).
+inline VecF sum_each(const VecF* acc) {
+#if defined(__AVX512F__)
+  __m512 pairs[8], quads[4], octs[2];
+  for (int c = 0; c < 8; ++c) {
+    const __m512 a = acc[2 * c], b = acc[2 * c + 1];
+    // Per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3].
+    pairs[c] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 a = pairs[2 * c], b = pairs[2 * c + 1];
+    // Per 128-bit chunk: one partial sum of each of the four accumulators.
+    quads[c] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  }
+  for (int c = 0; c < 2; ++c) {
+    const __m512 a = quads[2 * c], b = quads[2 * c + 1];
+    octs[c] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], 0x88),
+                       _mm512_shuffle_f32x4(octs[0], octs[1], 0xDD));
+#else
+  VecF out;
+  for (int c = 0; c < kLanes; ++c) out[c] = vsum(acc[c]);
+  return out;
+#endif
+}
+
+#if defined(__AVX512F__)
+#define JAXOPS_FEW_ROWS_DECODE 1
+
+// Rows of at most this many query rows take the few-rows kernels.
+inline constexpr int kMaxFewRows = 8;
+
+// 16 elements of a cache row as float (int8: unscaled).
+inline __m512 load_chunk(const bfloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load_chunk(const float16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load_chunk(const int8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+
+// Where the rows of a tile's n keys lie (and, for int8 rows, their scales):
+// looked up once per tile, since a paged source's lookup (a block-table read
+// and a division) cost more than the arithmetic when every pass repeated it.
+template <typename Element>
+struct TileRows {
+  int64_t n = 0;
+  const Element* k[kDecodeKeyTile];
+  const Element* v[kDecodeKeyTile];
+  float k_scale[kDecodeKeyTile];  // int8 rows only
+  float v_scale[kDecodeKeyTile];
+  // Key j's row, or nullptr past the tile.
+  const char* key_or_null(int64_t j) const {
+    return j < n ? reinterpret_cast<const char*>(k[j]) : nullptr;
+  }
+  const char* value_or_null(int64_t j) const {
+    return j < n ? reinterpret_cast<const char*>(v[j]) : nullptr;
+  }
+};
+
+// The rows of keys j0 .. j0 + n (n <= kDecodeKeyTile) in runs of one stride
+// (a dense cache: one run; a paged one: a run per page).
+template <typename Source>
+void find_tile_rows(const Source& src, int64_t j0, int64_t n,
+                    TileRows<typename Source::Element>* rows) {
+  using Element = typename Source::Element;
+  rows->n = n;
+  for (int64_t j = 0; j < n;) {
+    int64_t len = n - j;
+    if (src.uniform_stride(j0 + j, len) == 0) {
+      int64_t lo = 1, hi = len - 1;  // one row is always a run
+      while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (src.uniform_stride(j0 + j, mid) != 0) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      len = lo;
+    }
+    const int64_t stride = len > 1 ? src.uniform_stride(j0 + j, len) : 0;
+    const Element* k0 = src.key(j0 + j);
+    const Element* v0 = src.value(j0 + j);
+    for (int64_t i = 0; i < len; ++i) {
+      rows->k[j + i] = k0 + i * stride;
+      rows->v[j + i] = v0 + i * stride;
+    }
+    j += len;
+  }
+  if constexpr (std::is_same_v<Element, int8_t>) {
+    for (int64_t j = 0; j < n; ++j) {
+      rows->k_scale[j] = src.key_scale(j0 + j);
+      rows->v_scale[j] = src.value_scale(j0 + j);
+    }
+  }
+}
+
+// Asks for every line of a tile's K and V rows (key by key), into L2.
+template <typename Element>
+inline void ask_for_tile(const TileRows<Element>& rows, int64_t H) {
+  for (int64_t j = 0; j < rows.n; ++j) {
+    for (int64_t b = 0; b < H * static_cast<int64_t>(sizeof(Element)); b += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(rows.k[j]) + b, 0, 1);
+      __builtin_prefetch(reinterpret_cast<const char*>(rows.v[j]) + b, 0, 1);
+    }
+  }
+}
+
+// Prefetches by the passes. Given the next tile's rows (`next`; no rows: no
+// prefetches), each pass over a tile asks for them as it goes (`later`: the
+// same key of the next tile), a cache line at a time between its products,
+// rather than in one burst before the tile, which stalls the core until most
+// of the burst has arrived, so that reads and arithmetic take turns. In a
+// model loop (2 threads, float32 rows 4 KiB apart, ~90 cycles of FMAs per
+// key) this read 27.5 GB/s against the burst's 22. In these kernels, on a
+// dense cache (2 threads, interleaved runs, medians of 6): int8 13.0 against
+// 10.4 GB/s.
+
+// Whether the few-rows kernels take rows of this element type: those the
+// general path converts into a float tile before its products (float16,
+// int8, and bfloat16 off the vdpbf16ps path), which these kernels convert in
+// registers. The general path reads float32 rows, and bfloat16 rows on the
+// dot path, where they lie, and there it was as fast or faster
+// (`python -m jaxops.bench decode` / `paged_attention`, the builds in
+// alternating runs, GB/s, general against these kernels with float32 FMAs
+// and vdpbf16ps: paged float32 19.9, 20.9, 20.4 against 14.4, 16.6, 18.5;
+// paged bfloat16, medians of three comparisons, 19.5, 19.2, 20.2 against
+// 17.3, 16.4, 19.8; dense within the noise).
+template <typename Element>
+inline bool few_rows_element(int64_t head_dim) {
+  if constexpr (std::is_same_v<Element, float>) {
+    (void)head_dim;
+    return false;
+  } else if constexpr (std::is_same_v<Element, bfloat16>) {
+#if defined(JAXOPS_BF16_DOT)
+    return !(head_dim % 32 == 0 && microkernels::cpu_has_bf16_dot());
+#else
+    (void)head_dim;
+    return true;
+#endif
+  } else {
+    (void)head_dim;
+    return true;
+  }
+}
+
+// Whether they cover this shape: at most kMaxFewRows rows, a head dim of
+// whole chunks.
+inline bool few_rows_fit(int64_t rows, int64_t head_dim) {
+  return rows >= 1 && rows <= kMaxFewRows && head_dim % 16 == 0;
+}
+
+// Keys per score group: R rows x kKeys keys fill at most 16 accumulators.
+template <int R>
+inline constexpr int kScoreKeys = 16 / R;
+
+// Stores a group's sums (lane r * kScoreKeys + kk: row r, key j + kk) into
+// the score rows (row r at scores + r * ld), keys below jn only, times each
+// key's scale for int8 rows.
+template <int R, typename Element>
+inline void store_scores(__m512 sums, const TileRows<Element>& rows, int64_t j, int64_t jn,
+                         float* scores, int64_t ld) {
+  constexpr int kKeys = kScoreKeys<R>;
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  if constexpr (std::is_same_v<Element, int8_t>) {
+    alignas(64) float scale[16] = {};
+    for (int kk = 0; kk < kKeys && j + kk < jn; ++kk) scale[kk] = rows.k_scale[j + kk];
+    // Lane r * kKeys + kk takes key kk's scale.
+    alignas(64) int32_t key_of_lane[16];
+    for (int c = 0; c < 16; ++c) key_of_lane[c] = c % kKeys;
+    sums = _mm512_mul_ps(sums, _mm512_permutexvar_ps(_mm512_load_si512(key_of_lane),
+                                                     _mm512_load_ps(scale)));
+  }
+  const __mmask16 keys = static_cast<__mmask16>((1u << std::min<int64_t>(kKeys, jn - j)) - 1u);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    // Row r's kKeys lanes to the front.
+    const __m512i from = _mm512_add_epi32(lane, _mm512_set1_epi32(r * kKeys));
+    _mm512_mask_storeu_ps(scores + r * ld + j, keys, _mm512_permutexvar_ps(from, sums));
+  }
+}
+
+// scores[r * ld + j] = q_r . k_j for the tile's keys j (q: R rows of H floats
+// at stride ldq); asks for the next tile's key rows.
+template <int R, typename Element>
+void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq, int64_t H,
+                     float* scores, int64_t ld, const TileRows<Element>& next) {
+  constexpr int kKeys = kScoreKeys<R>;
+  const int64_t jn = tile.n;
+  for (int64_t j = 0; j < jn; j += kKeys) {
+    const Element* rows[kKeys];
+    const char* later[kKeys];
+#pragma GCC unroll 16
+    for (int kk = 0; kk < kKeys; ++kk) {
+      rows[kk] = tile.k[std::min<int64_t>(j + kk, jn - 1)];
+      later[kk] = next.key_or_null(j + kk);
+    }
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
+    for (int64_t h = 0; h < H; h += 16) {
+      // One line of each later row per 64 bytes of this chunk's rows: the
+      // prefetches spread over the products.
+      if ((h * static_cast<int64_t>(sizeof(Element))) % 64 == 0) {
+#pragma GCC unroll 16
+        for (int kk = 0; kk < kKeys; ++kk) {
+          if (later[kk]) __builtin_prefetch(later[kk] + h * sizeof(Element), 0, 1);
+        }
+      }
+      __m512 qv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) qv[r] = _mm512_loadu_ps(q + r * ldq + h);
+#pragma GCC unroll 16
+      for (int kk = 0; kk < kKeys; ++kk) {
+        const __m512 kv = load_chunk(rows[kk] + h);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r * kKeys + kk] = _mm512_fmadd_ps(kv, qv[r], acc[r * kKeys + kk]);
+      }
+    }
+    store_scores<R>(sum_each(acc), tile, j, jn, scores, ld);
+  }
+}
+
+
+// Head-dim chunks whose R output rows stay in registers during the values
+// pass: at most 20 accumulators, with R probability broadcasts and a value
+// chunk beside them in the 32 vector registers.
+template <int R>
+inline constexpr int kValueChunks = std::min(8, 20 / R);
+
+// o[r * ldo + h] += sum_j p[r * ld + j] * v_j[h] over the tile's keys j (p:
+// probabilities; for int8 rows the value scale is folded into them here, in
+// place); asks for the next tile's value rows.
+template <int R, typename Element>
+void few_rows_values(const TileRows<Element>& tile, float* p, int64_t ld, int64_t H, float* o,
+                     int64_t ldo, const TileRows<Element>& next) {
+  const int64_t jn = tile.n;
+  constexpr int kChunks = kValueChunks<R>;
+  if constexpr (std::is_same_v<Element, int8_t>) {
+    for (int64_t j = 0; j < jn; ++j) {
+      const float scale = tile.v_scale[j];
+      for (int r = 0; r < R; ++r) p[r * ld + j] *= scale;
+    }
+  }
+  // The head dim in blocks of at most kChunks chunks, as even as they come
+  // (8 chunks for 5 rows: 4 + 4, not 5 + 3).
+  const int64_t total = H / 16, blocks = (total + kChunks - 1) / kChunks;
+  const int64_t per_block = (total + blocks - 1) / blocks;
+  // Keys in slices of kValueKeys, the head-dim blocks within a slice: a
+  // slice's rows stay in L1 while every block reads them, where a whole tile
+  // of a dense float32 cache (rows 4 KiB apart: one L1 set of 8 ways per line
+  // offset) would be evicted between blocks and read again from L2.
+  constexpr int64_t kValueKeys = 8;
+  for (int64_t s0 = 0; s0 < jn; s0 += kValueKeys) {
+    const int64_t s_end = std::min(jn, s0 + kValueKeys);
+    for (int64_t h0 = 0; h0 < H; h0 += 16 * per_block) {
+      const int chunks = static_cast<int>(std::min<int64_t>(per_block, (H - h0) / 16));
+      __m512 acc[R][kChunks];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < kChunks; ++c) {
+          acc[r][c] = c < chunks ? _mm512_loadu_ps(o + r * ldo + h0 + 16 * c) : _mm512_setzero_ps();
+        }
+      }
+      for (int64_t j = s0; j < s_end; ++j) {
+        const Element* row = tile.v[j] + h0;
+        // The later row's lines under this block's chunks, one per 64 bytes.
+        const char* later = next.value_or_null(j);
+        if (later) later += h0 * sizeof(Element);
+        __m512 pv[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) pv[r] = _mm512_set1_ps(p[r * ld + j]);
+#pragma GCC unroll 8
+        for (int c = 0; c < kChunks; ++c) {
+          if (c < chunks) {
+            if (later && (16 * c * sizeof(Element)) % 64 == 0) {
+              __builtin_prefetch(later + 16 * c * sizeof(Element), 0, 1);
+            }
+            const __m512 v = load_chunk(row + 16 * c);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(pv[r], v, acc[r][c]);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < kChunks; ++c) {
+          if (c < chunks) _mm512_storeu_ps(o + r * ldo + h0 + 16 * c, acc[r][c]);
+        }
+      }
+    }
+  }
+}
+
+#endif  // __AVX512F__
+
+}  // namespace jaxops::cpu::kv_decode
