@@ -419,17 +419,9 @@ inline void reset_decode_state(const DecodeShape& shape, const DecodeState& st) 
 // converted into the tile buffer.
 template <typename Source>
 int64_t uniform_tile_length(const Source& src, int64_t j0, int64_t n) {
-  if (n <= kLanes || src.uniform_stride(j0, n) != 0) return n;
-  int64_t lo = 1, hi = n - 1;  // uniform_stride(j0, lo) != 0 (one row always is)
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (src.uniform_stride(j0, mid) != 0) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo >= kLanes ? lo : n;
+  if (n <= kLanes) return n;
+  const int64_t run = uniform_run_length(src, j0, n);
+  return run >= kLanes ? run : n;
 }
 
 // The tile's scores (s.scores, rows of kDecodeKeyTile) into logits, then
@@ -452,7 +444,7 @@ inline void softmax_tile(const DecodeShape& shape, int64_t j0, int64_t jn, const
 
 #if defined(JAXOPS_FEW_ROWS_DECODE)
 // decode_keys for R <= kMaxFewRows rows of whole chunks (few_rows_fit) of the
-// element types few_rows_element takes, on
+// element types decode_keys gives them, on
 // the kernels of cpu/kv_decode_few_rows.h, over keys [first, last): the
 // rows' union interval within the caller's range.
 template <int R, typename Source>
@@ -501,8 +493,17 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   first = std::max(first, j_begin);
   last = std::min(last, j_end);
 #if defined(JAXOPS_FEW_ROWS_DECODE)
+  // The few-rows kernels take the rows this path would convert into a float
+  // tile (float16, int8, bfloat16 off the dot path): they convert them in
+  // registers. float32 rows, and bfloat16 rows on the dot path, are read where
+  // they lie here, and here they were as fast or faster (`python -m
+  // jaxops.bench decode` / `paged_attention`, the builds in alternating runs,
+  // GB/s, this path against versions of those kernels with float32 FMAs and
+  // vdpbf16ps: paged float32 19.9, 20.9, 20.4 against 14.4, 16.6, 18.5; paged
+  // bfloat16, medians of three comparisons, 19.5, 19.2, 20.2 against 17.3,
+  // 16.4, 19.8; dense within the noise).
   if constexpr (!std::is_same_v<Element, float>) {
-    if (few_rows_element<Element>(H) && few_rows_fit(R, H)) {
+    if (!bf16_dot && few_rows_fit(R, H)) {
       with_chunk_count(R, [&](auto rows) {
         if constexpr (rows() > 0) decode_keys_few_rows<rows()>(shape, src, first, last, s, st);
       });
@@ -521,12 +522,7 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
     // The next tile's rows, asked for now: each row of a kv head is often a
     // page or more from the previous one, where hardware prefetchers stop.
     for (int64_t j = j0 + jn; j < std::min(last, j0 + jn + Bc); ++j) {
-      const char* kr = reinterpret_cast<const char*>(src.key(j));
-      const char* vr = reinterpret_cast<const char*>(src.value(j));
-      for (int64_t at = 0; at < H * static_cast<int64_t>(sizeof(Element)); at += 64) {
-        __builtin_prefetch(kr + at, 0, 1);
-        __builtin_prefetch(vr + at, 0, 1);
-      }
+      ask_for_rows(src.key(j), src.value(j), H * static_cast<int64_t>(sizeof(Element)));
     }
     const int64_t stride = src.uniform_stride(j0, jn);
 

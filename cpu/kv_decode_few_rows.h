@@ -31,7 +31,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "cpu/float_convert.h"
@@ -72,6 +71,33 @@ inline VecF sum_each(const VecF* acc) {
   for (int c = 0; c < kLanes; ++c) out[c] = vsum(acc[c]);
   return out;
 #endif
+}
+
+// How many of keys j0 .. j0 + n (n >= 1) from j0 on are uniformly strided
+// (the row source's uniform_stride): n for a dense cache, up to the page's
+// end for a paged one; at least 1 (one row always is).
+template <typename Source>
+int64_t uniform_run_length(const Source& src, int64_t j0, int64_t n) {
+  if (src.uniform_stride(j0, n) != 0) return n;
+  int64_t lo = 1, hi = n - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (src.uniform_stride(j0, mid) != 0) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Asks for every cache line of a key row and its value row (bytes each), into
+// L2.
+inline void ask_for_rows(const void* key, const void* value, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) {
+    __builtin_prefetch(static_cast<const char*>(key) + b, 0, 1);
+    __builtin_prefetch(static_cast<const char*>(value) + b, 0, 1);
+  }
 }
 
 #if defined(__AVX512F__)
@@ -120,19 +146,7 @@ void find_tile_rows(const Source& src, int64_t j0, int64_t n,
   using Element = typename Source::Element;
   rows->n = n;
   for (int64_t j = 0; j < n;) {
-    int64_t len = n - j;
-    if (src.uniform_stride(j0 + j, len) == 0) {
-      int64_t lo = 1, hi = len - 1;  // one row is always a run
-      while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (src.uniform_stride(j0 + j, mid) != 0) {
-          lo = mid;
-        } else {
-          hi = mid - 1;
-        }
-      }
-      len = lo;
-    }
+    const int64_t len = uniform_run_length(src, j0 + j, n - j);
     const int64_t stride = len > 1 ? src.uniform_stride(j0 + j, len) : 0;
     const Element* k0 = src.key(j0 + j);
     const Element* v0 = src.value(j0 + j);
@@ -154,10 +168,7 @@ void find_tile_rows(const Source& src, int64_t j0, int64_t n,
 template <typename Element>
 inline void ask_for_tile(const TileRows<Element>& rows, int64_t H) {
   for (int64_t j = 0; j < rows.n; ++j) {
-    for (int64_t b = 0; b < H * static_cast<int64_t>(sizeof(Element)); b += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(rows.k[j]) + b, 0, 1);
-      __builtin_prefetch(reinterpret_cast<const char*>(rows.v[j]) + b, 0, 1);
-    }
+    ask_for_rows(rows.k[j], rows.v[j], H * static_cast<int64_t>(sizeof(Element)));
   }
 }
 
@@ -171,36 +182,8 @@ inline void ask_for_tile(const TileRows<Element>& rows, int64_t H) {
 // dense cache (2 threads, interleaved runs, medians of 6): int8 13.0 against
 // 10.4 GB/s.
 
-// Whether the few-rows kernels take rows of this element type: those the
-// general path converts into a float tile before its products (float16,
-// int8, and bfloat16 off the vdpbf16ps path), which these kernels convert in
-// registers. The general path reads float32 rows, and bfloat16 rows on the
-// dot path, where they lie, and there it was as fast or faster
-// (`python -m jaxops.bench decode` / `paged_attention`, the builds in
-// alternating runs, GB/s, general against these kernels with float32 FMAs
-// and vdpbf16ps: paged float32 19.9, 20.9, 20.4 against 14.4, 16.6, 18.5;
-// paged bfloat16, medians of three comparisons, 19.5, 19.2, 20.2 against
-// 17.3, 16.4, 19.8; dense within the noise).
-template <typename Element>
-inline bool few_rows_element(int64_t head_dim) {
-  if constexpr (std::is_same_v<Element, float>) {
-    (void)head_dim;
-    return false;
-  } else if constexpr (std::is_same_v<Element, bfloat16>) {
-#if defined(JAXOPS_BF16_DOT)
-    return !(head_dim % 32 == 0 && microkernels::cpu_has_bf16_dot());
-#else
-    (void)head_dim;
-    return true;
-#endif
-  } else {
-    (void)head_dim;
-    return true;
-  }
-}
-
-// Whether they cover this shape: at most kMaxFewRows rows, a head dim of
-// whole chunks.
+// Whether the few-rows kernels cover this shape: at most kMaxFewRows rows, a
+// head dim of whole chunks.
 inline bool few_rows_fit(int64_t rows, int64_t head_dim) {
   return rows >= 1 && rows <= kMaxFewRows && head_dim % 16 == 0;
 }
@@ -302,9 +285,10 @@ void few_rows_values(const TileRows<Element>& tile, float* p, int64_t ld, int64_
   const int64_t total = H / 16, blocks = (total + kChunks - 1) / kChunks;
   const int64_t per_block = (total + blocks - 1) / blocks;
   // Keys in slices of kValueKeys, the head-dim blocks within a slice: a
-  // slice's rows stay in L1 while every block reads them, where a whole tile
-  // of a dense float32 cache (rows 4 KiB apart: one L1 set of 8 ways per line
-  // offset) would be evicted between blocks and read again from L2.
+  // slice's rows stay in L1 while every block reads them. A whole tile of a
+  // dense cache's rows (a page or a fraction of one apart, so the same line
+  // offsets share few L1 sets of 8 ways) can be evicted between blocks and
+  // read again from L2.
   constexpr int64_t kValueKeys = 8;
   for (int64_t s0 = 0; s0 < jn; s0 += kValueKeys) {
     const int64_t s_end = std::min(jn, s0 + kValueKeys);

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import math
+import pathlib
 import statistics
 import time
 
@@ -84,9 +84,9 @@ def cpp_stream_bandwidth(runs: int) -> float:
 def last_level_cache_bytes() -> int:
   """The largest CPU cache's size, from sysfs (Linux), else 32 MiB."""
   sizes = []
-  for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+  for path in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
     try:
-      text = open(path).read().strip()
+      text = path.read_text().strip()
     except OSError:
       continue
     scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)

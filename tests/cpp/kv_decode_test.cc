@@ -236,8 +236,8 @@ int main() {
       {2, 16, 200, 64, 8, 0.0f, 2},    // rows along the lanes, tiles crossing pages
       // The few-rows kernels (1 to 8 rows, head_dim a multiple of 16, AVX-512):
       // every row count, head dims of 1 to 16 chunks (uneven value blocks),
-      // odd key counts (an unpaired last key on the bf16 path), page sizes 1,
-      // 3, 5 and 7, next-tile prefetches up to the last key.
+      // key counts that end a tile inside a score group, page sizes 1, 3, 5
+      // and 7, next-tile prefetches up to the last key.
       {2, 1, 33, 64, 1, 0.0f, 2},
       {2, 2, 70, 32, 5, 0.0f, 2},
       {3, 3, 1, 32, 1, 0.0f, 1},
