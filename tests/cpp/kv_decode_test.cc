@@ -200,24 +200,27 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
   if (!ok) ++failures;
 }
 
-// A NaN in one key row makes exactly the rows that attend it NaN.
-void nan_case() {
+// A NaN in one key row makes exactly the rows that attend it NaN: float32
+// rows (the general path) and float16 rows (the few-rows kernels on AVX-512).
+template <typename E>
+void nan_case(const char* type) {
   const Case c{1, 2, 100, 32, 16, 0.0f, 2};
-  std::vector<float> k(112 * 32, 0.5f), v(112 * 32, 1.0f), ones(112, 1.0f);
-  k[50 * 32 + 3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<E> k(112 * 32, E(0.5f)), v(112 * 32, E(1.0f));
+  std::vector<float> ones(112, 1.0f);
+  k[50 * 32 + 3] = E(std::numeric_limits<float>::quiet_NaN());
   const std::vector<int64_t> page_of = {0, 1, 2, 3, 4, 5, 6};
-  const std::vector<PagedRows<float>> sources = {
+  const std::vector<PagedRows<E>> sources = {
       {k.data(), v.data(), ones.data(), ones.data(), page_of.data(), 16, 32}};
   const std::vector<float> q(2 * 32, 0.25f);
   const std::vector<int64_t> begin = {0, 0}, end = {100, 50};
   std::vector<float> out(2 * 32), lse(2);
   kd::DecodeShape shape{2, 32, 1.0f, 0.0f};
   std::vector<char> workspace(kd::decode_workspace_bytes(1, shape, 100, 2));
-  kd::run_decode(Groups<float>{c, q, begin, end, sources, &out, &lse}, 1, shape, 100, 2,
+  kd::run_decode(Groups<E>{c, q, begin, end, sources, &out, &lse}, 1, shape, 100, 2,
                  workspace.data());
   const bool ok = std::isnan(out[0]) && std::isnan(lse[0]) && std::abs(out[32] - 1.0f) < 1e-6f &&
                   std::isfinite(lse[1]);
-  std::printf("%s nan propagation\n", ok ? "ok  " : "FAIL");
+  std::printf("%s %-8s nan propagation\n", ok ? "ok  " : "FAIL", type);
   if (!ok) ++failures;
 }
 
@@ -253,7 +256,8 @@ int main() {
     run_case<float16>(c, "float16", 2e-5, rng);
     run_case<int8_t>(c, "int8", 2e-5, rng);
   }
-  nan_case();
+  nan_case<float>("float32");
+  nan_case<float16>("float16");
   if (failures == 0) {
     std::printf("ALL PASSED\n");
     return 0;
