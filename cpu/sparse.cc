@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/float_convert.h"
@@ -18,7 +20,9 @@
 namespace jaxops::cpu {
 namespace {
 
+using ::jaxops::params::kSparseGroup;
 using ::jaxops::params::sparse_column;
+using ::jaxops::params::sparse_kept_positions;
 using ::jaxops::params::sparse_metadata_cols;
 using ::jaxops::params::sparse_values_cols;
 using microkernels::Update;
@@ -416,6 +420,63 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
 }
 #endif
 
+// The storage bits of T and the exponent field that is all ones in a NaN or
+// an infinity.
+template <typename T>
+struct ExponentBits {
+  using Bits = std::conditional_t<std::is_same_v<T, float>, uint32_t, uint16_t>;
+  static constexpr Bits kMask = std::is_same_v<T, float>      ? 0x7f800000u
+                                : std::is_same_v<T, bfloat16> ? 0x7f80u
+                                                              : 0x7c00u;
+};
+
+// Whether any of x[0, n) is a NaN or an infinity: an OR over the exponent
+// bits that vectorises (a loop of isfinite calls ran scalar, ~0.7 ns a value).
+template <typename T>
+bool any_non_finite(const T* x, int64_t n) {
+  using E = ExponentBits<T>;
+  const auto* bits = reinterpret_cast<const typename E::Bits*>(x);
+  unsigned found = 0;
+#pragma omp simd reduction(| : found)
+  for (int64_t i = 0; i < n; ++i) found |= (bits[i] & E::kMask) == E::kMask;
+  return found != 0;
+}
+
+// The dense product x W^T has 0 * x[r, c] for every column c that output o
+// prunes, and that is NaN when x[r, c] is a NaN or an infinity; the GEMV paths
+// multiply only the kept values, so after them this sets those y[r, o] to NaN
+// (the panel GEMM multiplies the decompressed zeros itself). A healthy x costs
+// one read of x; only the rows holding non-finite values are matched, group by
+// group, against every output's metadata.
+template <typename T>
+void mark_pruned_non_finite(const T* x, const uint8_t* metadata, T* y, SparseLinearShape s) {
+  const int64_t groups = s.in / kSparseGroup, mcols = sparse_metadata_cols(s.in);
+  if (!any_non_finite(x, s.rows * s.in)) return;
+  std::vector<std::pair<int64_t, unsigned>> bad;  // (group, its non-finite positions)
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const T* xr = x + r * s.in;
+    if (!any_non_finite(xr, s.in)) continue;
+    bad.clear();
+    for (int64_t g = 0; g < groups; ++g) {
+      unsigned positions = 0;
+      for (int p = 0; p < kSparseGroup; ++p) {
+        positions |= unsigned{any_non_finite(xr + kSparseGroup * g + p, 1)} << p;
+      }
+      if (positions != 0) bad.emplace_back(g, positions);
+    }
+    const T nan = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+#pragma omp parallel for schedule(static) if (s.out * static_cast<int64_t>(bad.size()) >= (1 << 16))
+    for (int64_t o = 0; o < s.out; ++o) {
+      for (const auto& [g, positions] : bad) {
+        if ((positions & ~sparse_kept_positions(metadata + o * mcols, g)) != 0) {
+          y[r * s.out + o] = nan;
+          break;
+        }
+      }
+    }
+  }
+}
+
 // The dense product C[m, n] = A[m, K] B[K, n] with B given in packed sparse
 // form: each thread decompresses whole column panels of B (NB columns, all K
 // rows, zero-padded to whole vectors) once, then runs the float32
@@ -470,11 +531,15 @@ void sparse_linear_fwd(const T* x, const T* values, const uint8_t* metadata, con
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
     if (s.rows >= kMinRowLaneRows && s.rows <= kMaxRowLaneRows) {
-      return row_lane_gemv_any(x, values, metadata, bias, y, s);
+      row_lane_gemv_any(x, values, metadata, bias, y, s);
+      return mark_pruned_non_finite(x, metadata, y, s);
     }
   }
 #endif
-  if (s.rows <= kMaxGemvPathRows) return sparse_gemv(xf.data(), values, metadata, bias, y, s);
+  if (s.rows <= kMaxGemvPathRows) {
+    sparse_gemv(xf.data(), values, metadata, bias, y, s);
+    return mark_pruned_non_finite(x, metadata, y, s);
+  }
   // B = W^T: panel row k, column j holds W[n0 + j, k].
   auto fill = [&](int64_t n0, int64_t nc, float* panel, int64_t ldb) {
     for (int64_t j = 0; j < nc; ++j) {

@@ -10,6 +10,7 @@ namespace {
 
 using ::jaxops::params::kSparseGroup;
 using ::jaxops::params::sparse_column;
+using ::jaxops::params::sparse_kept_positions;
 using ::jaxops::params::sparse_metadata_cols;
 using ::jaxops::params::sparse_position;
 using ::jaxops::params::sparse_values_cols;
@@ -145,8 +146,66 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
+// 0 * NaN and 0 * inf are NaN, and the dense product x W^T (the reference)
+// multiplies the pruned zeros: y[r, o] is NaN when x[r, c] is not finite at a
+// column c that output o prunes. Neither forward kernel reads those columns
+// (mma.sp selects the kept rows of B), so this one, launched after them, sets
+// those outputs. Block: a row of x at a time. A healthy row costs one read of
+// it; otherwise its groups holding non-finite values are listed in shared
+// memory (kListGroups at a time) and each thread matches its outputs'
+// metadata against the list.
+constexpr int kListGroups = 1024;
+
+template <typename T>
+__global__ void sparse_linear_pruned_nan_kernel(const T* x, const uint8_t* metadata, T* y,
+                                                SparseLinearShape s) {
+  __shared__ int listed;
+  __shared__ int list_groups[kListGroups];
+  __shared__ uint8_t list_positions[kListGroups];
+  const int64_t groups = s.in / kSparseGroup, mcols = sparse_metadata_cols(s.in);
+  const auto non_finite = [](T v) {
+    return (__float_as_uint(to_float(v)) & 0x7f800000u) == 0x7f800000u;
+  };
+  for (int64_t r = blockIdx.x; r < s.rows; r += gridDim.x) {
+    const T* xr = x + r * s.in;
+    bool any = false;
+    for (int64_t c = threadIdx.x; c < s.in; c += blockDim.x) any = any || non_finite(xr[c]);
+    if (!__syncthreads_or(any)) continue;  // the whole block
+    for (int64_t g0 = 0; g0 < groups; g0 += kListGroups) {
+      if (threadIdx.x == 0) listed = 0;
+      __syncthreads();
+      const int64_t g_end = g0 + kListGroups < groups ? g0 + kListGroups : groups;
+      for (int64_t g = g0 + threadIdx.x; g < g_end; g += blockDim.x) {
+        unsigned positions = 0;
+        for (int p = 0; p < kSparseGroup; ++p) {
+          positions |= static_cast<unsigned>(non_finite(xr[kSparseGroup * g + p])) << p;
+        }
+        if (positions != 0) {
+          const int i = atomicAdd(&listed, 1);
+          list_groups[i] = static_cast<int>(g - g0);
+          list_positions[i] = static_cast<uint8_t>(positions);
+        }
+      }
+      __syncthreads();
+      const int n = listed;
+      for (int64_t o = threadIdx.x; o < s.out && n > 0; o += blockDim.x) {
+        for (int i = 0; i < n; ++i) {
+          const unsigned kept = sparse_kept_positions(metadata + o * mcols, g0 + list_groups[i]);
+          if ((list_positions[i] & ~kept) != 0) {
+            y[r * s.out + o] = from_float<T>(__uint_as_float(0x7fc00000u));
+            break;
+          }
+        }
+      }
+      __syncthreads();  // every thread has read `listed` before it is reset
+    }
+  }
+}
+
 // Thread (r, g): dx[r, 4g .. 4g + 3] = sum over o of dy[r, o] W[o, 4g .. 4g + 3].
 // The 4 sums are selected by compare, not indexed, so they stay in registers.
+// The pruned positions get dy[r, o] * 0 (the dense product's term): 0, or NaN
+// for a non-finite dy.
 template <typename T>
 __global__ void sparse_linear_dx_kernel(const T* dy, const T* values, const uint8_t* metadata,
                                         T* dx, SparseLinearShape s) {
@@ -168,6 +227,12 @@ __global__ void sparse_linear_dx_kernel(const T* dy, const T* values, const uint
         sum2 += p == 2 ? term : 0.f;
         sum3 += p == 3 ? term : 0.f;
       }
+      const unsigned kept = sparse_kept_positions(meta, g);
+      const float pruned_term = d * 0.f;
+      sum0 += kept & 1u ? 0.f : pruned_term;
+      sum1 += kept & 2u ? 0.f : pruned_term;
+      sum2 += kept & 4u ? 0.f : pruned_term;
+      sum3 += kept & 8u ? 0.f : pruned_term;
     }
     T* out = dx + r * s.in + 4 * g;
     out[0] = from_float<T>(sum0);
@@ -193,6 +258,17 @@ __global__ void sparse_linear_dvalues_kernel(const T* dy, const T* x, const uint
   }
 }
 
+// After either forward kernel: a block per row of x, at most kMaxRowBlocks.
+template <typename T>
+cudaError_t launch_pruned_nan(cudaStream_t stream, const T* x, const uint8_t* metadata, T* y,
+                              SparseLinearShape shape) {
+  if (shape.in == 0) return cudaGetLastError();
+  const unsigned blocks =
+      static_cast<unsigned>(shape.rows < kMaxRowBlocks ? shape.rows : kMaxRowBlocks);
+  return launch_kernel(sparse_linear_pruned_nan_kernel<T>, dim3(blocks), kThreads, stream, x,
+                       metadata, y, shape);
+}
+
 }  // namespace
 
 template <typename T>
@@ -208,16 +284,21 @@ cudaError_t sparse_linear_fwd(cudaStream_t stream, const T* x, const T* values,
       const dim3 grid(
           static_cast<unsigned>((warps + kMmaWarps - 1) / kMmaWarps),
           static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
-      return launch_kernel(sparse_linear_fwd_mma_kernel<T>, grid, kMmaWarps * 32, stream, x,
-                           values, metadata, bias, y, shape);
+      const cudaError_t error = launch_kernel(sparse_linear_fwd_mma_kernel<T>, grid,
+                                              kMmaWarps * 32, stream, x, values, metadata, bias,
+                                              y, shape);
+      if (error != cudaSuccess) return error;
+      return launch_pruned_nan(stream, x, metadata, y, shape);
     }
   }
   // float32, and every dtype on a device without sparse tensor cores: SIMT.
   const int64_t row_blocks = (shape.rows + kRowsPerWarp - 1) / kRowsPerWarp;
   const dim3 grid(static_cast<unsigned>(shape.out),
                   static_cast<unsigned>(row_blocks < kMaxRowBlocks ? row_blocks : kMaxRowBlocks));
-  return launch_kernel(sparse_linear_fwd_kernel<T>, grid, row_reduce::kWarpSize, stream, x,
-                       values, metadata, bias, y, shape);
+  const cudaError_t error = launch_kernel(sparse_linear_fwd_kernel<T>, grid, row_reduce::kWarpSize,
+                                          stream, x, values, metadata, bias, y, shape);
+  if (error != cudaSuccess) return error;
+  return launch_pruned_nan(stream, x, metadata, y, shape);
 }
 
 template <typename T>

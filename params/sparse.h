@@ -12,7 +12,10 @@
 // so value k of a row sits at input column 4 * (k / 2) + position(k). A
 // position is 2 bits, so no metadata byte can name a column outside its group:
 // traced metadata needs no clamping. Two equal positions in one group add
-// their values (decompression is a scatter-add), in every kernel alike.
+// their values (decompression is a scatter-add), in every kernel alike. So do
+// pruned columns' zeros times a NaN or an infinity: every kernel gives the NaN
+// that the dense product with the decompressed weight gives (0 * inf = NaN),
+// though none multiplies by the pruned zeros.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +43,14 @@ JAXOPS_HOST_DEVICE int sparse_position(const uint8_t* metadata_row, int64_t k) {
 // The input column of value k of a packed row.
 JAXOPS_HOST_DEVICE int64_t sparse_column(const uint8_t* metadata_row, int64_t k) {
   return kSparseGroup * (k >> 1) + sparse_position(metadata_row, k);
+}
+
+// The in-group positions group `group` of a packed row keeps, as a 4-bit set
+// (bit p: position p); the others are its pruned columns (three of them when
+// both values name one position).
+JAXOPS_HOST_DEVICE unsigned sparse_kept_positions(const uint8_t* metadata_row, int64_t group) {
+  const unsigned nibble = (metadata_row[group >> 1] >> (4 * (group & 1))) & 0xfu;
+  return (1u << (nibble & 3u)) | (1u << (nibble >> 2));
 }
 
 }  // namespace jaxops::params

@@ -8,13 +8,16 @@ every dtype, on small shapes: one row and one group, an odd number of groups
 groups than a warp's lanes. The bfloat16/float16 forward is the sparse
 tensor-core kernel (mma.sp, emulated): `in` not a multiple of its 32-wide step,
 `out` not a multiple of its 16 outputs, rows not a multiple of its 8, two warps
-of a block at work; metadata with descending and repeated positions.
+of a block at work; metadata with descending and repeated positions. Then the
+forward and dx again with NaN, +inf or -inf in every third row of x and dy:
+the forward's NaN pass (outputs that prune a non-finite column), over more
+groups than its shared-memory list holds at the widest shape.
 """
 
 from support.background import prestart
 from support.sanitizers import check_driver, driver_job
 
-ASAN_SHAPES = ["1x4x1", "3x12x5", "9x36x7", "2x260x3", "0x8x2", "17x68x19"]
+ASAN_SHAPES = ["1x4x1", "3x12x5", "9x36x7", "2x260x3", "0x8x2", "17x68x19", "4x4104x3"]
 TSAN_SHAPES = ["2x12x17", "9x68x2"]
 DRIVER = "sparse_driver.cc"
 ASAN = driver_job(DRIVER, "asan", *ASAN_SHAPES, seed=7)

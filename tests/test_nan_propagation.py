@@ -185,9 +185,20 @@ def _embedding_case():
           [table], (ids,))
 
 
+def _sparse_linear_case():
+  """2:4 sparse linear: values [11, 20] of a compressed weight, metadata an
+  integer input. The reference multiplies the pruned zeros (0 * NaN = NaN)."""
+  x, w, b = random_inputs(9, [(ROWS, 40), (11, 40), (11,)])
+  packed = jaxops.sparse.compress(jaxops.sparse.prune_2_4(w)[0])
+  layer = lambda x, v, b, m: jaxops.sparse.linear(x, jaxops.sparse.SparseWeight(v, m, 40), b,
+                                                  implementation="ffi")
+  return (layer, lambda x, v, b, m: reference.sparse_linear(x, v, m, b), [x, packed.values, b],
+          (packed.metadata,))
+
+
 OPS = ["layer_norm", "rms_norm", "add_rms_norm", "softmax", "softmax_bias", "log_softmax",
        "causal_softmax", "cross_entropy", "gelu", "gelu_exact", "silu", "swiglu", "geglu",
-       "linear_cross_entropy", "rope_neox", "rope_gptj", "embedding"]
+       "linear_cross_entropy", "rope_neox", "rope_gptj", "embedding", "sparse_linear"]
 
 
 @backends.parametrize("op", {backends.CPU: OPS, backends.HARNESS: OPS})
@@ -199,6 +210,8 @@ def test_op(backend, op):
     fn, ref, diff, ints = _rope_case(op.split("_")[1])
   elif op == "embedding":
     fn, ref, diff, ints = _embedding_case()
+  elif op == "sparse_linear":
+    fn, ref, diff, ints = _sparse_linear_case()
   else:
     fn, ref, diff, ints = _cases(cols)[op]
   sweep(fn, ref, diff, ints, reduce_size=cols)

@@ -204,6 +204,58 @@ def test_gemv_blocks_chunks_and_any_metadata(rows, dtype):
   assert_close(y, _reference(*upcast([x, values]), metadata), dtype=dtype, reduce_size=500)
 
 
+# -- linear: NaN and infinities --------------------------------------------------------
+
+# CPU: one row (the permute GEMV), 3 and 37 rows (the rows-along-lanes GEMV),
+# 70 rows (the decompressed-panel GEMM), bfloat16/float16 GEMV. Harness: the
+# float32 SIMT forward, the bfloat16/float16 tensor-core forward.
+NON_FINITE_CASES = {
+    backends.CPU: [(1, jnp.float32), (3, jnp.float32), (37, jnp.float32), (70, jnp.float32),
+                   (2, jnp.bfloat16), (5, jnp.float16)],
+    backends.HARNESS: [(3, jnp.float32), (9, jnp.bfloat16), (9, jnp.float16)]}
+
+
+def _poisoned(x, entries):
+  for (r, c), value in entries:
+    x = x.at[r, c].set(value)
+  return x
+
+
+@backends.parametrize("rows,dtype", NON_FINITE_CASES)
+def test_non_finite_x_reaches_the_outputs_that_prune_its_column(backend, rows, dtype):
+  """The dense product multiplies every pruned zero, and 0 * NaN = 0 * inf =
+  NaN: a NaN or infinite x[r, c] makes y[r, o] NaN wherever output o prunes
+  column c (and NaN or +-inf where it keeps it), on every path, though the
+  GEMV paths and the tensor-core forward multiply only the kept values."""
+  in_features, out = 40, 13
+  x, = random_inputs(14, [(rows, in_features)], dtype)
+  _, packed = _sparse_weight(15, out, in_features, dtype)
+  x = _poisoned(x, [((0, 5), np.nan), ((rows - 1, 22), np.inf), ((rows // 2, 35), -np.inf)])
+  y = jax.jit(sparse.linear)(x, packed)
+  expected = _reference(*upcast([x, packed.values]), packed.metadata)
+  # The +inf row holds both kinds of outputs: NaN (pruned) and +inf (kept);
+  # with one row, the NaN reaches every output.
+  nan_counts = np.isnan(np.asarray(expected)).sum(axis=-1)
+  assert 0 < nan_counts[rows - 1] < out if rows > 1 else nan_counts[0] == out
+  assert_close(y, expected, dtype=dtype, reduce_size=in_features // 2)
+
+
+@backends.parametrize("rows,dtype", NON_FINITE_CASES)
+def test_non_finite_cotangent_reaches_the_pruned_columns(backend, rows, dtype):
+  """dx = dy W multiplies the pruned zeros too: a NaN or infinite dy[r, o]
+  makes dx[r, c] NaN at every column c that output o prunes."""
+  in_features, out = 40, 13
+  x, dy = random_inputs(16, [(rows, in_features), (rows, out)], dtype)
+  _, packed = _sparse_weight(17, out, in_features, dtype)
+  dy = _poisoned(dy, [((0, 3), np.nan), ((rows - 1, 7), np.inf), ((rows // 2, 11), -np.inf)])
+  _, pullback = jax.vjp(lambda x: sparse.linear(x, packed), x)
+  dx, = jax.jit(pullback)(dy)
+  expected = reference.sparse_linear_dx(*upcast([dy, packed.values]), packed.metadata, in_features)
+  nan_counts = np.isnan(np.asarray(expected)).sum(axis=-1)
+  assert 0 < nan_counts[rows - 1] < in_features if rows > 1 else nan_counts[0] == in_features
+  assert_close(dx, expected, dtype=dtype, reduce_size=out)
+
+
 # -- linear: derivatives -------------------------------------------------------------
 
 DERIVATIVE_SHAPES = [((1, 4), 1), ((3, 12), 7), ((2, 5, 36), 9), ((20, 64), 19)]

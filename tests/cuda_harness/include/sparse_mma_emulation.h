@@ -23,7 +23,10 @@
 //      0-3) and 4g + 2 * selector + 1 (chunks 4-7) of every group supply them:
 //      row g in bits 0-15, row g + 8 in bits 16-31, chunk c & 3 at bits 4 (c & 3).
 // Products are exact in float, summed in float onto c (the GPU's summation
-// order differs; both are within the tests' tolerances).
+// order differs; both are within the tests' tolerances). Only the kept
+// elements meet B: the metadata selects the rows of B each compressed column
+// multiplies, and the other rows are never read (a NaN or an infinity there
+// does not reach d, as on the GPU, which has no pruned zeros to multiply).
 #pragma once
 
 #include <cstdint>
@@ -51,7 +54,9 @@ float register_half(uint32_t reg, int high) {
 
 template <float (*kToFloat)(unsigned short), int kSelector>
 void complete_sparse_mma(const Collective& op) {
-  float a[16][16], dense_a[16][32] = {}, b[32][8], acc[16][8];
+  // b_row[r][k]: the row of B that compressed column k of row r multiplies.
+  float a[16][16], b[32][8], acc[16][8];
+  int b_row[16][16];
   for (int lane = 0; lane < 32; ++lane) {
     const auto& in = *static_cast<const SparseMmaLane*>(op.in[lane]);
     const int g = lane >> 2, t = lane & 3;
@@ -76,14 +81,14 @@ void complete_sparse_mma(const Collective& op) {
                                  std::to_string(lane) +
                                  ") is not two ascending indices (undefined on the GPU)");
       }
-      dense_a[r][4 * chunk + i0] = a[r][2 * chunk];
-      dense_a[r][4 * chunk + i1] = a[r][2 * chunk + 1];
+      b_row[r][2 * chunk] = 4 * chunk + i0;
+      b_row[r][2 * chunk + 1] = 4 * chunk + i1;
     }
   }
   for (int i = 0; i < 16; ++i) {
     for (int j = 0; j < 8; ++j) {
       float sum = acc[i][j];
-      for (int k = 0; k < 32; ++k) sum += dense_a[i][k] * b[k][j];
+      for (int k = 0; k < 16; ++k) sum += a[i][k] * b[b_row[i][k]][j];
       acc[i][j] = sum;
     }
   }
