@@ -217,6 +217,23 @@ def test_op(backend, op):
   sweep(fn, ref, diff, ints, reduce_size=cols)
 
 
+def _patch_embed_case():
+  """images [2, 6, 9, 3] in 3 x 3 patches (6 per image, 7 tokens with the
+  class token), every input poisoned: images, kernel, bias, pos_embed, cls_token."""
+  images, kernel, bias, pos, cls = random_inputs(10, [(2, 6, 9, 3), (3, 3, 3, 5), (5,), (7, 5),
+                                                      (5,)])
+  call = lambda patch_embed: (lambda images, kernel, bias, pos, cls: patch_embed(
+      images, kernel, bias, patch_size=3, pos_embed=pos, cls_token=cls))
+  return (call(functools.partial(jaxops.patch_embed, implementation="ffi")),
+          call(reference.patch_embed), [images, kernel, bias, pos, cls], ())
+
+
+@backends.parametrize("op", {backends.CPU: ["patch_embed"], backends.HARNESS: ["patch_embed"]})
+def test_patch_embed(backend, op):
+  fn, ref, diff, ints = _patch_embed_case()
+  sweep(fn, ref, diff, ints, reduce_size=27)
+
+
 # -- attention --------------------------------------------------------------------------
 
 

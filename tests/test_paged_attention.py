@@ -154,6 +154,62 @@ def test_soft_cap_window_and_scale(backend, options):
   check_against_reference(cache, query_lens=jnp.array([3, 2], jnp.int32), **options)
 
 
+def _attended_slots(tables, kv_lens, query_lens, T, num_pages, page_size, window):
+  """[num_pages, page_size] bool: the slots some query row attends. Sequence
+  b's rows attend positions max(0, kv - rows - window) .. kv - 1 together
+  (rows = min(query_lens, kv), the first row the earliest)."""
+  attended = np.zeros((num_pages, page_size), bool)
+  tables, kv_lens = np.asarray(tables), np.asarray(kv_lens)
+  for b in range(tables.shape[0]):
+    kv = int(kv_lens[b])
+    rows = min(T if query_lens is None else int(query_lens[b]), kv)
+    first = 0 if window is None else max(0, kv - rows - window)
+    for position in range(first, kv):
+      attended[tables[b, position // page_size], position % page_size] = True
+  return attended
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, INT8], ids=backends.param_id)
+@pytest.mark.parametrize("q_len,window", [(None, None), (3, None), (3, 4)],
+                         ids=["decode", "prefill", "prefill-window"])
+def test_slots_no_row_attends_never_reach_a_result(backend, dtype, q_len, window):
+  """A serving cache's free slots hold whatever an earlier sequence or no one
+  wrote: NaN and +-inf in every slot no query row attends (past kv_lens, in
+  the last page's tail, before the window, in spare pages; int8 pages through
+  their scales) leave the output and log-sum-exp bit for bit those of the
+  cache with those slots zeroed."""
+  page_size, max_pages = 5, 4
+  query_lens = None if q_len is None else jnp.array([3, 2, 1], jnp.int32)
+  cache = make_cache(11, batch=3, heads=4, kv_heads=2, head_dim=16, page_size=page_size,
+                     max_pages=max_pages, dtype=dtype, q_len=q_len, kv_lens=[7, 13, 1],
+                     spare_pages=2)
+  query, kp, vp, tables, kv_lens, scales = cache
+  free = ~_attended_slots(tables, kv_lens, query_lens, q_len or 1, kp.shape[0], page_size,
+                          window)
+  assert free.any() and (~free).any()
+
+  def attend(kp, vp, scales):
+    return jax.jit(lambda *operands: jaxops.paged_attention(
+        *operands, query_lens=query_lens, local_window_size=window, return_residual=True,
+        **_scale_kwargs(scales), **FFI))(query, kp, vp, tables, kv_lens)
+
+  def fill(x, value):
+    mask = jnp.asarray(free).reshape(free.shape + (1,) * (x.ndim - 2))
+    return jnp.where(mask, jnp.asarray(value, x.dtype), x)
+
+  clean = attend(fill(kp, 0), fill(vp, 0), None if scales is None else
+                 tuple(fill(s, 0.0) for s in scales))
+  for value in (np.nan, np.inf, -np.inf):
+    if dtype == INT8:
+      poisoned = attend(kp, vp, tuple(fill(s, value) for s in scales))
+    else:
+      poisoned = attend(fill(kp, value), fill(vp, value), None)
+    for got, want, name in zip(poisoned, clean, ("out", "lse")):
+      np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                    err_msg=f"{name}, {value}")
+
+
 @pytest.mark.backends(*BACKENDS)
 def test_lengths_and_page_ids_are_clamped(backend):
   """kv_lens 0, 1, full, beyond capacity and negative; query_lens beyond T
