@@ -146,9 +146,8 @@ struct DenseKvRows {
   int64_t stride;  // K * H: from one key to the next
   const T* key(int64_t j) const { return k + j * stride; }
   const T* value(int64_t j) const { return v + j * stride; }
-  float key_scale(int64_t) const { return 1.0f; }
-  float value_scale(int64_t) const { return 1.0f; }
   int64_t uniform_stride(int64_t, int64_t) const { return stride; }
+  int64_t run_length(int64_t, int64_t n) const { return n; }
 };
 
 // The decode core's groups: (batch, kv head) pairs, rows t-major over the

@@ -47,11 +47,25 @@ struct PagedKvRows {
   }
   const KV* key(int64_t j) const { return k + row(j) * p->head_dim; }
   const KV* value(int64_t j) const { return v + row(j) * p->head_dim; }
-  float key_scale(int64_t j) const { return p->key_scales[row(j)]; }
-  float value_scale(int64_t j) const { return p->value_scales[row(j)]; }
+  void key_scales(int64_t j, int64_t n, float* out) const { scales(p->key_scales, j, n, out); }
+  void value_scales(int64_t j, int64_t n, float* out) const { scales(p->value_scales, j, n, out); }
   int64_t uniform_stride(int64_t j, int64_t n) const {
     const bool one_page = j / p->page_size == (j + n - 1) / p->page_size;
     return one_page ? p->num_kv_heads * p->head_dim : 0;
+  }
+  int64_t run_length(int64_t j, int64_t n) const {
+    return std::min(n, p->page_size - j % p->page_size);
+  }
+
+ private:
+  // A page's scales of one kv head are K apart: one row lookup per page.
+  void scales(const float* all, int64_t j, int64_t n, float* out) const {
+    for (int64_t i = 0; i < n;) {
+      const int64_t len = run_length(j + i, n - i);
+      const float* first = all + row(j + i);
+      for (int64_t t = 0; t < len; ++t) out[i + t] = first[t * p->num_kv_heads];
+      i += len;
+    }
   }
 };
 

@@ -55,10 +55,17 @@ struct PagedRows {
   int64_t slot(int64_t j) const { return page_of[j / page_size] * page_size + j % page_size; }
   const E* key(int64_t j) const { return k + slot(j) * stride; }
   const E* value(int64_t j) const { return v + slot(j) * stride; }
-  float key_scale(int64_t j) const { return k_scale[slot(j)]; }
-  float value_scale(int64_t j) const { return v_scale[slot(j)]; }
+  void key_scales(int64_t j, int64_t n, float* out) const {
+    for (int64_t i = 0; i < n; ++i) out[i] = k_scale[slot(j + i)];
+  }
+  void value_scales(int64_t j, int64_t n, float* out) const {
+    for (int64_t i = 0; i < n; ++i) out[i] = v_scale[slot(j + i)];
+  }
   int64_t uniform_stride(int64_t j, int64_t n) const {
     return j / page_size == (j + n - 1) / page_size ? stride : 0;
+  }
+  int64_t run_length(int64_t j, int64_t n) const {
+    return std::min(n, page_size - j % page_size);
   }
 };
 
@@ -166,7 +173,7 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
       for (int64_t j = begin[r]; j < end[r]; ++j) {
         double dot = 0.0;
         for (int64_t h = 0; h < c.H; ++h) {
-          dot += q[r * c.H + h] * dequantize(src.key(j)[h], src.key_scale(j));
+          dot += q[r * c.H + h] * dequantize(src.key(j)[h], src.k_scale[src.slot(j)]);
         }
         double x = dot * shape.scale;
         if (c.soft_cap > 0) x = c.soft_cap * std::tanh(x / c.soft_cap);
@@ -178,7 +185,7 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
       for (int64_t j = begin[r]; j < end[r]; ++j) {
         const double p = std::exp(logit[j - begin[r]] - m);
         sum += p;
-        for (int64_t h = 0; h < c.H; ++h) o[h] += p * dequantize(src.value(j)[h], src.value_scale(j));
+        for (int64_t h = 0; h < c.H; ++h) o[h] += p * dequantize(src.value(j)[h], src.v_scale[src.slot(j)]);
       }
       const double want_lse = sum > 0 ? m + std::log(sum) : -std::numeric_limits<double>::infinity();
       if (sum == 0) {
