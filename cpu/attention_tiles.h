@@ -123,7 +123,7 @@ inline void prefetch_rows(const void* first, int64_t rows, int64_t stride_bytes,
   if (stride_bytes < kPageBytes) return;
   const char* row = static_cast<const char*>(first);
   for (int64_t r = 0; r < rows; ++r, row += stride_bytes) {
-    for (int64_t at = 0; at < row_bytes; at += kLineBytes) __builtin_prefetch(row + at, 0, 2);
+    for (int64_t at = 0; at < row_bytes; at += kLineBytes) simd::prefetch<2>(row + at);
   }
 }
 
@@ -306,7 +306,7 @@ inline void prefetch_tile_rows(const Geometry& g, const T* x, int64_t b, const i
   for (int64_t i = 0; i < rows; ++i) {
     const char* row = reinterpret_cast<const char*>(x + ((b * g.T + t[i]) * g.N + n[i]) * g.H);
     for (int64_t at = 0; at < g.H * static_cast<int64_t>(sizeof(T)); at += kLineBytes) {
-      __builtin_prefetch(row + at, kForWrite ? 1 : 0, 3);
+      simd::prefetch<3, kForWrite>(row + at);
     }
   }
 }

@@ -79,10 +79,7 @@ inline VecF sum_each(const VecF* acc) {
 // paged one. Each run's rows are looked up once: a paged lookup is a
 // block-table read and a division, ~20 cycles a key when each key's scales
 // were looked up alone (a loop of those lookups alone; in the paged int8
-// bench the change was within the noise, 0-5%). The general path's prefetch
-// loop keeps a lookup per key: the same prefetches issued in one burst per
-// run made paged float32 and bfloat16 decode 1.5-3x slower (the lookups
-// space the burst out).
+// bench the change was within the noise, 0-5%).
 template <typename Source, typename F>
 inline void for_each_run(const Source& src, int64_t j0, int64_t n, F&& f) {
   for (int64_t i = 0; i < n;) {
@@ -96,8 +93,8 @@ inline void for_each_run(const Source& src, int64_t j0, int64_t n, F&& f) {
 // L2.
 inline void ask_for_rows(const void* key, const void* value, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) {
-    __builtin_prefetch(static_cast<const char*>(key) + b, 0, 1);
-    __builtin_prefetch(static_cast<const char*>(value) + b, 0, 1);
+    simd::prefetch<1>(static_cast<const char*>(key) + b);
+    simd::prefetch<1>(static_cast<const char*>(value) + b);
   }
 }
 
@@ -236,7 +233,7 @@ void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq,
       if ((h * static_cast<int64_t>(sizeof(Element))) % 64 == 0) {
 #pragma GCC unroll 16
         for (int kk = 0; kk < kKeys; ++kk) {
-          if (later[kk]) __builtin_prefetch(later[kk] + h * sizeof(Element), 0, 1);
+          if (later[kk]) simd::prefetch<1>(later[kk] + h * sizeof(Element));
         }
       }
       __m512 qv[R];
@@ -308,7 +305,7 @@ void few_rows_values(const TileRows<Element>& tile, float* p, int64_t ld, int64_
         for (int c = 0; c < kChunks; ++c) {
           if (c < chunks) {
             if (later && (16 * c * sizeof(Element)) % 64 == 0) {
-              __builtin_prefetch(later + 16 * c * sizeof(Element), 0, 1);
+              simd::prefetch<1>(later + 16 * c * sizeof(Element));
             }
             const __m512 v = load_chunk(row + 16 * c);
 #pragma GCC unroll 8

@@ -128,4 +128,34 @@ inline VecF vexp2(VecF x) {
 #endif
 }
 
+// Prefetches the cache line holding p, as __builtin_prefetch(p, kForWrite,
+// kLocality) asks, in a form the compiler cannot delete. GCC 12 deleted a
+// loop of __builtin_prefetch calls as dead code where nothing else in the loop
+// had an effect: the paged decode's next-tile loop, once written with a
+// lambda, lost every prefetch and ran at half speed, with no warning. An asm
+// volatile statement stays where it is written.
+template <int kLocality = 3, bool kForWrite = false>
+inline void prefetch(const void* p) {
+#if defined(__x86_64__)
+  const char& line = *static_cast<const char*>(p);  // the operand; never read
+  if constexpr (kForWrite) {
+#if defined(__PRFCHW__)
+    asm volatile("prefetchw %0" : : "m"(line));
+#else
+    asm volatile("prefetcht0 %0" : : "m"(line));
+#endif
+  } else if constexpr (kLocality >= 3) {
+    asm volatile("prefetcht0 %0" : : "m"(line));
+  } else if constexpr (kLocality == 2) {
+    asm volatile("prefetcht1 %0" : : "m"(line));
+  } else if constexpr (kLocality == 1) {
+    asm volatile("prefetcht2 %0" : : "m"(line));
+  } else {
+    asm volatile("prefetchnta %0" : : "m"(line));
+  }
+#else
+  __builtin_prefetch(p, kForWrite, kLocality);
+#endif
+}
+
 }  // namespace jaxops::cpu::simd

@@ -213,9 +213,9 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
           for (int64_t row = o0 + o + kGemvOuts; row < next_end; ++row) {
             const char* p = reinterpret_cast<const char*>(values + row * half + k0);
             for (int64_t byte = 0; byte < kc * int64_t{sizeof(T)}; byte += 64) {
-              _mm_prefetch(p + byte, _MM_HINT_T0);
+              simd::prefetch<3>(p + byte);
             }
-            _mm_prefetch(reinterpret_cast<const char*>(metadata + row * mcols + k0 / 4), _MM_HINT_T0);
+            simd::prefetch<3>(metadata + row * mcols + k0 / 4);
           }
           for (int64_t r = 0; r < s.rows; r += kGemvRows) {
             const int rb = static_cast<int>(std::min<int64_t>(kGemvRows, s.rows - r));
