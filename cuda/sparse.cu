@@ -148,9 +148,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
 // 0 * NaN and 0 * inf are NaN, and the dense product x W^T (the reference)
 // multiplies the pruned zeros: y[r, o] is NaN when x[r, c] is not finite at a
-// column c that output o prunes. Neither forward kernel reads those columns
-// (mma.sp selects the kept rows of B), so this one, launched after them, sets
-// those outputs. Block: a row of x at a time. A healthy row costs one read of
+// column c that output o prunes. Neither forward kernel multiplies those
+// columns (mma.sp selects the kept rows of B), so this one, launched after
+// them, sets those outputs. Block: a row of x at a time. A healthy row costs one read of
 // it; otherwise its groups holding non-finite values are listed in shared
 // memory (kListGroups at a time) and each thread matches its outputs'
 // metadata against the list.

@@ -25,8 +25,11 @@
 // Products are exact in float, summed in float onto c (the GPU's summation
 // order differs; both are within the tests' tolerances). Only the kept
 // elements meet B: the metadata selects the rows of B each compressed column
-// multiplies, and the other rows are never read (a NaN or an infinity there
-// does not reach d, as on the GPU, which has no pruned zeros to multiply).
+// multiplies, and the other rows are never read, so a NaN or an infinity
+// there does not reach d. That is how the sparse tensor cores are described
+// (they gather the selected rows; there are no pruned zeros to multiply); not
+// checked on a GPU. The kernels do not depend on it: the dense product's NaN
+// at pruned columns comes from sparse_linear_pruned_nan_kernel either way.
 #pragma once
 
 #include <cstdint>
