@@ -112,15 +112,18 @@ inline void load_kv_tile(const Geometry& g, const T* src, int64_t b, int64_t kh,
 
 // Asks for `rows` rows of row_bytes, stride_bytes apart, to be brought into
 // the L2 cache while the current tile is computed. Hardware prefetchers do not
-// cross a 4 KiB page, so rows a page or more apart (a head's keys when K * H
-// elements reach 4 KiB, as at (1, 4096, 8, 128) in f32) each start a page
-// nobody prefetches. Measured at (1, 4096, 8, 128) f32 on 2 threads: no
-// change in the machine's fast periods, and the forward 16-32% faster in its
-// slow-memory ones (125-150 GFLOP/s without, 165-180 with); with closer rows
-// (H = 64) it was 1-3% slower, hence the condition.
+// cross a 4 KiB page, so rows 2 KiB or more apart (a head's keys when K * H
+// elements reach 2 KiB, as at (1, 4096, 8, 128) in bfloat16) leave them one or
+// two rows per page, too few to start on. Measured (2026-11-27, alternating
+// builds; BENCHMARKS.md, fifth pass): decoding 4 tokens against [8, 4096, 8,
+// 128] caches, float32 rows 4 KiB apart 40 -> 25 ms and, with the threshold
+// lowered from 4 KiB to 2 KiB, bfloat16 rows 2 KiB apart 17 -> 11 ms; the
+// training-shaped forward, backward and JVP at 2 and 3 KiB strides within
+// +-3%. (Earlier measurements of this function were taken while GCC deleted
+// its prefetches; see simd::prefetch.)
 inline void prefetch_rows(const void* first, int64_t rows, int64_t stride_bytes, int64_t row_bytes) {
-  constexpr int64_t kPageBytes = 4096, kLineBytes = 64;
-  if (stride_bytes < kPageBytes) return;
+  constexpr int64_t kMinStrideBytes = 2048, kLineBytes = 64;
+  if (stride_bytes < kMinStrideBytes) return;
   const char* row = static_cast<const char*>(first);
   for (int64_t r = 0; r < rows; ++r, row += stride_bytes) {
     for (int64_t at = 0; at < row_bytes; at += kLineBytes) simd::prefetch<2>(row + at);
