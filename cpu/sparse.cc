@@ -451,7 +451,7 @@ bool any_non_finite(const T* x, int64_t n) {
 template <typename T>
 void mark_pruned_non_finite(const T* x, const uint8_t* metadata, T* y, SparseLinearShape s) {
   const int64_t groups = s.in / kSparseGroup, mcols = sparse_metadata_cols(s.in);
-  if (!any_non_finite(x, s.rows * s.in)) return;
+  const T nan = from_float<T>(std::numeric_limits<float>::quiet_NaN());
   std::vector<std::pair<int64_t, unsigned>> bad;  // (group, its non-finite positions)
   for (int64_t r = 0; r < s.rows; ++r) {
     const T* xr = x + r * s.in;
@@ -464,7 +464,6 @@ void mark_pruned_non_finite(const T* x, const uint8_t* metadata, T* y, SparseLin
       }
       if (positions != 0) bad.emplace_back(g, positions);
     }
-    const T nan = from_float<T>(std::numeric_limits<float>::quiet_NaN());
 #pragma omp parallel for schedule(static) if (s.out * static_cast<int64_t>(bad.size()) >= (1 << 16))
     for (int64_t o = 0; o < s.out; ++o) {
       for (const auto& [g, positions] : bad) {
