@@ -47,19 +47,31 @@ inline constexpr int64_t kDecodeKeyTile = 32;
 
 // Lane c of the result is the sum of the lanes of acc[c]. With AVX-512 a
 // transposing tree (45 shuffles and adds for 16 sums instead of ~8 each).
+//
+// Its loops are unrolled by pragma, so that every step is in registers at any
+// optimisation level. The kernels build at -O3, where GCC 12 unrolls them
+// itself (the pragmas leave those objects byte for byte the same); at -O2 it
+// left them rolled, kept the callers' 16 accumulators in memory and stored all
+// of them on every pass of the callers' FMA loops, 16 stores per 16 FMAs
+// (objdump). The int8 scores of 4 rows in L1 then took 126-133 cycles per key
+// instead of 57-62: a trap for -O2 builds (the C++ tests, stand-alone drivers)
+// and for measurements taken with them.
 inline VecF sum_each(const VecF* acc) {
 #if defined(__AVX512F__)
   __m512 pairs[8], quads[4], octs[2];
+#pragma GCC unroll 8
   for (int c = 0; c < 8; ++c) {
     const __m512 a = acc[2 * c], b = acc[2 * c + 1];
     // Per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3].
     pairs[c] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
   }
+#pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const __m512 a = pairs[2 * c], b = pairs[2 * c + 1];
     // Per 128-bit chunk: one partial sum of each of the four accumulators.
     quads[c] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
   }
+#pragma GCC unroll 2
   for (int c = 0; c < 2; ++c) {
     const __m512 a = quads[2 * c], b = quads[2 * c + 1];
     octs[c] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
