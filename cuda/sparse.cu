@@ -150,10 +150,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // multiplies the pruned zeros: y[r, o] is NaN when x[r, c] is not finite at a
 // column c that output o prunes. Neither forward kernel multiplies those
 // columns (mma.sp selects the kept rows of B), so this one, launched after
-// them, sets those outputs. Block: a row of x at a time. A healthy row costs one read of
-// it; otherwise its groups holding non-finite values are listed in shared
-// memory (kListGroups at a time) and each thread matches its outputs'
-// metadata against the list.
+// them, sets those outputs. Block: a row of x at a time. A healthy row costs
+// one read of it; otherwise its groups holding non-finite values are listed
+// in shared memory (kListGroups at a time) and each thread matches its
+// outputs' metadata against the list.
 constexpr int kListGroups = 1024;
 
 template <typename T>
