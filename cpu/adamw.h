@@ -9,7 +9,7 @@
 // with c1 = 1 - b1^t, c2 = 1 - b2^t, c1_next = 1 - b1^(t+1). Every
 // hyper-parameter comes in `scalars` (layout: params/adamw.h), read at run time.
 // T is the dtype of params, grads and out (float, bfloat16, float16); M the
-// first moment's (float or bfloat16); v is float32; everything is computed in
+// first moment's (float, bfloat16 or float16); v is float32; everything is computed in
 // float32 (with b1 as scalars[kAdamWB1Moment] has it for m), m' rounded to M
 // only where it is stored (optax computes the update from the unrounded moment). out may alias params or grads, and
 // m_out / v_out may alias m / v (the update is elementwise). NaN and inf

@@ -79,5 +79,8 @@ JAXOPS_CUDA_ADAMW_INSTANTIATE(__nv_bfloat16, float)
 JAXOPS_CUDA_ADAMW_INSTANTIATE(float, __nv_bfloat16)
 JAXOPS_CUDA_ADAMW_INSTANTIATE(__half, __nv_bfloat16)
 JAXOPS_CUDA_ADAMW_INSTANTIATE(__nv_bfloat16, __nv_bfloat16)
+JAXOPS_CUDA_ADAMW_INSTANTIATE(float, __half)
+JAXOPS_CUDA_ADAMW_INSTANTIATE(__nv_bfloat16, __half)
+JAXOPS_CUDA_ADAMW_INSTANTIATE(__half, __half)
 
 }  // namespace jaxops::cuda

@@ -2,7 +2,7 @@
 //
 // The same operation, arguments and math as cpu/adamw.h (keep the two in step),
 // plus the stream to launch on: T is float, __half or __nv_bfloat16 (params,
-// grads, out); M (the first moment) float or __nv_bfloat16; v is float32;
+// grads, out); M (the first moment) float, __nv_bfloat16 or __half; v is float32;
 // `scalars` (layout: params/adamw.h) is a device array, so traced
 // hyper-parameters change without a recompile. out may alias params or grads,
 // and m_out / v_out may alias m / v. Returns cudaGetLastError() after the launch.

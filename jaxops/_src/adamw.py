@@ -34,8 +34,9 @@ from jaxops._src.sharding import leading_axes
 
 _F32 = jnp.float32
 _OP = "jaxops.optim.adamw"
-# First-moment dtypes the kernels store (float32 or bfloat16, the memory-saving case).
-_KERNEL_MOMENT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+# First-moment dtypes the kernels store: float32, and bfloat16/float16 (the
+# parameters' own, optax's default for them, or mu_dtype=jnp.bfloat16 to save memory).
+_KERNEL_MOMENT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 Scalar = Union[float, jax.Array]
 ScalarOrSchedule = Union[float, jax.Array, Callable[[jax.Array], jax.Array]]
@@ -91,20 +92,20 @@ def _is_temporary(x) -> bool:
 
 class AdamWState(NamedTuple):
   """count: int32 scalar, the steps taken; mu, nu: the moments shaped like the
-  parameters (mu in ``mu_dtype``, float32 by default for float32, bfloat16 and
-  float16 parameters; nu float32 for those, the real dtype of complex ones)."""
+  parameters (mu in ``mu_dtype``, by default the parameters' dtype, as optax's;
+  nu float32 for float32, bfloat16 and float16 parameters, the real dtype of
+  float64 and complex ones)."""
   count: jax.Array
   mu: Any
   nu: Any
 
 
 def _moment_dtypes(param_dtype, mu_dtype):
-  """(mu, nu) dtypes for a parameter dtype: at least float32 (bfloat16 moments
-  stall, see :func:`adamw`), the parameters' own for float64 and complex; nu
-  is real (|g|^2)."""
-  compute = jnp.promote_types(param_dtype, _F32)
-  nu = jnp.finfo(compute).dtype
-  return (compute if mu_dtype is None else mu_dtype), nu
+  """(mu, nu) dtypes for a parameter dtype: mu in ``mu_dtype``, else the
+  parameters' own (optax's rule); nu at least float32 (a bfloat16 nu stalls,
+  see :func:`adamw`) and real (|g|^2)."""
+  nu = jnp.finfo(jnp.promote_types(param_dtype, _F32)).dtype
+  return (param_dtype if mu_dtype is None else mu_dtype), nu
 
 
 # eq=False: hashed by identity (jax.jit(tx.update) needs a hash; a mask dict has none).
@@ -155,18 +156,21 @@ class _AdamWUpdate:
     lr = self.learning_rate(count) if callable(self.learning_rate) else self.learning_rate
     wd = self.weight_decay(count) if callable(self.weight_decay) else self.weight_decay
     b1, b2 = self.b1, self.b2
-    # optax multiplies a bfloat16 first moment by a Python float b1 in bfloat16.
-    b1_moment = (jnp.asarray(b1, self.mu_dtype) if self.mu_dtype is not None
-                 and isinstance(b1, float) else b1)
     values = (-1 * lr, b1, 1 - b1, b2, 1 - b2, self.eps, self.eps_root, wd,
-              1 - b1 ** count_inc, 1 - b2 ** count_inc, 1 - b1 ** _safe_increment(count_inc),
-              b1_moment)
+              1 - b1 ** count_inc, 1 - b2 ** count_inc, 1 - b1 ** _safe_increment(count_inc))
     cache = {}
 
-    def scalars(dtype):
-      if dtype not in cache:
-        cache[dtype] = jnp.stack([jnp.asarray(x).astype(dtype) for x in values])
-      return cache[dtype]
+    def scalars(dtype, moment_dtype):
+      """The operand for a step computing in ``dtype`` on a first moment of
+      ``moment_dtype``."""
+      key = (jnp.dtype(dtype), jnp.dtype(moment_dtype))
+      if key not in cache:
+        # optax multiplies the stored first moment by a Python float b1 in the
+        # moment's dtype (b1 = 0.9 is 0.8984375 for a bfloat16 one).
+        b1_moment = (jnp.asarray(b1, jnp.finfo(moment_dtype).dtype) if isinstance(b1, float)
+                     else b1)
+        cache[key] = jnp.stack([jnp.asarray(x).astype(dtype) for x in (*values, b1_moment)])
+      return cache[key]
 
     return scalars
 
@@ -202,9 +206,9 @@ class _AdamWUpdate:
       if self._kernel_runs(where, g, p, m, v):
         prim = (adamw_step_p if apply_updates else
                 adamw_update_in_grads_p if _is_temporary(g) else adamw_update_p)
-        return prim(g, p, m, v, scalars(_F32), decay=decay, **options)
+        return prim(g, p, m, v, scalars(_F32, m.dtype), decay=decay, **options)
       real = jnp.finfo(jnp.promote_types(p.dtype, _F32)).dtype
-      return reference.adamw_leaf(g, p, m, v, scalars(real), decay=decay, **options)
+      return reference.adamw_leaf(g, p, m, v, scalars(real, m.dtype), decay=decay, **options)
 
     results = jax.tree_util.tree_map_with_path(leaf, grads, params, state.mu, state.nu,
                                                self._decay_flags(grads))
@@ -213,14 +217,14 @@ class _AdamWUpdate:
 
   def _kernel_runs(self, where, g, p, m, v) -> bool:
     """The kernel takes float32, bfloat16 and float16 parameters (gradients of
-    the same dtype) with a float32 or bfloat16 first moment; everything else
-    (float64, complex, a float16 moment) runs the jnp reference, or is a clear
-    error with implementation="ffi"."""
+    the same dtype) with a float32, bfloat16 or float16 first moment;
+    everything else (float64, complex, a float64 moment) runs the jnp
+    reference, or is a clear error with implementation="ffi"."""
     if self.implementation == "ffi" and jnp.dtype(m.dtype) not in _KERNEL_MOMENT_DTYPES:
       primitive.use_kernel(_OP, self.implementation, {f"params{where}": p.dtype})  # names a parameter dtype first
       raise validation.type_error(
-          _OP, f"state.mu{where}", "be float32 or bfloat16 for implementation='ffi' (mu_dtype)",
-          str(m.dtype))
+          _OP, f"state.mu{where}",
+          "be float32, bfloat16 or float16 for implementation='ffi' (mu_dtype)", str(m.dtype))
     return (g.dtype == p.dtype and jnp.dtype(m.dtype) in _KERNEL_MOMENT_DTYPES
             and jnp.dtype(v.dtype) == _F32
             and primitive.use_kernel(_OP, self.implementation, {f"params{where}": p.dtype}))
@@ -323,20 +327,24 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
   state is donated).
 
   A drop-in for ``optax.adamw``: the same arguments and defaults (including
-  ``weight_decay=1e-4``), the same update to float32 rounding, and it composes
-  as optax transformations do (``optax.chain``, ``optax.MultiSteps``,
-  ``optax.inject_hyperparams``, extra keyword arguments to ``update``). What
-  differs, deliberately:
+  ``weight_decay=1e-4``), the same update to float32 rounding, the same state
+  dtypes for the first moment (``mu_dtype``, by default the parameters'
+  dtype: bfloat16 for bfloat16 parameters, read and written by the kernel),
+  and it composes as optax transformations do (``optax.chain``,
+  ``optax.MultiSteps``, ``optax.inject_hyperparams``, extra keyword arguments
+  to ``update``). What differs, deliberately:
 
-  * moments of float32 precision for bfloat16 and float16 parameters when
-    ``mu_dtype`` is None, where optax keeps them in the parameters' dtype:
-    with the default b2 = 0.999 each step changes v by ~0.1%, below bfloat16's
-    resolution (0.8%), so a bfloat16 v stops tracking the gradients. The
-    second moment is always float32 (real for complex parameters); pass
-    ``mu_dtype=jnp.bfloat16`` to halve the first moment's memory (the kernel
-    stores it rounded and updates from the unrounded value, as optax does).
-  * low-precision parameters are updated in float32 and rounded once, where
-    optax computes in their dtype.
+  * the second moment is float32 for bfloat16 and float16 parameters (real
+    for complex ones), where optax keeps it in the parameters' dtype: with the
+    default b2 = 0.999 (which rounds to 1.0 in bfloat16) each step changes v
+    by ~0.1%, below bfloat16's resolution (0.8%), so a bfloat16 v stops
+    tracking the gradients.
+  * low-precision parameters and moments are updated in float32 and rounded
+    once, where optax computes in their dtype (b1 as it multiplies the stored
+    first moment is rounded to the moment's dtype, as in optax); the kernel
+    stores a low-precision first moment rounded and computes the update from
+    the unrounded value, as optax does for ``mu_dtype=jnp.bfloat16`` with
+    float32 parameters.
   * the state is one :class:`AdamWState` (count, mu, nu), not optax's chain
     of states (``optax.tree_utils.tree_get(state, "mu")`` finds mu in both).
 
@@ -347,8 +355,9 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
       be in [0, 1), scalar arrays are not range-checked (traced values cannot be).
     eps: added to the denominator outside the square root (Python: >= 0).
     eps_root: added inside the square root (Python: >= 0).
-    mu_dtype: the first moment's dtype, or None (see above). The kernel stores
-      float32 or bfloat16; another dtype runs the jnp reference.
+    mu_dtype: the first moment's dtype, or None for the parameters' own. The
+      kernel stores float32, bfloat16 and float16; another dtype (float64)
+      runs the jnp reference.
     weight_decay: decoupled weight decay (multiplied by the learning rate): a
       Python float, a scalar array or a schedule.
     mask: None, a pytree of bools with the structure of the parameters (or a

@@ -12,8 +12,8 @@
 //   act=N            gelu tanh/erf and silu, plain and gated, forward and backward
 //   rope=BxSxHxDxR/P neox and gptj, forward and inverse (P: position rows, 1 or B)
 //   emb=VxDxT        lookup (with out-of-range ids) and the gradient
-//   adamw=N          update and fused step, weight decay, Nesterov, float32 and
-//                    bfloat16 first moments, aliased
+//   adamw=N          update and fused step, weight decay, Nesterov, float32,
+//                    bfloat16 and float16 first moments, aliased
 //   types=LIST       float32,bfloat16,float16 (any of them) for the cases after it
 #include <cmath>
 #include <cstdint>
@@ -274,7 +274,7 @@ void run_adamw_moment(int64_t n, std::mt19937& rng) {
   for (size_t i = 0; i < size; ++i) v.data[i] = std::fabs(normal(rng)) * 0.01f;
   const double c1 = 1.0 - std::pow(b1, step), c2 = 1.0 - std::pow(b2, step),
                c1_next = 1.0 - std::pow(b1, step + 1);
-  // b1 as it multiplies the stored moment: in M's precision (optax's bfloat16 product).
+  // b1 as it multiplies the stored moment: in M's precision (optax's low-precision product).
   const double b1_moment = static_cast<float>(M(static_cast<float>(b1)));
   const double values[] = {-1e-2, b1, 1.0 - b1, b2, 1.0 - b2, eps, eps_root, weight_decay,
                            c1, c2, c1_next, b1_moment};
@@ -300,7 +300,7 @@ void run_adamw_moment(int64_t n, std::mt19937& rng) {
       m_ref[i] = mi;
       v_ref[i] = vi;
     }
-    // A bfloat16 moment is rounded once where it is stored.
+    // A bfloat16 or float16 moment is rounded once where it is stored.
     const double m_tol = std::is_same<M, float>::value ? 2e-6 : tolerance<M>();
     check(cuda::adamw<T, M>(nullptr, grads.data, params.data, m.data, v.data, scalars.data,
                             out.data, m_out.data, v_out.data, n, o),
@@ -326,6 +326,7 @@ template <typename T>
 void run_adamw(int64_t n, std::mt19937& rng) {
   run_adamw_moment<T, float>(n, rng);
   run_adamw_moment<T, __nv_bfloat16>(n, rng);
+  run_adamw_moment<T, __half>(n, rng);
 }
 
 // The dtypes the following cases run in (types=LIST; all three by default).
