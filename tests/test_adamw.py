@@ -131,19 +131,42 @@ def _assert_descents_match(results, groups, **tolerances):
                         name=f"{sorted(kwargs)} step {step + 1}", **tolerances)
 
 
+def _distance(tree, exact) -> float:
+  """The largest |x - exact| / (1e-2 + |exact|) over the leaves."""
+  return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float64) - e) / (1e-2 + jnp.abs(e))))
+             for x, e in zip(jax.tree.leaves(tree), jax.tree.leaves(exact)))
+
+
 def test_matches_optax_for_every_option_over_100_steps(backend):
   """float32 parameters on the kernel (CPU, and the CUDA kernel in the
-  harness): nesterov, eps_root, masks (pytree prefix and callable), bfloat16
-  first moment, constant and scheduled learning rate and weight decay."""
+  harness and on a GPU): nesterov, eps_root, masks (pytree prefix and
+  callable), bfloat16 first moment, constant and scheduled learning rate and
+  weight decay, 100 steps against optax.adamw.
+
+  Both are float32 computations of one trajectory, which rounds differently
+  on each backend (FMA contraction, XLA:GPU's excess precision for the
+  bfloat16 moment's products) and which the Rosenbrock valley amplifies: so
+  each is measured against optax in float64 (the same program under x64),
+  and the kernel must be no further from it than a few times float32
+  optax is, plus a few float32 ulps. The first GPU run compared the two
+  float32 runs directly and missed by 7.1e-5 against 6e-5 at step 10."""
   pairs = [(jaxops.optim.adamw(lr, **kwargs), optax.adamw(lr, **kwargs))
            for lr, kwargs in OPTION_GROUPS]
   params = _objective_params(jnp.float32)
   jaxpr = str(jax.make_jaxpr(pairs[4][0].update)(params, pairs[4][0].init(params), params))
   assert "jaxops_adamw_update" in jaxpr and "bf16" in jaxpr  # the bfloat16 moment is the kernel's
-  # The kernel and XLA's optax round differently (FMA contraction, which the
-  # tests' XLA programs compile without: conftest.py), and the Rosenbrock
-  # valley amplifies an ulp over 100 steps to ~3e-5 relative.
-  _assert_descents_match(_descend(pairs, params), OPTION_GROUPS, atol=2e-6, rtol=6e-5)
+  results = _descend(pairs, params)
+  with jax.enable_x64(True):
+    exact = _descend([(optax.adamw(lr, **kwargs),) * 2 for lr, kwargs in OPTION_GROUPS],
+                     _objective_params(jnp.float64))
+    for (ours, theirs), (exact_path, _), (_, kwargs) in zip(results, exact, OPTION_GROUPS):
+      for step in (0, 9, 99):
+        reference = _at_step(exact_path, step)
+        ours_error = _distance(_at_step(ours, step), reference)
+        optax_error = _distance(_at_step(theirs, step), reference)
+        assert ours_error <= 4 * optax_error + 2e-6, (
+            f"{sorted(kwargs)} step {step + 1}: jaxops is {ours_error:.2e} from float64 optax, "
+            f"float32 optax {optax_error:.2e}")
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
