@@ -414,7 +414,12 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   for (int64_t row = row_begin + threadIdx.y; row < row_end; row += blockDim.y) {
     const float row_mean = kCentered ? mean[row] : 0.f;
     const float row_rstd = rstd[row];
-    // sums[0] = sum of g * xhat, sums[1] = sum of g.
+    // sums[0] = sum of g * xhat, sums[1] = sum of g. g = dy * w is rounded
+    // once, here and below (__fmul_rn is never contracted into an FMA): nvcc
+    // would otherwise fuse the product into g - mean_g, whose operands then
+    // differ by its rounding error, and dx where they cancel (every column of
+    // a one-column row of layer_norm, exactly 0) would be that error times
+    // rstd: 1e-5 at rstd = 316, as the first GPU run found.
     float sums[kSums] = {};
     for (int c = 0; c < chunks; ++c) {
       load_row_chunk(row, c * chunk);
@@ -426,7 +431,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
         load_or_fill<T, kVec>(weight, col, 1.f, w);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float g = dy_v[i * kVec + j] * w[j];
+          const float g = __fmul_rn(dy_v[i * kVec + j], w[j]);
           sums[0] += g * ((x_v[i * kVec + j] - row_mean) * row_rstd);
           if (kCentered) sums[kSums - 1] += g;
         }
@@ -451,7 +456,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const float xhat = (x_v[i * kVec + j] - row_mean) * row_rstd;
-          const float g = dy_v[i * kVec + j] * w[j];
+          const float g = __fmul_rn(dy_v[i * kVec + j], w[j]);
           out[j] = (g - mean_g - xhat * mean_gx) * row_rstd + extra[j];
         }
         store_pack<T, kVec>(dx + row * cols + col, out);

@@ -14,8 +14,15 @@ is "gpu" and jaxops registered its CUDA kernels (a build without nvcc would
 otherwise run the references on the GPU and pass without testing a kernel).
 The op tests' "gpu" backend is collected then, the "cpu" backend runs on the
 CPU device, and the harness (the CUDA kernels emulated on the CPU: the
-"cuda_harness" backend and the sanitizer files) is skipped. Without the
-variable the "gpu" backend is not collected. This path has never run on a GPU.
+"cuda_harness" backend, the tests that use the `harness` fixture to call its
+targets or change its scheduling, and the sanitizer files) is skipped. Without
+the variable the "gpu" backend is not collected. With --collect-only the GPU
+is not checked, so that the GPU selection can be collected, and checked
+(tests/test_gpu_selection.py), on a machine without one. This path ran once,
+the op test files on an NVIDIA H200 with jax 0.11.2; what that run showed is
+fixed here: the XLA flags are checked against the running jaxlib, float32
+matmuls run at "highest", the harness's tests are skipped, and the meshes are
+made of the devices that exist (support/meshes.py).
 
 An op test takes an argument ``backend`` to run on the backends
 (support/backends.py says how it chooses them); here each module's tests are
@@ -29,6 +36,8 @@ import pathlib
 
 import pytest
 
+from support import xla_flags
+
 HARNESS_TEST_PREFIX = "test_cuda_harness"
 SHARDING_TEST_DEVICES = 8
 
@@ -39,20 +48,35 @@ SHARDING_TEST_DEVICES = 8
 # emitters, whose pipeline costs more per small program (test_norms.py and
 # test_rope.py: 63-65 s of CPU instead of 92-102). The kernels under test are
 # compiled C++ and do not change; the HLO passes (fusion, aliasing, sharding)
-# still run in full.
+# still run in full. A flag the running jaxlib does not know is left out
+# (support/xla_flags.py): XLA aborts on one, and jaxlib 0.11 has no
+# xla_cpu_use_fusion_emitters.
 _TEST_FLAGS = {
     "xla_force_host_platform_device_count": str(SHARDING_TEST_DEVICES),
     "xla_backend_optimization_level": "0",
     "xla_llvm_disable_expensive_passes": "true",
     "xla_cpu_use_fusion_emitters": "false",
 }
-_flags = os.environ.get("XLA_FLAGS", "")
-os.environ["XLA_FLAGS"] = " ".join(
-    [_flags] * bool(_flags) + [f"--{name}={value}" for name, value in _TEST_FLAGS.items()
-                               if name not in _flags])
+_test_flags_probe = xla_flags.Probe(xla_flags.missing(_TEST_FLAGS))  # runs while jax is imported
+# float32 products at full float32, in this process and in the tests'
+# subprocesses: XLA's default float32 matmul precision on a GPU is TF32 (a
+# 10-bit mantissa), so the jnp references, the implementation="xla" paths and
+# jaxops' own XLA matmuls would carry ~1e-3 relative errors where the float32
+# tolerances allow ~1e-5 (about 85 of the first GPU run's 109 failures). On
+# the CPU, XLA's float32 dot is full float32 at every precision: nothing
+# changes there. Tests of the precision policy itself set theirs explicitly.
+_MATMUL_PRECISION = "highest"
+os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = _MATMUL_PRECISION  # for the subprocesses
 
-from support import background, backends  # noqa: E402  (imports jax: after XLA_FLAGS)
+import jax  # noqa: E402
+
+from support import background, backends  # noqa: E402
 from support.backends import GPU_VARIABLE, gpu_requested  # noqa: E402
+
+# For this process, whether or not jax was imported before the variable was set.
+jax.config.update("jax_default_matmul_precision", _MATMUL_PRECISION)
+# Before any test module starts a backend.
+xla_flags.add_to_environment(_test_flags_probe.known())
 
 
 def pytest_configure(config):
@@ -62,9 +86,8 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", f"{background.MARKER}(*jobs): out-of-process work the test needs, started when "
       "collection ends (tests/support/background.py)")
-  if not gpu_requested():
+  if not gpu_requested() or config.option.collectonly:
     return
-  import jax
   from jaxops._src import ffi_targets
 
   backend = jax.default_backend()
@@ -80,10 +103,11 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-  if gpu_requested():
-    import jax
-    return f"{GPU_VARIABLE}: op tests on {jax.devices()[0].device_kind} ({jax.default_backend()})"
-  return None
+  if not gpu_requested():
+    return None
+  if config.option.collectonly:
+    return f"{GPU_VARIABLE}: collecting the GPU selection (the GPU is not checked)"
+  return f"{GPU_VARIABLE}: op tests on {jax.devices()[0].device_kind} ({jax.default_backend()})"
 
 
 def pytest_generate_tests(metafunc):
@@ -114,7 +138,13 @@ def pytest_collection_modifyitems(config, items):
     modules.setdefault(item.path, len(modules))
   items.sort(key=lambda item: (modules[item.path], backends.rank(_backend_of(item))))
   for item in items:
-    if _backend_of(item) == backends.HARNESS:
+    backend = _backend_of(item)
+    if "harness" in getattr(item, "fixturenames", ()) and backend != backends.HARNESS:
+      raise pytest.UsageError(
+          f"{item.nodeid} uses the harness fixture but runs on backend {backend!r}: a test "
+          "that calls the harness's targets or changes its scheduling runs on "
+          "@pytest.mark.backends(backends.HARNESS) only")
+    if backend == backends.HARNESS:
       item.add_marker(background.prestart(backends.HARNESS_LIBRARY))
   if not gpu_requested():
     return
@@ -141,13 +171,16 @@ def _backend_in_use(request):
 
 @pytest.fixture
 def harness(backend):
-  """The loaded harness library, for tests that change its scheduling (backend cuda_harness)."""
+  """The loaded harness library, for tests that call its targets (jaxops_harness_*)
+  directly or change its scheduling: they run on backend cuda_harness only, so
+  JAXOPS_TEST_GPU=1 skips them with the rest of the harness."""
   assert backend == backends.HARNESS, "the harness fixture needs backend cuda_harness"
   return backends.harness()
 
 
 def pytest_collection_finish(session):
-  background.start(session.items)
+  if not session.config.option.collectonly:
+    background.start(session.items)
 
 
 def pytest_sessionfinish(session):

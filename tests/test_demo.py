@@ -1,7 +1,8 @@
 """``python -m jaxops.demo`` end to end on a tiny model: a run resumed from its
 checkpoint continues with the same losses, and data-parallel training over 2
-host devices (a subprocess: XLA_FLAGS must be set before jax starts) gives
-the single-device losses."""
+devices (host devices, made by a subprocess before jax starts, where the
+default backend is the CPU; skipped on a machine with one GPU) gives the
+single-device losses."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from jaxops import demo
+from support import meshes
 
 TINY_FLAGS = ["--steps", "6", "--batch", "4", "--seq-len", "32", "--d-model", "32",
               "--layers", "1", "--heads", "2", "--kv-heads", "1", "--corpus-bytes", "131072",
@@ -59,6 +61,7 @@ def test_resumed_run_continues_with_the_same_losses(straight_run, tmp_path):
 
 
 def test_two_devices_give_the_single_device_losses(straight_run, tmp_path):
+  meshes.require_devices(2)
   _, losses = straight_run
   log = tmp_path / "log.json"
   result = subprocess.run([sys.executable, "-P", "-m", "jaxops.demo", "--devices", "2", *TINY_FLAGS,
@@ -95,6 +98,7 @@ def test_data_parallel_step_splits_the_batch(implementation):
   """The whole step is partitioned, with the kernels (through their sharding
   rules) as with every op on the jnp reference: no all-gather (the batch stays
   split), gradients all-reduced."""
+  meshes.require_devices(2)
   result = subprocess.run([sys.executable, "-P", "-c", _COLLECTIVES_SCRIPT, implementation],
                           env=_env_with_checkout(), capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr

@@ -16,7 +16,7 @@ from jax.test_util import check_grads
 
 import jaxops
 from jaxops import reference
-from support import backends
+from support import backends, meshes
 from jaxops import testing
 
 # (batch, height, width, channels, patch, dim): p = 1, 3, 16; C = 1, 3;
@@ -260,7 +260,6 @@ def test_handler_rejects_inconsistent_buffers(target, operands, results, attrs, 
 # -- sharding --------------------------------------------------------------------
 
 
-@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (tests/conftest.py)")
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
 def test_batch_and_dim_shard_locally(kind):
   """Images sharded over the batch and the kernel over D (tensor parallelism):
@@ -268,7 +267,7 @@ def test_batch_and_dim_shard_locally(kind):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   axis_type = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type[kind],) * 2)
+  mesh = meshes.make_mesh((4, 2), ("data", "model"), axis_type[kind])
   args, p = make_args(10, (8, 4, 6, 3, 2, 16), jnp.float32)
   f, present = _bind(jaxops.patch_embed, args, p)
   specs = [P("data"), P(None, None, None, "model"), P("model"), P(None, "model"), P("model")]

@@ -29,7 +29,7 @@ from jaxops.testing import (
     vjp_against_reference,
     vmap_against_loop,
 )
-from support import backends
+from support import backends, meshes
 
 # score, renormalize, with expert_bias, (num_groups, group_topk) or None.
 CONFIGS = list(itertools.product(("softmax", "sigmoid"), (True, False), (False, True),
@@ -235,8 +235,7 @@ def test_vmap_of_grad(backend):
 
 
 def test_sharded_over_tokens_runs_locally():
-  mesh = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=jax.devices()[:4])
+  mesh = meshes.make_mesh((4,), ("data",))
   logits, = random_inputs(13, [(16, 32)])
   step = jax.jit(jax.value_and_grad(lambda l: jnp.sum(jnp.sin(jaxops.topk_router(l, 4)[0]))))
   placed = jax.device_put(logits, NamedSharding(mesh, P("data")))

@@ -15,7 +15,7 @@ import scipy.stats
 import jaxops
 from jaxops import reference
 from jaxops.testing import FLOAT_DTYPES, custom_call_targets
-from support import backends
+from support import backends, meshes
 
 FFI = {"implementation": "ffi"}
 XLA = {"implementation": "xla"}
@@ -269,8 +269,7 @@ def test_derivatives_of_code_around_it():
 
 
 def test_rows_shard_without_gathering_the_vocabulary():
-  devices = np.array(jax.devices()[:2])
-  mesh = jax.sharding.Mesh(devices, ("rows",))
+  mesh = meshes.make_mesh((2,), ("rows",))
   rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
   x = jax.device_put(_logits(12, (8, 50), jnp.float32), rows)
   key = jax.random.key(4)

@@ -1,6 +1,7 @@
 """Sharding rules: every op runs on its local shards of a sharded input.
 
-On 8 host CPU devices (tests/conftest.py): values and gradients equal the
+On a 4 x 2 mesh (8 host CPU devices: tests/conftest.py; skipped on a GPU
+machine with fewer GPUs: support/meshes.py): values and gradients equal the
 unsharded run, outputs keep the input's sharding, and the compiled program
 has no all-gather (the check JAX's own custom_partitioning docs use). A
 sharding an op cannot honour (the normalised axis, attention's sequence axis)
@@ -15,8 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxops
 from jaxops import testing
-
-pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (tests/conftest.py)")
+from support import meshes
 
 
 # Auto axes: the user shards the inputs and XLA (Shardy) propagates; Explicit
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices 
 @pytest.fixture(params=["auto", "explicit"])
 def mesh(request):
   kind = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind[request.param],) * 2)
+  mesh = meshes.make_mesh((4, 2), ("data", "model"), kind[request.param])
   with jax.set_mesh(mesh):  # explicit axes are used under their mesh, as JAX asks
     yield mesh
 

@@ -28,7 +28,7 @@ from jaxops.testing import (
     upcast,
     vmap_against_loop,
 )
-from support import backends
+from support import backends, meshes
 
 sparse = jaxops.sparse
 
@@ -479,7 +479,7 @@ def test_sharded_over_tokens_and_out_runs_on_local_shards(kind):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   axis_type = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type[kind],) * 2)
+  mesh = meshes.make_mesh((4, 2), ("data", "model"), axis_type[kind])
   x, b = random_inputs(25, [(8, 6, 32), (16,)])
   _, packed = _sparse_weight(26, 16, 32)
   args = [x, packed.values, packed.metadata, b]

@@ -10,8 +10,9 @@ the suite's time. So a test that needs one declares it as a Job with
 selected tests start, one at a time in the order of their tests, on a worker
 thread (their subprocesses release the GIL), and each test waits for its job's
 result and asserts on it. A job that raises (a failed build, pytest.skip)
-raises in its test. A job whose test is not selected never runs, and a job not
-started by then (a test run without this conftest) runs in its test.
+raises in its test. A job whose test is not selected or is skipped outright
+(the harness's tests on a GPU) never runs, nor does any with --collect-only;
+a job not started by then (a test run without this conftest) runs in its test.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def start(items: Iterable[pytest.Item]) -> None:
   """Starts the jobs of ``items`` (in their order) on one worker thread."""
   jobs = []
   for item in items:
+    if item.get_closest_marker("skip") is not None:
+      continue  # a test skipped unconditionally (the harness's on a GPU) needs no job
     for mark in item.iter_markers(MARKER):
       jobs += [job for job in mark.args if job not in jobs]
   if not jobs:
