@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc,
               hp, keys.begin, keys.end);
     __syncthreads();
-    block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
+    block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp,
+                                   p.allow_tf32);
     __syncthreads();
     for (int i = threadIdx.x; i < kBr * kBc; i += kThreads) {
       const int r = i / kBc, c = i % kBc;
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();
-    block_gemm<false, false, true>(sh.o, st.ld_o, sh.p, st.ld_p, sh.v, st.ld_t, kBr, hp, kBc);
+    block_gemm<false, false, true>(sh.o, st.ld_o, sh.p, st.ld_p, sh.v, st.ld_t, kBr, hp, kBc,
+                                   p.allow_tf32);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < kBr * hp; i += kThreads) {
@@ -280,16 +282,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                 rows.begin, rows.end);
       load_row_stats(p, b, n, t0, kBr, logsumexp, d, sh.row_lse, sh.row_d);
       __syncthreads();
-      block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
+      block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp,
+                                     p.allow_tf32);
       block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_t, sh.v, st.ld_t, kBr, kBc,
-                                     hp);
+                                     hp, p.allow_tf32);
       __syncthreads();
       probabilities_and_dscores<T, kBr, kBc>(p, h, st, sh, t0, j0, nullptr);
       __syncthreads();
       block_gemm<true, false, true>(sh.acc1, st.ld_o, sh.p, st.ld_p, sh.dout, st.ld_t, kBc, hp,
-                                    kBr);
+                                    kBr, p.allow_tf32);
       block_gemm<true, false, true>(sh.acc0, st.ld_o, sh.ds, st.ld_p, sh.q, st.ld_t, kBc, hp,
-                                    kBr);
+                                    kBr, p.allow_tf32);
     }
   }
   __syncthreads();
@@ -326,12 +329,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc,
               hp, keys.begin, keys.end);
     __syncthreads();
-    block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp);
-    block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_t, sh.v, st.ld_t, kBr, kBc, hp);
+    block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp,
+                                   p.allow_tf32);
+    block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_t, sh.v, st.ld_t, kBr, kBc, hp,
+                                   p.allow_tf32);
     __syncthreads();
     probabilities_and_dscores<T, kBr, kBc>(p, h, st, sh, t0, j0, dbias);
     __syncthreads();
-    block_gemm<false, false, true>(sh.acc0, st.ld_o, sh.ds, st.ld_p, sh.k, st.ld_t, kBr, hp, kBc);
+    block_gemm<false, false, true>(sh.acc0, st.ld_o, sh.ds, st.ld_p, sh.k, st.ld_t, kBr, hp, kBc,
+                                   p.allow_tf32);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < kBr * hp; i += kThreads) {

@@ -160,11 +160,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tensors.dkey != nullptr) load_key_rows(sh.keys + hp, st.ld_pair, tensors.dkey, j0);
     __syncthreads();
     block_gemm<false, true, false>(sh.s, st.ld_s, q_tile, st.ld_pair, sh.keys, st.ld_pair, kBr,
-                                   kBc, hp);
+                                   kBc, hp, p.allow_tf32);
     if (dot_tangents) {
       block_gemm<false, true, false>(sh.ds, st.ld_s, sh.queries + dot_first, st.ld_pair,
                                      sh.keys + dot_first, st.ld_pair, kBr, kBc,
-                                     dot_last - dot_first);
+                                     dot_last - dot_first, p.allow_tf32);
     }
     __syncthreads();
     // The products are done with K and dK: V and dV take their place while
@@ -233,11 +233,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     block_gemm<false, false, true>(sh.o, st.ld_o, e_tile, st.ld_probs, sh.keys, st.ld_t, kBr, hp,
-                                   kBc);
+                                   kBc, p.allow_tf32);
     if (output_tangents) {
       block_gemm<false, false, true>(sh.a, st.ld_o, sh.probs + acc_first, st.ld_probs,
                                      sh.keys + acc_first * st.ld_t, st.ld_t, kBr, hp,
-                                     acc_last - acc_first);
+                                     acc_last - acc_first, p.allow_tf32);
     }
   }
   __syncthreads();

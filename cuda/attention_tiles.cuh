@@ -5,10 +5,11 @@
 //
 // Tiles live in shared memory with head vectors padded to a multiple of 16
 // (hp) and rows padded against bank conflicts. Every product is a block_gemm
-// between shared-memory tiles: tensor cores through nvcuda::wmma for
-// __half/__nv_bfloat16 on sm_80+ (accumulators loaded from and stored to the
-// f32 shared tiles, so nothing depends on the fragment's element-to-lane
-// layout), a float32 SIMT loop otherwise.
+// between shared-memory tiles: tensor cores through nvcuda::wmma on sm_80+
+// for __half/__nv_bfloat16, and for float32 as TF32 where the call allows it
+// (the float32 precision policy, docs/precision.md), with accumulators loaded
+// from and stored to the f32 shared tiles, so nothing depends on the
+// fragment's element-to-lane layout; a float32 SIMT loop otherwise.
 #pragma once
 
 #include <cstddef>
@@ -98,70 +99,124 @@ struct Strides {
 // -- block-wide products between shared-memory tiles -----------------------------------
 
 template <typename TA, typename TB>
-constexpr bool kTensorCoreOperands =
+constexpr bool kHalfOperands =
     std::is_same<TA, TB>::value &&
     (std::is_same<TA, __half>::value || std::is_same<TA, __nv_bfloat16>::value);
+
+template <typename TA, typename TB>
+constexpr bool kFloatOperands = std::is_same<TA, float>::value && std::is_same<TB, float>::value;
+
+#ifdef JAXOPS_ATTENTION_TENSOR_CORES
+// The wmma shape of each operand type: 16-bit operands as they are
+// (m16n16k16); float32 ones as TF32 (m16n16k8), each fragment element rounded
+// to nearest with __float_to_tf32 after the load, as the wmma documentation
+// requires of tf32 fragments (unrounded, the low mantissa bits would be
+// dropped: a truncation, biased towards zero).
+template <typename T>
+struct TensorCoreOperand {
+  using type = T;
+  static constexpr int kK = 16;
+  template <typename Fragment>
+  __device__ __forceinline__ static void round(Fragment&) {}
+};
+template <>
+struct TensorCoreOperand<float> {
+  using type = nvcuda::wmma::precision::tf32;
+  static constexpr int kK = 8;
+  template <typename Fragment>
+  __device__ __forceinline__ static void round(Fragment& f) {
+    for (int i = 0; i < f.num_elements; ++i) f.x[i] = nvcuda::wmma::__float_to_tf32(f.x[i]);
+  }
+};
+
+// block_gemm on the tensor cores: each warp owns 16x16 tiles of c.
+template <bool kTransA, bool kTransB, bool kAccumulate, typename T>
+__device__ __forceinline__ void tensor_core_block_gemm(float* c, int ldc, const T* a, int lda,
+                                                       const T* b, int ldb, int M, int N, int K) {
+  namespace wmma = nvcuda::wmma;
+  using Operand = TensorCoreOperand<T>;
+  using Element = typename Operand::type;
+  constexpr int kK = Operand::kK;
+  using LayoutA = std::conditional_t<kTransA, wmma::col_major, wmma::row_major>;
+  using LayoutB = std::conditional_t<kTransB, wmma::col_major, wmma::row_major>;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int tiles_n = N / 16;
+  for (int tile = warp; tile < M / 16 * tiles_n; tile += kWarps) {
+    const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 16;
+    wmma::fragment<wmma::accumulator, 16, 16, kK, float> acc;
+    if (kAccumulate) {
+      wmma::load_matrix_sync(acc, c + m0 * ldc + n0, ldc, wmma::mem_row_major);
+    } else {
+      wmma::fill_fragment(acc, 0.0f);
+    }
+    for (int k0 = 0; k0 < K; k0 += kK) {
+      wmma::fragment<wmma::matrix_a, 16, 16, kK, Element, LayoutA> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, kK, Element, LayoutB> fb;
+      wmma::load_matrix_sync(fa, kTransA ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
+      wmma::load_matrix_sync(fb, kTransB ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
+      Operand::round(fa);
+      Operand::round(fb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(c + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
+  }
+}
+#endif
+
+// block_gemm on the CUDA cores, in float32: each thread owns a 2x2 block of c
+// (M and N are even).
+template <bool kTransA, bool kTransB, bool kAccumulate, typename TA, typename TB>
+__device__ __forceinline__ void simt_block_gemm(float* c, int ldc, const TA* a, int lda,
+                                                const TB* b, int ldb, int M, int N, int K) {
+  const int blocks_n = N / 2;
+  for (int i = threadIdx.x; i < M / 2 * blocks_n; i += kThreads) {
+    const int m = i / blocks_n * 2, n = i % blocks_n * 2;
+    float c00 = 0.0f, c01 = 0.0f, c10 = 0.0f, c11 = 0.0f;
+    if (kAccumulate) {
+      c00 = c[m * ldc + n];
+      c01 = c[m * ldc + n + 1];
+      c10 = c[(m + 1) * ldc + n];
+      c11 = c[(m + 1) * ldc + n + 1];
+    }
+    for (int k = 0; k < K; ++k) {
+      const float a0 = to_float(kTransA ? a[k * lda + m] : a[m * lda + k]);
+      const float a1 = to_float(kTransA ? a[k * lda + m + 1] : a[(m + 1) * lda + k]);
+      const float b0 = to_float(kTransB ? b[n * ldb + k] : b[k * ldb + n]);
+      const float b1 = to_float(kTransB ? b[(n + 1) * ldb + k] : b[k * ldb + n + 1]);
+      c00 = fmaf(a0, b0, c00);
+      c01 = fmaf(a0, b1, c01);
+      c10 = fmaf(a1, b0, c10);
+      c11 = fmaf(a1, b1, c11);
+    }
+    c[m * ldc + n] = c00;
+    c[m * ldc + n + 1] = c01;
+    c[(m + 1) * ldc + n] = c10;
+    c[(m + 1) * ldc + n + 1] = c11;
+  }
+}
 
 // c[m][n] = (kAccumulate ? c[m][n] : 0) + sum_k A(m, k) B(k, n) for m < M, n < N,
 // k < K (multiples of 16), with A(m, k) = kTransA ? a[k][m] : a[m][k] and
 // B(k, n) = kTransB ? b[n][k] : b[k][n]. Every thread of the block calls it;
-// the caller synchronises before reading c or overwriting a, b.
+// the caller synchronises before reading c or overwriting a, b. allow_tf32
+// (uniform over the block) lets float32 operands take the TF32 tensor cores;
+// it does not concern 16-bit operands, which always do on sm_80+.
 template <bool kTransA, bool kTransB, bool kAccumulate, typename TA, typename TB>
-__device__ __forceinline__ void block_gemm(float* c, int ldc, const TA* a, int lda, const TB* b, int ldb, int M,
-                           int N, int K) {
+__device__ __forceinline__ void block_gemm(float* c, int ldc, const TA* a, int lda, const TB* b,
+                                           int ldb, int M, int N, int K, bool allow_tf32) {
 #ifdef JAXOPS_ATTENTION_TENSOR_CORES
-  if constexpr (kTensorCoreOperands<TA, TB>) {
-    namespace wmma = nvcuda::wmma;
-    using LayoutA = std::conditional_t<kTransA, wmma::col_major, wmma::row_major>;
-    using LayoutB = std::conditional_t<kTransB, wmma::col_major, wmma::row_major>;
-    const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-    const int tiles_n = N / 16;
-    for (int tile = warp; tile < M / 16 * tiles_n; tile += kWarps) {
-      const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 16;
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      if (kAccumulate) {
-        wmma::load_matrix_sync(acc, c + m0 * ldc + n0, ldc, wmma::mem_row_major);
-      } else {
-        wmma::fill_fragment(acc, 0.0f);
-      }
-      for (int k0 = 0; k0 < K; k0 += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, TA, LayoutA> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, TB, LayoutB> fb;
-        wmma::load_matrix_sync(fa, kTransA ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
-        wmma::load_matrix_sync(fb, kTransB ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-      wmma::store_matrix_sync(c + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
+  if constexpr (kHalfOperands<TA, TB>) {
+    tensor_core_block_gemm<kTransA, kTransB, kAccumulate>(c, ldc, a, lda, b, ldb, M, N, K);
+  } else if constexpr (kFloatOperands<TA, TB>) {
+    if (allow_tf32) {
+      tensor_core_block_gemm<kTransA, kTransB, kAccumulate>(c, ldc, a, lda, b, ldb, M, N, K);
+    } else {
+      simt_block_gemm<kTransA, kTransB, kAccumulate>(c, ldc, a, lda, b, ldb, M, N, K);
     }
   } else
 #endif
   {
-    // Each thread owns a 2x2 block of c (M and N are even).
-    const int blocks_n = N / 2;
-    for (int i = threadIdx.x; i < M / 2 * blocks_n; i += kThreads) {
-      const int m = i / blocks_n * 2, n = i % blocks_n * 2;
-      float c00 = 0.0f, c01 = 0.0f, c10 = 0.0f, c11 = 0.0f;
-      if (kAccumulate) {
-        c00 = c[m * ldc + n];
-        c01 = c[m * ldc + n + 1];
-        c10 = c[(m + 1) * ldc + n];
-        c11 = c[(m + 1) * ldc + n + 1];
-      }
-      for (int k = 0; k < K; ++k) {
-        const float a0 = to_float(kTransA ? a[k * lda + m] : a[m * lda + k]);
-        const float a1 = to_float(kTransA ? a[k * lda + m + 1] : a[(m + 1) * lda + k]);
-        const float b0 = to_float(kTransB ? b[n * ldb + k] : b[k * ldb + n]);
-        const float b1 = to_float(kTransB ? b[(n + 1) * ldb + k] : b[k * ldb + n + 1]);
-        c00 = fmaf(a0, b0, c00);
-        c01 = fmaf(a0, b1, c01);
-        c10 = fmaf(a1, b0, c10);
-        c11 = fmaf(a1, b1, c11);
-      }
-      c[m * ldc + n] = c00;
-      c[m * ldc + n + 1] = c01;
-      c[(m + 1) * ldc + n] = c10;
-      c[(m + 1) * ldc + n + 1] = c11;
-    }
+    simt_block_gemm<kTransA, kTransB, kAccumulate>(c, ldc, a, lda, b, ldb, M, N, K);
   }
 }
 

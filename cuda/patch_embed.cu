@@ -2,7 +2,8 @@
 // GEMMs whose patch operand is gathered from the image in the tile load (no
 // im2col buffer), on the block-wide shared-memory products of the attention
 // kernels (attention_tiles.cuh: wmma tensor cores for __half/__nv_bfloat16 on
-// sm_80+, a float32 SIMT loop otherwise).
+// sm_80+, and for float32 as TF32 when allow_tf32 says so; a float32 SIMT loop
+// otherwise).
 //
 //   forward:  a block owns kTile patch rows x kTile columns of D and walks the
 //             patch length in steps of kStep; the epilogue adds bias and pos.
@@ -64,25 +65,27 @@ __device__ __forceinline__ T value_or_zero(const T* base, int64_t index, bool in
 // dimension lda) and b ([kStep][kLdTile]): the loop every kernel here runs.
 template <bool kTransA, typename T, typename Load>
 __device__ __forceinline__ void sum_tile_products(float* acc, const T* a, int lda, const T* b,
-                                                  int64_t length, Load load) {
+                                                  int64_t length, bool allow_tf32, Load load) {
   for (int i = threadIdx.x; i < kTile * kLdAcc; i += kThreads) acc[i] = 0.0f;
   for (int64_t k0 = 0; k0 < length; k0 += kStep) {
     load(k0);
     __syncthreads();
-    block_gemm<kTransA, false, true>(acc, kLdAcc, a, lda, b, kLdTile, kTile, kTile, kStep);
+    block_gemm<kTransA, false, true>(acc, kLdAcc, a, lda, b, kLdTile, kTile, kTile, kStep,
+                                     allow_tf32);
     __syncthreads();
   }
 }
 
 template <typename T>
 __global__ void patch_embed_fwd_kernel(const T* images, const T* kernel, const T* bias,
-                                       const T* pos, T* tokens, PatchEmbedShape s) {
+                                       const T* pos, T* tokens, PatchEmbedShape s,
+                                       bool allow_tf32) {
   __shared__ __align__(32) float acc[kTile * kLdAcc];
   __shared__ __align__(32) T a[kTile * kLdStep];
   __shared__ __align__(32) T b[kStep * kLdTile];
   const int64_t m0 = int64_t{blockIdx.x} * kTile, n0 = int64_t{blockIdx.y} * kTile;
   const int64_t len = s.patch_len();
-  sum_tile_products<false>(acc, a, kLdStep, b, len, [&](int64_t k0) {
+  sum_tile_products<false>(acc, a, kLdStep, b, len, allow_tf32, [&](int64_t k0) {
     for (int i = threadIdx.x; i < kTile * kStep; i += kThreads) {
       const int r = i / kStep, q = i % kStep;
       a[r * kLdStep + q] = patch_value(images, s, m0 + r, k0 + q);
@@ -119,13 +122,13 @@ __global__ void class_token_kernel(const T* pos, const T* cls, T* tokens, PatchE
 // dpatches = dtokens . kernel^T, scattered to the image.
 template <typename T>
 __global__ void patch_embed_dimages_kernel(const T* dtokens, const T* kernel, T* dimages,
-                                           PatchEmbedShape s) {
+                                           PatchEmbedShape s, bool allow_tf32) {
   __shared__ __align__(32) float acc[kTile * kLdAcc];
   __shared__ __align__(32) T a[kTile * kLdStep];
   __shared__ __align__(32) T b[kStep * kLdTile];
   const int64_t m0 = int64_t{blockIdx.x} * kTile, k0 = int64_t{blockIdx.y} * kTile;
   const int64_t rows = s.batch * s.patches(), len = s.patch_len();
-  sum_tile_products<false>(acc, a, kLdStep, b, s.dim, [&](int64_t d0) {
+  sum_tile_products<false>(acc, a, kLdStep, b, s.dim, allow_tf32, [&](int64_t d0) {
     for (int i = threadIdx.x; i < kTile * kStep; i += kThreads) {
       const int r = i / kStep, q = i % kStep;
       const bool inside = m0 + r < rows && d0 + q < s.dim;
@@ -150,13 +153,13 @@ __global__ void patch_embed_dimages_kernel(const T* dtokens, const T* kernel, T*
 // dkernel = patches^T dtokens: a block reduces over every patch row.
 template <typename T>
 __global__ void patch_embed_dkernel_kernel(const T* dtokens, const T* images, T* dkernel,
-                                           PatchEmbedShape s) {
+                                           PatchEmbedShape s, bool allow_tf32) {
   __shared__ __align__(32) float acc[kTile * kLdAcc];
   __shared__ __align__(32) T a[kStep * kLdTile];  // [patch row][patch column]
   __shared__ __align__(32) T b[kStep * kLdTile];  // [patch row][D column]
   const int64_t k0 = int64_t{blockIdx.x} * kTile, n0 = int64_t{blockIdx.y} * kTile;
   const int64_t rows = s.batch * s.patches(), len = s.patch_len();
-  sum_tile_products<true>(acc, a, kLdTile, b, rows, [&](int64_t m0) {
+  sum_tile_products<true>(acc, a, kLdTile, b, rows, allow_tf32, [&](int64_t m0) {
     for (int i = threadIdx.x; i < kStep * kTile; i += kThreads) {
       const int q = i / kTile, c = i % kTile;
       a[q * kLdTile + c] = patch_value(images, s, m0 + q, k0 + c);
@@ -202,12 +205,13 @@ __global__ void bias_sum_kernel(const T* dtokens, T* dbias, PatchEmbedShape s) {
 
 template <typename T>
 cudaError_t patch_embed_fwd(cudaStream_t stream, const T* images, const T* kernel, const T* bias,
-                            const T* pos, const T* cls, T* tokens, PatchEmbedShape s) {
+                            const T* pos, const T* cls, T* tokens, PatchEmbedShape s,
+                            bool allow_tf32) {
   const int64_t rows = s.batch * s.patches();
   if (rows > 0) {
     const cudaError_t status =
         launch_kernel(patch_embed_fwd_kernel<T>, dim3(blocks_for(rows), blocks_for(s.dim)),
-                      dim3(kThreads), stream, images, kernel, bias, pos, tokens, s);
+                      dim3(kThreads), stream, images, kernel, bias, pos, tokens, s, allow_tf32);
     if (status != cudaSuccess) return status;
   }
   if (cls && s.batch > 0) {
@@ -220,19 +224,19 @@ cudaError_t patch_embed_fwd(cudaStream_t stream, const T* images, const T* kerne
 template <typename T>
 cudaError_t patch_embed_bwd(cudaStream_t stream, const T* dtokens, const T* images,
                             const T* kernel, T* dimages, T* dkernel, T* dbias, T* dpos, T* dcls,
-                            PatchEmbedShape s) {
+                            PatchEmbedShape s, bool allow_tf32) {
   const int64_t rows = s.batch * s.patches();
   cudaError_t status = cudaSuccess;
   if (dimages && rows > 0) {
     status = launch_kernel(patch_embed_dimages_kernel<T>,
                            dim3(blocks_for(rows), blocks_for(s.patch_len())), dim3(kThreads),
-                           stream, dtokens, kernel, dimages, s);
+                           stream, dtokens, kernel, dimages, s, allow_tf32);
     if (status != cudaSuccess) return status;
   }
   if (dkernel) {
     status = launch_kernel(patch_embed_dkernel_kernel<T>,
                            dim3(blocks_for(s.patch_len()), blocks_for(s.dim)), dim3(kThreads),
-                           stream, dtokens, images, dkernel, s);
+                           stream, dtokens, images, dkernel, s, allow_tf32);
     if (status != cudaSuccess) return status;
   }
   if (dpos || dcls) {
@@ -249,9 +253,9 @@ cudaError_t patch_embed_bwd(cudaStream_t stream, const T* dtokens, const T* imag
 
 #define JAXOPS_CUDA_PATCH_EMBED_INSTANTIATE(T)                                                  \
   template cudaError_t patch_embed_fwd<T>(cudaStream_t, const T*, const T*, const T*, const T*, \
-                                          const T*, T*, PatchEmbedShape);                       \
+                                          const T*, T*, PatchEmbedShape, bool);                 \
   template cudaError_t patch_embed_bwd<T>(cudaStream_t, const T*, const T*, const T*, T*, T*,   \
-                                          T*, T*, T*, PatchEmbedShape);
+                                          T*, T*, T*, PatchEmbedShape, bool);
 
 JAXOPS_CUDA_PATCH_EMBED_INSTANTIATE(float)
 JAXOPS_CUDA_PATCH_EMBED_INSTANTIATE(__half)

@@ -265,7 +265,7 @@ def attention_allowed(batch, num_heads, q_len, kv_len, *, mask=None, is_causal=F
 def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=None,
                              is_causal=False, query_seq_lengths=None,
                              key_value_seq_lengths=None, local_window_size=None,
-                             query_offset=0):
+                             query_offset=0, precision=None):
   """Attention on [B, T, N, H] query and [B, S, K, H] key/value (N % K == 0).
 
   Returns the output [B, T, N, H] in the query's dtype and the log-sum-exp
@@ -274,7 +274,8 @@ def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=N
   ``attention_allowed``); a row with no attended key gives output 0 and
   log-sum-exp -inf, and no NaN in any derivative. Complex inputs take the
   complex softmax ``exp(z) / sum(exp(z))`` (as jax.nn's), shifted by the row
-  maximum of the real part.
+  maximum of the real part. ``precision``: the two products' (``lax.dot``'s
+  argument; None follows ``jax.default_matmul_precision``).
   """
   B, T, N, H = query.shape
   S, K = key.shape[1], key.shape[2]
@@ -282,7 +283,8 @@ def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=N
   scale = 1.0 / math.sqrt(H) if scale is None else scale
   dtype = compute_dtype(query.dtype, key.dtype)
   grouped = query.reshape(B, T, K, G, H)
-  logits = jnp.einsum("btkgh,bskh->bkgts", grouped, key, preferred_element_type=dtype)
+  logits = jnp.einsum("btkgh,bskh->bkgts", grouped, key, preferred_element_type=dtype,
+                      precision=precision)
   logits = logits.reshape(B, N, T, S) * jnp.asarray(scale, _real_dtype(dtype))
   if bias is not None:
     logits = logits + bias.astype(dtype)
@@ -300,7 +302,7 @@ def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=N
   safe_total = jnp.where(attended, total, 1.0)
   probs = (unnormalized / safe_total).astype(value.dtype)
   out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, G, T, S), value,
-                   preferred_element_type=dtype)
+                   preferred_element_type=dtype, precision=precision)
   lse = jnp.where(attended, row_max + jnp.log(safe_total), -jnp.inf)[..., 0]
   return out.reshape(B, T, N, H).astype(query.dtype), lse
 

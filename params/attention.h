@@ -29,6 +29,10 @@ struct AttentionParams {
   bool is_causal = false;
   int64_t window_left = -1;   // -1: unbounded
   int64_t window_right = -1;  // -1: unbounded
+  // The float32 precision policy (docs/precision.md): float32 products may run
+  // on the TF32 tensor cores (CUDA, sm_80+). The CPU kernels compute in full
+  // float32 whatever it says; 16-bit inputs do not depend on it.
+  bool allow_tf32 = false;
   // The position of query row 0: the int32 scalar operand itself, never null.
   // It is an operand (a traced offset does not recompile), so the handler sees
   // only its buffer: host memory on the CPU, device memory on CUDA. The CPU

@@ -525,6 +525,9 @@ def test_implementations_agree():
 # every mask kind, full and broadcast biases with their tangents, each tangent
 # absent or present, GQA/MQA, T = 1, T != S, rows with no key. The head dims cover
 # every tile configuration the dispatch selects: 64x64, 32x32 and, float32 only, 16x16.
+# The harness target has no handler on a GPU, so each test uses the harness
+# fixture, which keeps it on the harness backend (skipped with JAXOPS_TEST_GPU=1,
+# where jax.jvp of jaxops.attention runs this kernel on the GPU).
 
 TARGET = "jaxops_attention_fwd_jvp"
 TANGENTS = ("query", "key", "value", "bias")
@@ -554,7 +557,7 @@ def kernel_jvp(primals, tangents, mask, q_lengths, kv_lengths, query_offset, *, 
       absent(kv_lengths, jnp.int32), query_offset,
       *(absent(t, x.dtype if x is not None else jnp.float32) for t, x in zip(tangents, primals)),
       scale=np.float32(scale), is_causal=np.bool_(is_causal), window_left=np.int64(window_left),
-      window_right=np.int64(window_right))
+      window_right=np.int64(window_right), allow_tf32=np.bool_(False))  # as the float32 reference
   return (out, lse), (dout, dlse)
 
 
@@ -631,18 +634,20 @@ TILED = (2, 70, 150, 4, 2)
 TILED_CASES = mask_cases(2, 70, 150, 4)
 
 
+@pytest.mark.usefixtures("harness")
 @pytest.mark.backends(backends.HARNESS)
 @pytest.mark.parametrize("case", list(TILED_CASES))
-def test_jvp_kernel_float32_masks_and_biases(backend, case):
+def test_jvp_kernel_float32_masks_and_biases(case):
   """The SIMT path: every mask kind, full and broadcast biases with their tangents, GQA."""
   run_case((*TILED, 16), **TILED_CASES[case])
 
 
+@pytest.mark.usefixtures("harness")
 @pytest.mark.backends(backends.HARNESS)
 @pytest.mark.parametrize("tangents", [(), ("query",), ("key",), ("value",), ("bias",),
                                       ("query", "key"), ("key", "value"),
                                       ("query", "value", "bias")], ids=str)
-def test_jvp_kernel_each_tangent_absent_or_present(backend, tangents):
+def test_jvp_kernel_each_tangent_absent_or_present(tangents):
   """Absent tangents are zero and their products are skipped (no tangents: zero tangents)."""
   got = run_case((*TILED, 16), tangents=tangents, is_causal=True, query_offset=80,
                  **TILED_CASES["bias_heads"])
@@ -650,9 +655,10 @@ def test_jvp_kernel_each_tangent_absent_or_present(backend, tangents):
     assert not np.any(np.asarray(got[1][0])) and not np.any(np.asarray(got[1][1]))
 
 
+@pytest.mark.usefixtures("harness")
 @pytest.mark.backends(backends.HARNESS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
-def test_jvp_kernel_tensor_cores_all_masks(backend, dtype):
+def test_jvp_kernel_tensor_cores_all_masks(dtype):
   run_case((*TILED, 32), dtype, **TILED_CASES["all"])
 
 
@@ -669,16 +675,19 @@ JVP_SHAPES = HARNESS_SHAPES + [
 ]
 
 
-@backends.parametrize("shape,dtype", {backends.HARNESS: JVP_SHAPES})
-def test_jvp_kernel_tile_configurations(backend, shape, dtype):
+@pytest.mark.usefixtures("harness")
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("shape,dtype", JVP_SHAPES, ids=backends.param_id)
+def test_jvp_kernel_tile_configurations(shape, dtype):
   *shape, is_causal = shape
   offset = shape[2] - shape[1] if is_causal else 0
   run_case(tuple(shape), dtype, is_causal=is_causal, query_offset=offset, seed=3)
 
 
+@pytest.mark.usefixtures("harness")
 @pytest.mark.backends(backends.HARNESS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
-def test_jvp_kernel_tangent_accuracy_with_a_large_key_mean(backend, dtype):
+def test_jvp_kernel_tangent_accuracy_with_a_large_key_mean(dtype):
   """Keys with a large common part (as real models' keys often have) give the
   logit tangents a large mean along each row, which the kernel's shift removes
   before rounding e (ds - c) to the dtype: dout stays within twice the error
@@ -699,8 +708,9 @@ def test_jvp_kernel_tangent_accuracy_with_a_large_key_mean(backend, dtype):
   assert kernel_error <= 2 * reference_error, (kernel_error, reference_error)
 
 
+@pytest.mark.usefixtures("harness")
 @pytest.mark.backends(backends.HARNESS)
-def test_jvp_kernel_rows_without_keys(backend):
+def test_jvp_kernel_rows_without_keys():
   """Causal rows before the first key, a row emptied by the mask, a batch with
   no keys, and a bias tangent that is infinite or NaN where keys are masked:
   out 0, logsumexp -inf and zero tangents there, the reference elsewhere."""
@@ -757,8 +767,9 @@ def test_jvp_kernel_thread_order_does_not_change_results(harness, mode, seed):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.usefixtures("harness")
 @pytest.mark.backends(backends.HARNESS)
-def test_jvp_kernel_invalid_calls_are_errors_not_crashes(backend):
+def test_jvp_kernel_invalid_calls_are_errors_not_crashes():
   """The handler validates through check_fwd_jvp and returns an error; the
   harness still runs the next valid call."""
   primals, tangents, arrays = _thread_order_inputs()
@@ -825,7 +836,7 @@ def _fwd_operands(q_shape=(1, 3, 2, 4), k_shape=(1, 5, 1, 4), bias=np.zeros((0,)
 
 
 _ATTRS = dict(scale=np.float32(0.5), is_causal=np.bool_(False), window_left=np.int64(-1),
-              window_right=np.int64(-1))
+              window_right=np.int64(-1), allow_tf32=np.bool_(False))
 
 
 @pytest.mark.parametrize("operands,results,attrs,match", [

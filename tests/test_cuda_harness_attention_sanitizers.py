@@ -5,7 +5,8 @@ tests/cuda_harness/attention_driver.cc runs the forward and the backward with a
 full bias and its gradient, and the forward mode (cuda/attention_jvp.cu) with
 a broadcast bias, with every tangent, with none, and with the subsets that take
 each variant of the tangent products (the bias tangent NaN on masked keys), in
-float32 (SIMT path), bfloat16 and float16 (wmma path), with a broadcast mask
+float32 (SIMT path, and TF32 wmma path with allow_tf32), bfloat16 and float16
+(wmma path), with a broadcast mask
 that empties a query row, sequence lengths and the causal mask with an offset,
 against a double-precision reference, on tiny shapes: GQA, T != S, lengths
 that are not multiples of the tile, head dims padded to 16, two query and key

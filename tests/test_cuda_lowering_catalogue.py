@@ -32,7 +32,8 @@ BUFFERS = {
     "jaxops_rope": ((T, "i32"), (T, "f32")),
     "jaxops_embedding_fwd": ((T, "i32"), (T,)),
     "jaxops_embedding_bwd": ((T, "i32"), (T, "i32")),
-    "jaxops_adamw": ((T, T, "f32", "f32", "f32"), (T, "f32", "f32")),
+    # grads, params, m (optax's default: the parameters' dtype), v, scalars.
+    "jaxops_adamw": ((T, T, T, "f32", "f32"), (T, T, "f32")),
 }
 
 

@@ -156,7 +156,8 @@ def test_donated_pages_are_the_updates_results():
 F32 = np.float32
 _Q, _PAGES = np.ones((2, 1, 4, 8), F32), np.ones((3, 4, 2, 8), F32)
 _TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
-_ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1)}
+_ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1),
+          "allow_tf32": np.bool_(False)}
 _NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
 _WIDE = 264  # above the CUDA kernel's head-dim limit, which the CPU kernel does not have
 _EMPTY = ((0,), np.uint8)  # the workspace of a plan without key splits

@@ -450,7 +450,8 @@ def test_bad_input_is_a_clear_error(index):
 F32 = np.float32
 _Q, _PAGES = np.ones((2, 1, 4, 8), F32), np.ones((3, 4, 2, 8), F32)
 _TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
-_ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1)}
+_ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1),
+          "allow_tf32": np.bool_(False)}
 _NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
 _NO_WORKSPACE = ((0,), np.uint8)  # the CPU's hidden workspace result: empty
 _OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _NO_WORKSPACE]

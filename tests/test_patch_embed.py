@@ -254,7 +254,7 @@ def test_handler_rejects_inconsistent_buffers(target, operands, results, attrs, 
   """A handler fed buffers the public API never passes returns an error, never crashes."""
   call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])
   with pytest.raises(Exception, match=match):
-    jax.block_until_ready(call(*operands, **attrs))
+    jax.block_until_ready(call(*operands, **attrs, allow_tf32=np.bool_(False)))
 
 
 # -- sharding --------------------------------------------------------------------

@@ -419,7 +419,7 @@ def test_bad_input_is_a_clear_error(call, error, match):
 def test_handler_rejects_inconsistent_buffers(target, operands, results, match):
   call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])
   with pytest.raises(Exception, match=match):
-    jax.block_until_ready(jax.jit(lambda *a: call(*a))(*operands))
+    jax.block_until_ready(jax.jit(lambda *a: call(*a, allow_tf32=np.bool_(False)))(*operands))
 
 
 # -- Flax --------------------------------------------------------------------------------

@@ -46,11 +46,12 @@ ffi::Error run_attention(const std::string& op, const ffi::AnyBuffer& q, const f
                          const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
                          const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
                          float scale, bool is_causal, int64_t window_left, int64_t window_right,
-                         Check&& check, WorkspaceBytes&& workspace_bytes, Run&& run) {
+                         bool allow_tf32, Check&& check, WorkspaceBytes&& workspace_bytes,
+                         Run&& run) {
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                       query_offset, scale, is_causal, window_left, window_right,
-                                      &p));
+                                      allow_tf32, &p));
   JAXOPS_RETURN_IF_ERROR(check(op, p));
   return dispatch(op, q.element_type(), [&](auto tag) {
     Workspace ws;
@@ -64,10 +65,10 @@ ffi::Error AttentionFwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::AnyBuffer mask, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
                         ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
-                        int64_t window_left, int64_t window_right) {
+                        int64_t window_left, int64_t window_right, bool allow_tf32) {
   return run_attention(
       kAttentionFwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
-      is_causal, window_left, window_right,
+      is_causal, window_left, window_right, allow_tf32,
       [&](const std::string& op, const AttentionParams& s) {
         return check_fwd(op, q, *out, *lse, s);
       },
@@ -89,10 +90,11 @@ ffi::Error AttentionBwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                         ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> workspace,
                         float scale, bool is_causal,
-                        int64_t window_left, int64_t window_right, bool with_dbias) {
+                        int64_t window_left, int64_t window_right, bool with_dbias,
+                        bool allow_tf32) {
   return run_attention(
       kAttentionBwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
-      is_causal, window_left, window_right,
+      is_causal, window_left, window_right, allow_tf32,
       // The CPU kernel sizes its scratch by its thread count and allocates it
       // here: the hidden workspace result is empty on this platform.
       [&](const std::string& op, const AttentionParams& s) {
@@ -125,10 +127,10 @@ ffi::Error AttentionFwdJvp(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> out,
                            ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> dout,
                            ffi::Result<ffi::AnyBuffer> dlse, float scale, bool is_causal,
-                           int64_t window_left, int64_t window_right) {
+                           int64_t window_left, int64_t window_right, bool allow_tf32) {
   return run_attention(
       kAttentionFwdJvp.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
-      is_causal, window_left, window_right,
+      is_causal, window_left, window_right, allow_tf32,
       [&](const std::string& op, const AttentionParams& s) {
         return check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, s);
       },

@@ -20,12 +20,14 @@
 #include "params/attention.h"
 #include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
+#include "xla_ffi/matmul_precision.h"
 
 namespace jaxops::attention_common {
 
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 
+using ::jaxops::matmul_precision::kAllowTf32;
 using ::jaxops::params::AttentionParams;
 
 // -- the targets' contract ------------------------------------------------------------
@@ -55,12 +57,12 @@ inline contract::Workspace bwd_workspace(const contract::WorkspaceQuery& call) {
 }
 
 inline constexpr auto kAttentionFwd = contract::target(
-    "jaxops_attention_fwd", kScale, kIsCausal, kWindowLeft, kWindowRight);
+    "jaxops_attention_fwd", kScale, kIsCausal, kWindowLeft, kWindowRight, kAllowTf32);
 inline constexpr auto kAttentionBwd = contract::target_with_workspace(
     "jaxops_attention_bwd", bwd_workspace, kScale, kIsCausal, kWindowLeft, kWindowRight,
-    kWithDbias);
+    kWithDbias, kAllowTf32);
 inline constexpr auto kAttentionFwdJvp = contract::target(
-    "jaxops_attention_fwd_jvp", kScale, kIsCausal, kWindowLeft, kWindowRight);
+    "jaxops_attention_fwd_jvp", kScale, kIsCausal, kWindowLeft, kWindowRight, kAllowTf32);
 
 inline std::vector<contract::TargetDescription> contracts() {
   return {describe(kAttentionFwd), describe(kAttentionBwd), describe(kAttentionFwdJvp)};
@@ -130,7 +132,8 @@ inline ffi::Error decode_shape(const std::string& op, const ffi::AnyBuffer& q,
                                const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mask,
                                const ffi::AnyBuffer& q_lengths, const ffi::AnyBuffer& kv_lengths,
                                const ffi::AnyBuffer& query_offset, float scale, bool is_causal,
-                               int64_t window_left, int64_t window_right, AttentionParams* s) {
+                               int64_t window_left, int64_t window_right, bool allow_tf32,
+                               AttentionParams* s) {
   auto qd = q.dimensions(), kd = k.dimensions();
   if (qd.size() != 4) return invalid(op, "query must be [B, T, N, H], got " + dims_string(qd));
   if (kd.size() != 4 || kd[0] != qd[0] || kd[3] != qd[3]) {
@@ -168,6 +171,7 @@ inline ffi::Error decode_shape(const std::string& op, const ffi::AnyBuffer& q,
   s->is_causal = is_causal;
   s->window_left = window_left;
   s->window_right = window_right;
+  s->allow_tf32 = allow_tf32;
   if (const char* error = params::attention_params_error(*s)) return invalid(op, error);
   return ffi::Error::Success();
 }

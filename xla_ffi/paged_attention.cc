@@ -28,7 +28,8 @@ ffi::Error PagedAttentionFwd(ffi::AnyBuffer query, ffi::AnyBuffer key_pages,
                              ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::AnyBuffer> logsumexp,
                              ffi::Result<ffi::AnyBuffer> workspace, float scale,
-                             float logits_soft_cap, int64_t window_left) {
+                             float logits_soft_cap, int64_t window_left,
+                             bool /*allow_tf32: the kernel computes in full float32*/) {
   const std::string op = kPagedAttentionFwd.name;
   PagedAttentionParams p;
   // The workspace is CUDA's split-K scratch: [0] here, checked and unused.

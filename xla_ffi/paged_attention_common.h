@@ -27,6 +27,7 @@
 #include "params/paged_attention_plan.h"
 #include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
+#include "xla_ffi/matmul_precision.h"
 
 namespace jaxops::paged_attention_common {
 
@@ -77,7 +78,7 @@ inline contract::Workspace paged_attention_workspace(const contract::WorkspaceQu
 
 inline constexpr auto kPagedAttentionFwd = contract::target_with_workspace(
     "jaxops_paged_attention_fwd", paged_attention_workspace, kScale, kLogitsSoftCap,
-    kWindowLeft);
+    kWindowLeft, matmul_precision::kAllowTf32);
 inline constexpr auto kPagedKvUpdate = contract::target("jaxops_paged_kv_update");
 
 inline std::vector<contract::TargetDescription> contracts() {

@@ -20,7 +20,8 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
 
 ffi::Error PatchEmbedFwd(ffi::AnyBuffer images, ffi::AnyBuffer kernel, ffi::AnyBuffer bias,
                          ffi::AnyBuffer pos, ffi::AnyBuffer cls,
-                         ffi::Result<ffi::AnyBuffer> tokens, int64_t patch_size) {
+                         ffi::Result<ffi::AnyBuffer> tokens, int64_t patch_size,
+                         bool /*allow_tf32: the CPU kernel computes in full float32*/) {
   const std::string op = kPatchEmbedFwd.name;
   PatchEmbedShape s;
   JAXOPS_RETURN_IF_ERROR(
@@ -37,7 +38,8 @@ ffi::Error PatchEmbedFwd(ffi::AnyBuffer images, ffi::AnyBuffer kernel, ffi::AnyB
 ffi::Error PatchEmbedBwd(ffi::AnyBuffer dtokens, ffi::AnyBuffer images, ffi::AnyBuffer kernel,
                          ffi::Result<ffi::AnyBuffer> dimages, ffi::Result<ffi::AnyBuffer> dkernel,
                          ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> dpos,
-                         ffi::Result<ffi::AnyBuffer> dcls, int64_t patch_size, int64_t wanted) {
+                         ffi::Result<ffi::AnyBuffer> dcls, int64_t patch_size, int64_t wanted,
+                         bool /*allow_tf32: the CPU kernel computes in full float32*/) {
   const std::string op = kPatchEmbedBwd.name;
   PatchEmbedShape s;
   JAXOPS_RETURN_IF_ERROR(check_patch_embed_bwd(dtokens, images, kernel, *dimages, *dkernel,

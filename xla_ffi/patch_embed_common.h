@@ -13,6 +13,7 @@
 #include "params/patch_embed.h"
 #include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
+#include "xla_ffi/matmul_precision.h"
 
 namespace jaxops::patch_embed_common {
 
@@ -27,9 +28,10 @@ using namespace ::jaxops::params;
 inline constexpr contract::Attribute<int64_t> kPatchSize{"patch_size"};
 inline constexpr contract::Attribute<int64_t> kWanted{"wanted"};  // PatchEmbedGrad bits
 
-inline constexpr auto kPatchEmbedFwd = contract::target("jaxops_patch_embed_fwd", kPatchSize);
-inline constexpr auto kPatchEmbedBwd =
-    contract::target("jaxops_patch_embed_bwd", kPatchSize, kWanted);
+inline constexpr auto kPatchEmbedFwd = contract::target("jaxops_patch_embed_fwd", kPatchSize,
+                                                       matmul_precision::kAllowTf32);
+inline constexpr auto kPatchEmbedBwd = contract::target("jaxops_patch_embed_bwd", kPatchSize,
+                                                       kWanted, matmul_precision::kAllowTf32);
 
 inline std::vector<contract::TargetDescription> contracts() {
   return {describe(kPatchEmbedFwd), describe(kPatchEmbedBwd)};

@@ -19,7 +19,8 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
 }
 
 ffi::Error SparseLinearFwd(ffi::AnyBuffer x, ffi::AnyBuffer values, ffi::Buffer<ffi::U8> metadata,
-                           ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y) {
+                           ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                           bool /*allow_tf32: the kernels compute in full float32*/) {
   SparseLinearShape s;
   JAXOPS_RETURN_IF_ERROR(check_sparse_linear_fwd(x, values, metadata, bias, *y, &s));
   return dispatch(kSparseLinearFwd.name, x.element_type(), [&](auto tag) {
@@ -31,7 +32,8 @@ ffi::Error SparseLinearFwd(ffi::AnyBuffer x, ffi::AnyBuffer values, ffi::Buffer<
 }
 
 ffi::Error SparseLinearDx(ffi::AnyBuffer dy, ffi::AnyBuffer values, ffi::Buffer<ffi::U8> metadata,
-                          ffi::Result<ffi::AnyBuffer> dx) {
+                          ffi::Result<ffi::AnyBuffer> dx,
+                          bool /*allow_tf32: the kernels compute in full float32*/) {
   SparseLinearShape s;
   JAXOPS_RETURN_IF_ERROR(check_sparse_linear_dx(dy, values, metadata, *dx, &s));
   return dispatch(kSparseLinearDx.name, dy.element_type(), [&](auto tag) {
@@ -43,7 +45,8 @@ ffi::Error SparseLinearDx(ffi::AnyBuffer dy, ffi::AnyBuffer values, ffi::Buffer<
 }
 
 ffi::Error SparseLinearDvalues(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> metadata,
-                               ffi::Result<ffi::AnyBuffer> dvalues) {
+                               ffi::Result<ffi::AnyBuffer> dvalues,
+                               bool /*allow_tf32: the kernels compute in full float32*/) {
   SparseLinearShape s;
   JAXOPS_RETURN_IF_ERROR(check_sparse_linear_dvalues(dy, x, metadata, *dvalues, &s));
   return dispatch(kSparseLinearDvalues.name, dy.element_type(), [&](auto tag) {

@@ -13,6 +13,7 @@
 #include "params/sparse.h"
 #include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
+#include "xla_ffi/matmul_precision.h"
 
 namespace jaxops::sparse_common {
 
@@ -25,9 +26,11 @@ using ::jaxops::params::SparseLinearShape;
 
 // -- the targets' contract ------------------------------------------------------------
 
-inline constexpr auto kSparseLinearFwd = contract::target("jaxops_sparse_linear_fwd");
-inline constexpr auto kSparseLinearDx = contract::target("jaxops_sparse_linear_dx");
-inline constexpr auto kSparseLinearDvalues = contract::target("jaxops_sparse_linear_dvalues");
+using matmul_precision::kAllowTf32;
+inline constexpr auto kSparseLinearFwd = contract::target("jaxops_sparse_linear_fwd", kAllowTf32);
+inline constexpr auto kSparseLinearDx = contract::target("jaxops_sparse_linear_dx", kAllowTf32);
+inline constexpr auto kSparseLinearDvalues =
+    contract::target("jaxops_sparse_linear_dvalues", kAllowTf32);
 
 inline std::vector<contract::TargetDescription> contracts() {
   return {describe(kSparseLinearFwd), describe(kSparseLinearDx), describe(kSparseLinearDvalues)};

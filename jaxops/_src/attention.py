@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
-from jaxops._src import ffi_targets, primitive, validation
+from jaxops._src import ffi_targets, matmul_precision, primitive, validation
 from jaxops._src.autodiff import Differentiable
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, is_absent
 from jaxops._src.sharding import Factors
@@ -55,11 +55,12 @@ def _fwd_abstract_eval(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset,
 
 
 def _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, *, scale,
-                   is_causal, window_left, window_right):
+                   is_causal, window_left, window_right, allow_tf32):
   return reference.attention_with_logsumexp(
       q, k, v, _optional(bias), _optional(mask), scale=scale, is_causal=is_causal,
       query_seq_lengths=_optional(q_lengths), key_value_seq_lengths=_optional(kv_lengths),
-      local_window_size=_window(window_left, window_right), query_offset=query_offset)
+      local_window_size=_window(window_left, window_right), query_offset=query_offset,
+      precision=matmul_precision.dot_precision(allow_tf32))
 
 
 def _bwd_abstract_eval(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dout,
@@ -290,7 +291,7 @@ Differentiable(
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
               query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-              return_residual=False, query_offset=0, implementation=None):
+              return_residual=False, query_offset=0, precision=None, implementation=None):
   """Scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
 
   ``softmax(scale * query @ key^T + bias, masked) @ value`` per head, computed
@@ -299,7 +300,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   Same arguments and values as jax.nn's for float32, bfloat16 and float16.
   Differences: ``return_residual``'s log-sum-exp is differentiable (jax.nn
   stops its gradient), a row with no attended key gives 0 (below), and the
-  extra ``query_offset``. float64 and complex inputs run the jnp reference and
+  extra ``query_offset`` and ``precision``. float64 and complex inputs run the jnp reference and
   match ``flax.linen.dot_product_attention`` (the complex softmax
   ``exp(z) / sum(exp(z))``); jax.nn's casts the logits to float32 there,
   dropping their imaginary part and float64 precision.
@@ -324,6 +325,12 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     query_offset: absolute position of query row 0 for the causal and window
       masks (decoding T new tokens against S cached ones: S - T). A Python int
       or an int32 scalar array, which may be traced.
+    precision: the float32 products' precision, as ``lax.dot``'s argument;
+      None follows ``jax.default_matmul_precision``. As XLA's GPU dots, the
+      CUDA kernels (forward, backward and JVP) may use TF32 tensor cores at the
+      default and ``"high"`` precisions and compute in full float32 at
+      ``"highest"``/``"float32"``; the CPU kernel is full float32 at every
+      setting (docs/precision.md).
     implementation: None (the fused kernel where one exists, else the jnp
       reference), "ffi" (the kernel, or an error) or "xla" (the reference).
 
@@ -372,6 +379,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   is_causal = validation.static_bool(op, "is_causal", is_causal)
   return_residual = validation.static_bool(op, "return_residual", return_residual)
   query_offset = validation.int_scalar(op, "query_offset", query_offset)
+  allow_tf32 = matmul_precision.allow_tf32(op, precision)
 
   if _use_kernel(op, implementation, query.dtype, H):
     window_left, window_right = window if window else (-1, -1)
@@ -382,12 +390,12 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         absent(_I32) if q_lengths is None else q_lengths,
         absent(_I32) if kv_lengths is None else kv_lengths,
         query_offset, scale=scale, is_causal=is_causal, window_left=window_left,
-        window_right=window_right)
+        window_right=window_right, allow_tf32=allow_tf32)
   else:
     out, lse = reference.attention_with_logsumexp(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
-        local_window_size=window, query_offset=query_offset)
+        local_window_size=window, query_offset=query_offset, precision=precision)
   if unbatched:
     out, lse = out[0], lse[0]
   if not return_residual:

@@ -19,6 +19,11 @@ whole, so each block needs one matmul forward and two backward and no online
 rescaling; peak temporary memory is one block of logits
 (``_LOGITS_BLOCK_BYTES``) plus the weight gradient.
 
+Every matmul (forward, tangent and backward) is XLA's dot at the precision
+the call resolved (``allow_tf32``, :mod:`jaxops._src.matmul_precision`): TF32
+on a GPU at the default and "high" precisions, full float32 at "highest", as
+the jnp program and its autodiff would compute it; full float32 on the CPU.
+
 For a summed or averaged loss the cotangent is one scalar, so when the loss is
 differentiated its forward computes the gradient for a unit cotangent in the
 same sweep (3 matmuls in all, as many as the unfused jnp program): the tangent
@@ -38,7 +43,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxops import reference
-from jaxops._src import primitive, validation
+from jaxops._src import matmul_precision, primitive, validation
 from jaxops._src.autodiff import Differentiable
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent
 from jaxops._src.sharding import Factors, leading_axes
@@ -224,21 +229,21 @@ def _unblocked(array, tokens):
   return array.reshape(-1, *array.shape[2:])[:tokens]
 
 
-def _logits_block(xb, weight, bias):
-  logits = jnp.dot(xb, weight, preferred_element_type=_F32)
+def _logits_block(xb, weight, bias, precision):
+  logits = jnp.dot(xb, weight, precision=precision, preferred_element_type=_F32)
   if bias.shape[0]:
     logits = logits + bias.astype(_F32)
   return logits
 
 
-def _grad_block(xb, dlogits, weight, carry):
+def _grad_block(xb, dlogits, weight, carry, precision):
   """dx for the block, and the weight and bias gradients accumulated in float32."""
   dweight, dbias = carry
   d = dlogits.astype(weight.dtype)
-  dx = jnp.dot(d, weight.T, preferred_element_type=_F32)
+  dx = jnp.dot(d, weight.T, precision=precision, preferred_element_type=_F32)
   # The token axis is contracted: with tokens sharded over Explicit mesh axes,
   # JAX asks where the sum goes; it goes where the accumulator lives.
-  dweight = dweight + jnp.dot(xb.T, d, preferred_element_type=_F32,
+  dweight = dweight + jnp.dot(xb.T, d, precision=precision, preferred_element_type=_F32,
                               out_sharding=jax.typeof(dweight).sharding)
   if dbias.shape[0]:
     dbias = dbias + jnp.sum(dlogits, axis=0)
@@ -256,20 +261,24 @@ def _sweep(body, carry, x, labels, block, ignore_index, *per_token):
   return lax.scan(lambda c, b: body(c, *b), carry, blocks)
 
 
-def _loss_and_lse(x, weight, bias, labels, *, block, **options):
+def _loss_and_lse(x, weight, bias, labels, *, block, allow_tf32, **options):
+  precision = matmul_precision.dot_precision(allow_tf32)
+
   def body(_, xb, lb):
-    return None, cross_entropy_fwd_p(_logits_block(xb, weight, bias), lb, **options)
+    return None, cross_entropy_fwd_p(_logits_block(xb, weight, bias, precision), lb, **options)
 
   _, (loss, lse) = _sweep(body, None, x, labels, block, options["ignore_index"])
   return _unblocked(loss, x.shape[0]), _unblocked(lse, x.shape[0])
 
 
-def _loss_and_unit_grads(x, weight, bias, labels, *, block, **options):
+def _loss_and_unit_grads(x, weight, bias, labels, *, block, allow_tf32, **options):
   """Per-token losses and the float32 gradients of their sum."""
+  precision = matmul_precision.dot_precision(allow_tf32)
 
   def body(carry, xb, lb):
-    loss, dlogits = cross_entropy_fwd_grad_p(_logits_block(xb, weight, bias), lb, **options)
-    dx, carry = _grad_block(xb, dlogits, weight, carry)
+    loss, dlogits = cross_entropy_fwd_grad_p(_logits_block(xb, weight, bias, precision), lb,
+                                             **options)
+    dx, carry = _grad_block(xb, dlogits, weight, carry, precision)
     return carry, (loss, dx)
 
   (dweight, dbias), (loss, dx) = _sweep(body, _zero_grads(weight, bias), x, labels, block,
@@ -277,33 +286,37 @@ def _loss_and_unit_grads(x, weight, bias, labels, *, block, **options):
   return _unblocked(loss, x.shape[0]), _unblocked(dx, x.shape[0]), dweight, dbias
 
 
-def _loss_tangent(x, weight, bias, labels, lse, dx, dweight, dbias, *, block, **options):
+def _loss_tangent(x, weight, bias, labels, lse, dx, dweight, dbias, *, block, allow_tf32,
+                  **options):
   """Per-token tangents of the losses, sweeping the blocks again: each block's
   logits and their tangent dx @ weight + x @ dweight + dbias."""
+  precision = matmul_precision.dot_precision(allow_tf32)
 
   def body(_, xb, lb, lse_b, *tangents):
     dlogits = jnp.zeros((xb.shape[0], weight.shape[1]), _F32)
     if not is_absent(dx):
-      dlogits = dlogits + jnp.dot(tangents[0], weight, preferred_element_type=_F32)
+      dlogits = dlogits + jnp.dot(tangents[0], weight, precision=precision,
+                                  preferred_element_type=_F32)
     if not is_absent(dweight):
-      dlogits = dlogits + jnp.dot(xb, dweight, preferred_element_type=_F32)
+      dlogits = dlogits + jnp.dot(xb, dweight, precision=precision, preferred_element_type=_F32)
     if not is_absent(dbias):
       dlogits = dlogits + dbias.astype(_F32)
-    return None, cross_entropy_jvp_p(_logits_block(xb, weight, bias), lb, lse_b, dlogits,
-                                     **options)[0]
+    return None, cross_entropy_jvp_p(_logits_block(xb, weight, bias, precision), lb, lse_b,
+                                     dlogits, **options)[0]
 
   per_token = (lse,) if is_absent(dx) else (lse, dx)
   _, dloss = _sweep(body, None, x, labels, block, options["ignore_index"], *per_token)
   return (_unblocked(dloss, x.shape[0]),)
 
 
-def _grads_for(x, weight, bias, labels, lse, dloss, *, block, **options):
+def _grads_for(x, weight, bias, labels, lse, dloss, *, block, allow_tf32, **options):
   """The float32 gradients of sum(dloss * loss), sweeping the blocks again."""
+  precision = matmul_precision.dot_precision(allow_tf32)
 
   def body(carry, xb, lb, lse_b, dloss_b):
-    dlogits, = cross_entropy_bwd_inplace_p(_logits_block(xb, weight, bias), lb, lse_b, dloss_b,
-                                           **options)
-    dx, carry = _grad_block(xb, dlogits, weight, carry)
+    dlogits, = cross_entropy_bwd_inplace_p(_logits_block(xb, weight, bias, precision), lb, lse_b,
+                                           dloss_b, **options)
+    dx, carry = _grad_block(xb, dlogits, weight, carry, precision)
     return carry, dx
 
   (dweight, dbias), dx = _sweep(body, _zero_grads(weight, bias), x, labels, block,
@@ -320,34 +333,35 @@ def _denominator(labels, ignore_index, mean):
 # -- linear_cross_entropy primitives: scans of XLA matmuls and the kernels above --------
 #
 # Operands (x [tokens, hidden], weight [hidden, vocab], bias [vocab] or absent,
-# labels [tokens]); parameters: the cross-entropy options and `block` (tokens
-# per block); the reduced loss also `mean` (else the sum).
+# labels [tokens]); parameters: the cross-entropy options, `block` (tokens per
+# block) and `allow_tf32` (the matmuls' precision); the reduced loss also `mean`
+# (else the sum).
 
 
-def _linear_logits_reference(x, weight, bias):
-  logits = jnp.matmul(x, weight, precision=lax.Precision.HIGHEST, preferred_element_type=_F32)
+def _linear_logits_reference(x, weight, bias, allow_tf32):
+  logits = jnp.matmul(x, weight, precision=matmul_precision.dot_precision(allow_tf32),
+                      preferred_element_type=_F32)
   return logits + bias.astype(_F32) if bias.shape[0] else logits
 
 
-def _linear_rows_reference(x, weight, bias, labels, *, block, **options):
-  return reference.cross_entropy_per_token(_linear_logits_reference(x, weight, bias), labels,
-                                           **options)
+def _linear_rows_reference(x, weight, bias, labels, *, block, allow_tf32, **options):
+  return reference.cross_entropy_per_token(
+      _linear_logits_reference(x, weight, bias, allow_tf32), labels, **options)
 
 
-def _linear_rows_tangent_reference(x, weight, bias, labels, lse, dx, dweight, dbias, *, block,
-                                   **options):
+def _linear_rows_tangent_reference(x, weight, bias, labels, lse, dx, dweight, dbias, **params):
   del lse
   primals = tuple(a.astype(_F32) for a in (x, weight, bias))
   tangents = tuple(jnp.zeros_like(p) if is_absent(t) else t.astype(_F32)
                    for p, t in zip(primals, (dx, dweight, dbias)))
-  rows = lambda *a: _linear_rows_reference(*a, labels, block=block, **options)[0]
+  rows = lambda *a: _linear_rows_reference(*a, labels, **params)[0]
   _, dloss = jax.jvp(rows, primals, tangents)
-  return (jnp.where(_computed(labels, weight.shape[1], options), dloss, 0.0),)
+  return (jnp.where(_computed(labels, weight.shape[1], params), dloss, 0.0),)
 
 
-def _linear_loss_reference(x, weight, bias, labels, *, block, mean, **options):
-  loss, _ = _linear_rows_reference(x, weight, bias, labels, block=block, **options)
-  return (jnp.sum(loss) / _denominator(labels, options["ignore_index"], mean),)
+def _linear_loss_reference(x, weight, bias, labels, *, mean, **params):
+  loss, _ = _linear_rows_reference(x, weight, bias, labels, **params)
+  return (jnp.sum(loss) / _denominator(labels, params["ignore_index"], mean),)
 
 
 def _linear_loss_grads_reference(x, weight, bias, labels, **params):
@@ -357,10 +371,9 @@ def _linear_loss_grads_reference(x, weight, bias, labels, **params):
   return (loss, *grads)
 
 
-def _linear_loss_grads(x, weight, bias, labels, *, block, mean, **options):
-  loss, dx, dweight, dbias = _loss_and_unit_grads(x, weight, bias, labels, block=block,
-                                                  **options)
-  scale = 1.0 / _denominator(labels, options["ignore_index"], mean)
+def _linear_loss_grads(x, weight, bias, labels, *, mean, **params):
+  loss, dx, dweight, dbias = _loss_and_unit_grads(x, weight, bias, labels, **params)
+  scale = 1.0 / _denominator(labels, params["ignore_index"], mean)
   return jnp.sum(loss) * scale, dx * scale, dweight * scale, dbias * scale
 
 
@@ -443,9 +456,9 @@ linear_loss_p = _composite(
     "jaxops_linear_cross_entropy_loss", "twwt -> w",
     lambda x, w, b, l, **_: (_SCALAR,),
     _linear_loss_reference,
-    lambda x, w, b, labels, *, block, mean, **options: (
-        jnp.sum(_loss_and_lse(x, w, b, labels, block=block, **options)[0])
-        / _denominator(labels, options["ignore_index"], mean),),
+    lambda x, w, b, labels, *, mean, **params: (
+        jnp.sum(_loss_and_lse(x, w, b, labels, **params)[0])
+        / _denominator(labels, params["ignore_index"], mean),),
     _per_example_loss_batch_rule)
 
 linear_loss_grads_p = _composite(
@@ -484,7 +497,7 @@ Differentiable(
 
 def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -100,
                          label_smoothing: float = 0.0, z_loss: float = 0.0,
-                         reduction: str = "mean", implementation=None):
+                         reduction: str = "mean", precision=None, implementation=None):
   """``cross_entropy(x @ weight + bias, labels, ...)`` without materialising the logits.
 
   The logits are computed in float32 one block of tokens at a time and turned
@@ -499,6 +512,13 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -1
     weight: float array [hidden, vocab] (cast to x's dtype).
     labels: integer array of shape ``x.shape[:-1]``.
     bias: optional float array [vocab] (cast to x's dtype).
+    precision: the matmuls' precision, as ``lax.dot``'s (None follows
+      ``jax.default_matmul_precision``). The logits, their tangent and the
+      gradients are XLA's dots at it, as the jnp program and its autodiff
+      are: TF32 on a GPU at the default and ``"high"`` precisions, full
+      float32 at ``"highest"``/``"float32"`` and on the CPU
+      (docs/precision.md). The jnp reference (``implementation="xla"``,
+      float64 inputs) computes at ``"highest"`` whatever it says.
   """
   op = "jaxops.linear_cross_entropy"
   x = _rows_input(op, "x", x)
@@ -515,11 +535,12 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -1
     bias = bias.astype(x.dtype)
   labels = _check_labels(op, labels, x.shape[:-1], "x.shape[:-1]")
   options, reduction = _check_options(op, ignore_index, label_smoothing, z_loss, reduction)
+  allow_tf32 = matmul_precision.allow_tf32(op, precision)
   tokens = math.prod(x.shape[:-1])
   if not tokens or not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.linear_cross_entropy(x, weight, labels, bias=bias, reduction=reduction,
                                           **options.params())
-  params = dict(options.params(), block=_block_tokens(tokens, vocab))
+  params = dict(options.params(), block=_block_tokens(tokens, vocab), allow_tf32=allow_tf32)
   args = (x.reshape(tokens, x.shape[-1]), weight, absent(x.dtype) if bias is None else bias,
           _kernel_labels(labels).reshape(tokens))
   if reduction == "none":

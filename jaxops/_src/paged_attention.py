@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.interpreters import ad
 
 from jaxops import reference
-from jaxops._src import primitive, validation
+from jaxops._src import matmul_precision, primitive, validation
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, is_absent
 from jaxops._src.sharding import Factors
 
@@ -57,7 +57,8 @@ def _fwd_abstract_eval(query, key_pages, value_pages, block_tables, kv_lens, que
 
 
 def _fwd_reference(query, key_pages, value_pages, block_tables, kv_lens, query_lens, key_scales,
-                   value_scales, *, scale, logits_soft_cap, window_left):
+                   value_scales, *, scale, logits_soft_cap, window_left, allow_tf32):
+  del allow_tf32  # the kernels and the reference are full float32 at every precision
   return reference.paged_attention_with_logsumexp(
       query, key_pages, value_pages, block_tables, kv_lens, _optional(query_lens), scale=scale,
       logits_soft_cap=logits_soft_cap or None,
@@ -251,7 +252,7 @@ def _pages(op, key_pages, value_pages, key_scales, value_scales):
 def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, query_lens=None,
                     scale=None, logits_soft_cap=None, local_window_size=None,
                     return_residual=False, key_scales=None, value_scales=None,
-                    implementation=None):
+                    precision=None, implementation=None):
   """Attention of new queries over a paged KV cache (decode and chunked prefill).
 
   Sequence b's cached tokens are ``kv_lens[b]``; token i lives in page
@@ -293,6 +294,10 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
       or [batch, num_heads, T], float32.
     key_scales, value_scales: float32 [num_pages, page_size, num_kv_heads], the
       scale of each int8 row (the real value is ``pages * scales``).
+    precision: as ``lax.dot``'s (None follows ``jax.default_matmul_precision``):
+      the kernels carry it (``allow_tf32``) but compute in full float32 at every
+      setting, on the CPU and on CUDA: decoding is bandwidth-bound
+      (docs/precision.md).
     implementation: ``None`` (the kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
@@ -338,6 +343,7 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
   if local_window_size is not None:
     local_window_size = validation.non_negative_int(op, "local_window_size", local_window_size)
   return_residual = validation.static_bool(op, "return_residual", return_residual)
+  allow_tf32 = matmul_precision.allow_tf32(op, precision)
   dtypes = {"query": query.dtype}
   if key_pages.dtype != _INT8:
     dtypes["key_pages"] = key_pages.dtype
@@ -348,7 +354,8 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
         absent(_F32) if key_scales is None else key_scales,
         absent(_F32) if value_scales is None else value_scales,
         scale=scale, logits_soft_cap=logits_soft_cap or 0.0,
-        window_left=-1 if local_window_size is None else local_window_size)
+        window_left=-1 if local_window_size is None else local_window_size,
+        allow_tf32=allow_tf32)
   else:
     out, lse = reference.paged_attention_with_logsumexp(
         query, key_pages, value_pages, block_tables, kv_lens, query_lens, scale=scale,

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxops import reference
-from jaxops._src import primitive, validation
+from jaxops._src import matmul_precision, primitive, validation
 from jaxops._src.autodiff import Differentiable
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent
 from jaxops._src.sharding import Factors
@@ -57,7 +57,8 @@ def _tokens_aval(images, kernel, cls, patch_size):
 # -- forward -------------------------------------------------------------------------
 
 
-def _fwd_reference(images, kernel, bias, pos, cls, *, patch_size):
+def _fwd_reference(images, kernel, bias, pos, cls, *, patch_size, allow_tf32):
+  del allow_tf32  # the reference is full float32 at every precision
   return (reference.patch_embed(images, kernel, _present(bias), patch_size=patch_size,
                                 pos_embed=_present(pos), cls_token=_present(cls)),)
 
@@ -76,7 +77,7 @@ def _dim_or_whole(x, factors):
   return (None,) if is_absent(x) else factors
 
 
-def _fwd_sharding(avals_in, avals_out, *, patch_size):
+def _fwd_sharding(avals_in, avals_out, **params):
   images, kernel, bias, pos, cls = avals_in
   return Factors(
       [("batch", None, None, None), (None, None, None, "dim"),
@@ -87,7 +88,7 @@ def _fwd_sharding(avals_in, avals_out, *, patch_size):
 
 patch_embed_fwd_p = FfiPrimitive(
     name="jaxops_patch_embed_fwd", target="jaxops_patch_embed_fwd",
-    abstract_eval=lambda images, kernel, bias, pos, cls, *, patch_size: (
+    abstract_eval=lambda images, kernel, bias, pos, cls, *, patch_size, allow_tf32: (
         _tokens_aval(images, kernel, cls, patch_size),),
     reference=_fwd_reference,
     batch_rule=_fold_images_batch,
@@ -112,7 +113,8 @@ def _affine_tangent(images, kernel, cls, dbias, dpos, dcls, *, patch_size):
   return y.astype(aval.dtype)
 
 
-def _jvp_composite(images, kernel, cls, dimages, dkernel, dbias, dpos, dcls, *, patch_size):
+def _jvp_composite(images, kernel, cls, dimages, dkernel, dbias, dpos, dcls, *, patch_size,
+                   allow_tf32):
   # A class token without a tangent still takes its row: a zero tangent.
   if not is_absent(cls) and is_absent(dcls):
     dcls = jnp.zeros_like(cls)
@@ -120,15 +122,19 @@ def _jvp_composite(images, kernel, cls, dimages, dkernel, dbias, dpos, dcls, *, 
     return (_affine_tangent(images, kernel, cls, dbias, dpos, dcls, patch_size=patch_size),)
   terms = []
   if not is_absent(dimages):
-    terms.append(patch_embed_fwd_p(dimages, kernel, dbias, dpos, dcls, patch_size=patch_size)[0])
+    terms.append(patch_embed_fwd_p(dimages, kernel, dbias, dpos, dcls, patch_size=patch_size,
+                                   allow_tf32=allow_tf32)[0])
     dbias, dpos = absent(dbias.dtype), absent(dpos.dtype)
     dcls = dcls if is_absent(dcls) else jnp.zeros_like(dcls)
   if not is_absent(dkernel):
-    terms.append(patch_embed_fwd_p(images, dkernel, dbias, dpos, dcls, patch_size=patch_size)[0])
+    terms.append(patch_embed_fwd_p(images, dkernel, dbias, dpos, dcls, patch_size=patch_size,
+                                   allow_tf32=allow_tf32)[0])
   return (sum(terms[1:], terms[0]),)
 
 
-def _jvp_reference(images, kernel, cls, dimages, dkernel, dbias, dpos, dcls, *, patch_size):
+def _jvp_reference(images, kernel, cls, dimages, dkernel, dbias, dpos, dcls, *, patch_size,
+                   allow_tf32):
+  del allow_tf32  # the reference is full float32 at every precision
   d = kernel.shape[-1]
   tokens = _tokens_aval(images, kernel, cls, patch_size).shape[1]
   zero = lambda t, shape: jnp.zeros(shape, images.dtype) if is_absent(t) else t
@@ -143,7 +149,7 @@ def _jvp_reference(images, kernel, cls, dimages, dkernel, dbias, dpos, dcls, *, 
 
 patch_embed_jvp_p = FfiPrimitive(
     name="jaxops_patch_embed_jvp", target=None,
-    abstract_eval=lambda images, kernel, cls, *tangents, patch_size: (
+    abstract_eval=lambda images, kernel, cls, *tangents, patch_size, allow_tf32: (
         _tokens_aval(images, kernel, cls, patch_size),),
     reference=_jvp_reference,
     composite=_jvp_composite)
@@ -159,7 +165,8 @@ def _bwd_avals(dtokens, images, kernel, wanted):
                for shape, bit in zip(shapes, _GRAD_BITS))
 
 
-def _bwd_reference(dtokens, images, kernel, *, patch_size, wanted):
+def _bwd_reference(dtokens, images, kernel, *, patch_size, wanted, allow_tf32):
+  del allow_tf32  # the reference is full float32 at every precision
   first = dtokens.shape[1] - _num_patches(images, patch_size)
   dtype = reference.compute_dtype(dtokens.dtype)
   dy = dtokens.astype(dtype)
@@ -172,20 +179,20 @@ def _bwd_reference(dtokens, images, kernel, *, patch_size, wanted):
                for g, bit in zip(grads, _GRAD_BITS))
 
 
-def _bwd_batch_rule(prim, args, dims, *, patch_size, wanted):
+def _bwd_batch_rule(prim, args, dims, *, wanted, **params):
   """vmap over dtokens and images with only the image gradient wanted folds into
   the batch; per-example parameter gradients run the reference."""
   if dims[2] is not NOT_MAPPED or wanted & ~GRAD_IMAGES:
     return None
   (dtokens, images, kernel), size = batch_to_front(args, dims, (0, 1))
   grads = prim(dtokens.reshape(-1, *dtokens.shape[2:]), images.reshape(-1, *images.shape[2:]),
-               kernel, patch_size=patch_size, wanted=wanted)
+               kernel, wanted=wanted, **params)
   dimages = grads[0].reshape(images.shape)
   rest = [jnp.broadcast_to(g, (size, *g.shape)) for g in grads[1:]]
   return (dimages, *rest), (0,) * 5
 
 
-def _bwd_sharding(avals_in, avals_out, *, patch_size, wanted):
+def _bwd_sharding(avals_in, avals_out, *, wanted, **params):
   dims = [("batch", None, None, None), (None, None, None, "dim"), ("dim",), (None, "dim"),
           ("dim",)]
   return Factors(
@@ -195,18 +202,18 @@ def _bwd_sharding(avals_in, avals_out, *, patch_size, wanted):
 
 patch_embed_bwd_p = FfiPrimitive(
     name="jaxops_patch_embed_bwd", target="jaxops_patch_embed_bwd",
-    abstract_eval=lambda dtokens, images, kernel, *, patch_size, wanted: _bwd_avals(
+    abstract_eval=lambda dtokens, images, kernel, *, wanted, **params: _bwd_avals(
         dtokens, images, kernel, wanted),
     reference=_bwd_reference,
     batch_rule=_bwd_batch_rule,
     sharding=_bwd_sharding)
 
 
-def _transpose(cotangents, saved, wanted, *, patch_size):
+def _transpose(cotangents, saved, wanted, **params):
   (dtokens,) = cotangents
   images, kernel, cls = saved
   bits = sum(bit for w, bit in zip(wanted, _GRAD_BITS) if w is not None)
-  grads = patch_embed_bwd_p(dtokens, images, kernel, patch_size=patch_size, wanted=bits)
+  grads = patch_embed_bwd_p(dtokens, images, kernel, wanted=bits, **params)
   return [g if w is not None else None for g, w in zip(grads, wanted)]
 
 
@@ -236,7 +243,7 @@ def _optional_vector(name, value, images, dim, vit_shape):
 
 
 def patch_embed(images, kernel, bias=None, *, patch_size, pos_embed=None, cls_token=None,
-                implementation=None):
+                precision=None, implementation=None):
   """ViT patch embedding: images [B, H, W, C] to tokens [B, N(+1), D].
 
   The values of Flax's ``nn.Conv(D, (p, p), strides=p, padding="VALID")``
@@ -255,6 +262,12 @@ def patch_embed(images, kernel, bias=None, *, patch_size, pos_embed=None, cls_to
     patch_size: p, a positive int.
     pos_embed: optional [N(+1), D] (or the google-research ViT's [1, N(+1), D]).
     cls_token: optional [D] (or the google-research ViT's [1, 1, D]).
+    precision: the float32 products' precision, as ``lax.conv``'s argument;
+      None follows ``jax.default_matmul_precision``. The CUDA kernels (forward
+      and backward) may use TF32 tensor cores at the default and ``"high"``
+      precisions and compute in full float32 at ``"highest"``/``"float32"``,
+      as XLA's GPU convolution does; the CPU kernels are full float32 at
+      every setting (docs/precision.md).
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
   """
@@ -283,10 +296,11 @@ def patch_embed(images, kernel, bias=None, *, patch_size, pos_embed=None, cls_to
                      of="[N(+1 with cls_token), D]")
     _same_dtype("pos_embed", pos_embed, images)
     pos_embed = pos_embed.reshape(tokens, dim)
+  allow_tf32 = matmul_precision.allow_tf32(_OP, precision)
   if not primitive.use_kernel(_OP, implementation, {"images": images.dtype}):
     return reference.patch_embed(images, kernel, bias, patch_size=patch_size,
                                  pos_embed=pos_embed, cls_token=cls_token)
   placeholder = absent(images.dtype)
   pick = lambda x: placeholder if x is None else x
   return patch_embed_fwd_p(images, kernel, pick(bias), pick(pos_embed), pick(cls_token),
-                           patch_size=patch_size)[0]
+                           patch_size=patch_size, allow_tf32=allow_tf32)[0]

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxops import reference
-from jaxops._src import primitive, validation
+from jaxops._src import matmul_precision, primitive, validation
 from jaxops._src.autodiff import Differentiable
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, batch_to_front, is_absent
 from jaxops._src.sharding import Factors
@@ -252,7 +252,7 @@ def _rows_batch_rule(row_operand):
   return rule
 
 
-def _fwd_sharding(avals_in, avals_out):
+def _fwd_sharding(avals_in, avals_out, **params):
   """Tokens (x's leading axes) and out (tensor parallelism) shard; in stays whole."""
   x, values, metadata, bias = avals_in
   rows = _row_axes(x)
@@ -260,27 +260,30 @@ def _fwd_sharding(avals_in, avals_out):
                  [(*rows, "out")])
 
 
-def _dx_sharding(avals_in, avals_out):
+def _dx_sharding(avals_in, avals_out, **params):
   """As the forward; an out-sharded weight gives partial dx, summed over out."""
   dy, values, metadata = avals_in
   rows = _row_axes(dy)
   return Factors([(*rows, "out"), ("out", None), ("out", None)], [(*rows, None)])
 
 
-def _dvalues_sharding(avals_in, avals_out):
+def _dvalues_sharding(avals_in, avals_out, **params):
   """As the forward; each token shard's partial dvalues are summed."""
   dy, x, metadata = avals_in
   rows = _row_axes(dy)
   return Factors([(*rows, "out"), (*rows, None), ("out", None)], [("out", None)])
 
 
-def _fwd_reference(x, values, metadata, bias):
+# Every primitive takes allow_tf32 (**params: the float32 precision policy's
+# attribute) and none reads it: the kernels and the references compute in full
+# float32 at every precision.
+def _fwd_reference(x, values, metadata, bias, **params):
   return (reference.sparse_linear(x, values, metadata, None if is_absent(bias) else bias),)
 
 
 sparse_linear_fwd_p = FfiPrimitive(
     name="jaxops_sparse_linear_fwd", target="jaxops_sparse_linear_fwd",
-    abstract_eval=lambda x, values, metadata, bias: (
+    abstract_eval=lambda x, values, metadata, bias, **params: (
         _rows_aval(x, values.shape[0], x.dtype),),
     reference=_fwd_reference,
     batch_rule=_rows_batch_rule(0),
@@ -288,41 +291,42 @@ sparse_linear_fwd_p = FfiPrimitive(
 
 sparse_linear_dx_p = FfiPrimitive(
     name="jaxops_sparse_linear_dx", target="jaxops_sparse_linear_dx",
-    abstract_eval=lambda dy, values, metadata: (
+    abstract_eval=lambda dy, values, metadata, **params: (
         _rows_aval(dy, 2 * values.shape[1], dy.dtype),),
-    reference=lambda dy, values, metadata: (
+    reference=lambda dy, values, metadata, **params: (
         reference.sparse_linear_dx(dy, values, metadata, 2 * values.shape[1]),),
     batch_rule=_rows_batch_rule(0),
     sharding=_dx_sharding)
 
 
-def _dvalues_batch_rule(prim, args, dims):
-  return _map_examples(prim, args, dims)
+def _dvalues_batch_rule(prim, args, dims, **params):
+  return _map_examples(prim, args, dims, **params)
 
 
 sparse_linear_dvalues_p = FfiPrimitive(
     name="jaxops_sparse_linear_dvalues", target="jaxops_sparse_linear_dvalues",
-    abstract_eval=lambda dy, x, metadata: (
+    abstract_eval=lambda dy, x, metadata, **params: (
         jax.core.ShapedArray((dy.shape[-1], x.shape[-1] // 2), x.dtype),),
-    reference=lambda dy, x, metadata: (reference.sparse_linear_dvalues(dy, x, metadata),),
+    reference=lambda dy, x, metadata, **params: (
+        reference.sparse_linear_dvalues(dy, x, metadata),),
     batch_rule=_dvalues_batch_rule,
     sharding=_dvalues_sharding)
 
 
-def _tangent(x, values, metadata, dx, dvalues, dbias):
+def _tangent(x, values, metadata, dx, dvalues, dbias, **params):
   """dy = F(dx, values) + F(x, dvalues) + dbias: the forward kernel, twice."""
   terms = []
   if not is_absent(dx):
-    terms.append(sparse_linear_fwd_p(dx, values, metadata, absent(x.dtype))[0])
+    terms.append(sparse_linear_fwd_p(dx, values, metadata, absent(x.dtype), **params)[0])
   if not is_absent(dvalues):
-    terms.append(sparse_linear_fwd_p(x, dvalues, metadata, absent(x.dtype))[0])
+    terms.append(sparse_linear_fwd_p(x, dvalues, metadata, absent(x.dtype), **params)[0])
   dy = sum(terms[1:], terms[0]) if terms else jnp.zeros(x.shape[:-1] + values.shape[:1], x.dtype)
   if not is_absent(dbias) and dbias.shape[0]:
     dy = dy + dbias
   return (dy,)
 
 
-def _tangent_reference(x, values, metadata, dx, dvalues, dbias):
+def _tangent_reference(x, values, metadata, dx, dvalues, dbias, **params):
   zero_or = lambda t, p: jnp.zeros_like(p) if is_absent(t) else t
   f = lambda x, values: reference.sparse_linear(x, values, metadata)
   dy = jax.jvp(f, (x, values), (zero_or(dx, x), zero_or(dvalues, values)))[1]
@@ -333,19 +337,19 @@ def _tangent_reference(x, values, metadata, dx, dvalues, dbias):
 
 sparse_linear_jvp_p = FfiPrimitive(
     name="jaxops_sparse_linear_jvp", target=None, composite=_tangent,
-    abstract_eval=lambda x, values, metadata, dx, dvalues, dbias: (
+    abstract_eval=lambda x, values, metadata, dx, dvalues, dbias, **params: (
         _rows_aval(x, values.shape[0], x.dtype),),
     reference=_tangent_reference)
 
 
-def _transpose(cotangents, saved, wanted):
+def _transpose(cotangents, saved, wanted, **params):
   (dy,) = cotangents
   x, values, metadata = saved
   dx = dvalues = dbias = None
   if wanted[0] is not None:
-    (dx,) = sparse_linear_dx_p(dy, values, metadata)
+    (dx,) = sparse_linear_dx_p(dy, values, metadata, **params)
   if wanted[1] is not None:
-    (dvalues,) = sparse_linear_dvalues_p(dy, x, metadata)
+    (dvalues,) = sparse_linear_dvalues_p(dy, x, metadata, **params)
   if wanted[2] is not None:
     if wanted[2].shape[0]:
       rows = dy.reshape(-1, dy.shape[-1])
@@ -364,13 +368,16 @@ Differentiable(
 # -- the public op ------------------------------------------------------------------
 
 
-def linear(x, sparse_w, bias=None, *, implementation=None):
+def linear(x, sparse_w, bias=None, *, precision=None, implementation=None):
   """``x @ decompress(sparse_w).T + bias``: ``x [..., in] -> [..., out]``.
 
   Args:
     x: float array ``[..., in]``.
     sparse_w: a :class:`SparseWeight` of a ``[out, in]`` weight (``compress``).
     bias: optional ``[out]``.
+    precision: as ``lax.dot``'s (None follows ``jax.default_matmul_precision``):
+      the kernels carry it (``allow_tf32``) but compute in full float32 at every
+      setting, on the CPU and on CUDA (docs/precision.md).
     implementation: ``None`` (the kernel for float32, bfloat16 and float16 where
       the backend has one, else the jnp reference), ``"ffi"`` (the kernel, or
       an error) or ``"xla"`` (the reference: the dense product).
@@ -395,7 +402,8 @@ def linear(x, sparse_w, bias=None, *, implementation=None):
   common = jnp.result_type(*dtypes)
   x, values = x.astype(common), w.values.astype(common)
   bias = None if bias is None else bias.astype(common)
+  allow_tf32 = matmul_precision.allow_tf32(op, precision)
   if not primitive.use_kernel(op, implementation, {"x": common}):
     return reference.sparse_linear(x, values, w.metadata, bias)
   bias_operand = absent(common) if bias is None else bias
-  return sparse_linear_fwd_p(x, values, w.metadata, bias_operand)[0]
+  return sparse_linear_fwd_p(x, values, w.metadata, bias_operand, allow_tf32=allow_tf32)[0]

@@ -2,7 +2,14 @@
 flavour (Flax's signature, Flax's own function where the attention weights
 must exist), the kernel over any number of batch axes, RoPE, the kv_cache step,
 and what Flax's functions need to run jaxops' extras (grouped-query heads,
-``is_causal`` at an offset)."""
+``is_causal`` at an offset).
+
+``precision`` means what it means in Flax, where a module hands it to every
+dot it computes (projections and both attention products): given, it sets the
+float32 precision of the fused kernel's products as of the projections
+(``jaxops.attention``'s ``precision``: TF32 tensor cores on a GPU at the
+default and "high" precisions, full float32 at "highest"); None follows
+``jax.default_matmul_precision``, as Flax's dots do (docs/precision.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from jaxops.flax._serving_caches import SERVING_CACHES
 
 
 def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_offset=0,
-           implementation=None):
+           precision=None, implementation=None):
   """``jaxops.attention`` over any number of batch axes.
 
   query [batch..., T, N, H], key/value [batch..., S, K, H]; bias and mask
@@ -46,7 +53,8 @@ def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_of
 
   out = jaxops.attention(flat(query), flat(key), flat(value), flat_broadcastable(bias),
                          flat_broadcastable(mask), is_causal=is_causal,
-                         query_offset=query_offset, implementation=implementation)
+                         query_offset=query_offset, precision=precision,
+                         implementation=implementation)
   return out.reshape(batch_shape + out.shape[1:])
 
 
@@ -79,7 +87,7 @@ def self_attention_inputs(inputs_q, inputs_k, inputs_v, inputs_kv=None):
 
 
 def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False, rope=None,
-                  implementation=None):
+                  precision=None, implementation=None):
   """Attention of T new query rows against a fixed-length key/value cache.
 
   query [B, T, N, H]; key/value [B, T, K, H] are the new rows' projections,
@@ -95,7 +103,8 @@ def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False,
   position; ``query_offset`` is then unused.
   """
   if isinstance(kv_cache, SERVING_CACHES):
-    return kv_cache.attend(query, key, value, rope=rope, implementation=implementation)
+    return kv_cache.attend(query, key, value, rope=rope, precision=precision,
+                           implementation=implementation)
   validation.rank("attend_cached", "query", query, low=4, high=4, labels="[B, T, N, H]")
   offset = jnp.asarray(query_offset, jnp.int32)
   query, key = rotate(rope, query, key, offset, offset)
@@ -107,7 +116,8 @@ def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False,
   lengths = jnp.full((query.shape[0],), offset + query.shape[1], jnp.int32)
   out = jaxops.attention(query, cached_key.astype(query.dtype), cached_value.astype(query.dtype),
                          is_causal=is_causal, query_offset=offset,
-                         key_value_seq_lengths=lengths, implementation=implementation)
+                         key_value_seq_lengths=lengths, precision=precision,
+                         implementation=implementation)
   return out, (cached_key, cached_value)
 
 
@@ -150,8 +160,9 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
 
   Beyond Flax: grouped-query key/value (fewer heads dividing the query's) and
   ``is_causal`` (at ``query_offset``). Differences on the kernel path:
-  ``precision`` is not used (the kernel accumulates in float32), and a query
-  row whose keys are all masked gives 0 where Flax averages the values.
+  ``precision`` sets the kernel's float32 products as it sets Flax's einsums
+  (module docstring), and a query row whose keys are all masked gives 0 where
+  Flax averages the values.
   """
   query, key, value = nn.dtypes.promote_dtype(query, key, value, dtype=dtype)
   if (module is not None or (dropout_rate > 0.0 and not deterministic)
@@ -164,7 +175,7 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
         deterministic, dtype, precision, module, force_fp32_for_softmax, einsum_dot_general,
         qk_attn_weights_einsum, attn_weights_value_einsum)
   out = attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
-               implementation=implementation)
+               precision=precision, implementation=implementation)
   # Flax's fp32 softmax leaves float32 weights, whose product with V is float32.
   return out.astype(jnp.float32) if force_fp32_for_softmax else out
 
@@ -182,8 +193,9 @@ def nnx_dot_product_attention(query, key, value, bias=None, mask=None, broadcast
   ``nnx.Intermediate``; dropout on the weights active) and for dtypes the
   kernel lacks (float64, complex); otherwise the fused kernel on the inputs
   promoted by ``promote_dtype`` (grouped-query key/value and ``is_causal`` at
-  ``query_offset`` included). ``precision`` is not used by the kernel (it
-  accumulates in float32); a query row whose keys are all masked gives 0.
+  ``query_offset`` included). ``precision`` sets the kernel's float32
+  products as it sets Flax's einsums (module docstring); a query row whose
+  keys are all masked gives 0.
   """
   query, key, value = promote_dtype((query, key, value), dtype=dtype)
   if (module is not None or (dropout_rate > 0.0 and not deterministic)
@@ -193,7 +205,7 @@ def nnx_dot_product_attention(query, key, value, bias=None, mask=None, broadcast
         query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
         deterministic, dtype, precision, module, promote_dtype, is_causal)
   return attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
-                implementation=implementation)
+                precision=precision, implementation=implementation)
 
 
 def nnx_causality(query, key, mask, is_causal, query_offset):

@@ -19,6 +19,11 @@ elsewhere, are copied into this module's ``cls`` / ``pos_embedding`` with
 their shapes unchanged. The output is ``nn.Conv(D, (p, p), strides=p,
 padding="VALID")`` reshaped to [B, N, D] (+ the class token as token 0, + the
 positional embedding): the ViT's input to its encoder, before dropout.
+
+``precision`` is nn.Conv's: the precision of the float32 products
+(``jaxops.patch_embed``'s ``precision``: TF32 tensor cores on a GPU at the
+default and "high" precisions, full float32 at "highest"); None follows
+``jax.default_matmul_precision``, as nn.Conv does (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -42,10 +47,10 @@ def _tokens(height, width, patch_size, use_cls_token):
   return (height // patch_size) * (width // patch_size) + (1 if use_cls_token else 0)
 
 
-def _embed(images, kernel, bias, cls, pos, *, dtype, patch_size, implementation):
+def _embed(images, kernel, bias, cls, pos, *, dtype, patch_size, precision, implementation):
   cast = lambda x: None if x is None else jnp.asarray(x).astype(dtype)
   return jaxops.patch_embed(cast(images), cast(kernel), cast(bias), patch_size=patch_size,
-                            pos_embed=cast(pos), cls_token=cast(cls),
+                            pos_embed=cast(pos), cls_token=cast(cls), precision=precision,
                             implementation=implementation)
 
 
@@ -61,6 +66,7 @@ class LinenPatchEmbed(nn.Module):
   use_pos_embedding: bool = False
   dtype: Any = None
   param_dtype: Any = jnp.float32
+  precision: Any = None
   kernel_init: Initializer = nn.linear.default_kernel_init
   bias_init: Initializer = nn.initializers.zeros
   cls_init: Initializer = CLS_INIT
@@ -81,7 +87,7 @@ class LinenPatchEmbed(nn.Module):
                        self.param_dtype)
     dtype = compute_dtype(images, self.dtype, self.param_dtype, True)
     return _embed(images, kernel, bias, cls, pos, dtype=dtype, patch_size=p,
-                  implementation=self.implementation)
+                  precision=self.precision, implementation=self.implementation)
 
 
 class NnxPatchEmbed(nnx.Module):
@@ -92,7 +98,7 @@ class NnxPatchEmbed(nnx.Module):
   def __init__(self, in_features: int, features: int, patch_size: int, *,
                use_bias: bool = True, use_cls_token: bool = False,
                image_size: tuple[int, int] | None = None, dtype: Any = None,
-               param_dtype: Any = jnp.float32,
+               param_dtype: Any = jnp.float32, precision: Any = None,
                kernel_init: Initializer = nn.linear.default_kernel_init,
                bias_init: Initializer = nn.initializers.zeros,
                cls_init: Initializer = CLS_INIT,
@@ -100,7 +106,7 @@ class NnxPatchEmbed(nnx.Module):
                implementation: str | None = None, rngs: nnx.Rngs):
     p, d = patch_size, features
     self.patch_size, self.dtype, self.param_dtype = patch_size, dtype, param_dtype
-    self.implementation = implementation
+    self.precision, self.implementation = precision, implementation
     self.kernel = nnx.Param(kernel_init(rngs.params(), (p, p, in_features, d), param_dtype))
     self.bias = nnx.Param(bias_init(rngs.params(), (d,), param_dtype)) if use_bias else None
     self.cls = (nnx.Param(cls_init(rngs.params(), (1, 1, d), param_dtype))
@@ -114,4 +120,4 @@ class NnxPatchEmbed(nnx.Module):
     dtype = compute_dtype(images, self.dtype, self.param_dtype, True)
     return _embed(images, value(self.kernel), value(self.bias), value(self.cls),
                   value(self.pos_embedding), dtype=dtype, patch_size=self.patch_size,
-                  implementation=self.implementation)
+                  precision=self.precision, implementation=self.implementation)

@@ -47,9 +47,10 @@ class PagedKVCache(NamedTuple):
   positions: jax.Array
   slot_mapping: jax.Array
 
-  def attend(self, query, key, value, *, rope=None, implementation=None):
+  def attend(self, query, key, value, *, rope=None, precision=None, implementation=None):
     """query [B, T, N, H], key/value [B, T, K, H]: the new rows. Returns
-    (output [B, T, N, H], the cache with the new rows written)."""
+    (output [B, T, N, H], the cache with the new rows written). ``precision``:
+    the attention's (the module's, as its projections')."""
     query, key = _rotate(rope, query, key, self.positions)
     batch, steps, kv_heads, head_dim = key.shape
     flat = lambda x: x.reshape(batch * steps, kv_heads, head_dim).astype(self.key_pages.dtype)
@@ -58,6 +59,7 @@ class PagedKVCache(NamedTuple):
     # The pages keep their dtype (a cast would copy the whole pool every step).
     out = jaxops.paged_attention(query.astype(key_pages.dtype), key_pages, value_pages,
                                  self.block_tables, self.kv_lens, query_lens=self.query_lens,
+                                 precision=precision,
                                  implementation=implementation).astype(query.dtype)
     return out, self._replace(key_pages=key_pages, value_pages=value_pages)
 
@@ -70,7 +72,7 @@ class BatchedKVCache(NamedTuple):
   query_lens: jax.Array
   positions: jax.Array
 
-  def attend(self, query, key, value, *, rope=None, implementation=None):
+  def attend(self, query, key, value, *, rope=None, precision=None, implementation=None):
     """As :meth:`PagedKVCache.attend`, over the contiguous rows."""
     query, key = _rotate(rope, query, key, self.positions)
     batch, steps = self.positions.shape
@@ -84,7 +86,8 @@ class BatchedKVCache(NamedTuple):
     # Row t of sequence b attends its cached keys up to its own position.
     mask = jnp.arange(max_len)[None, None, :] <= self.positions[:, :, None]
     out = jaxops.attention(query, keys.astype(query.dtype), values.astype(query.dtype),
-                           mask=mask[:, None], implementation=implementation)
+                           mask=mask[:, None], precision=precision,
+                           implementation=implementation)
     return out, self._replace(keys=keys, values=values)
 
 

@@ -3,8 +3,9 @@ its inputs, on ``jaxops.sparse.linear``.
 
 The call and constructor arguments are Flax Dense's / Linear's: ``features``
 (linen) or ``in_features, out_features`` (nnx), ``use_bias``, ``dtype``,
-``param_dtype``, ``precision`` (accepted and ignored: products always
-accumulate in float32), ``kernel_init`` (called with Flax's dense kernel shape
+``param_dtype``, ``precision`` (as in Flax, the product's:
+``jaxops.sparse.linear``'s ``precision``, whose kernels compute in full float32
+at every setting; docs/precision.md), ``kernel_init`` (called with Flax's dense kernel shape
 ``(in, features)``; the result is pruned to 2:4 with ``prune_2_4`` and packed)
 and ``bias_init``; plus ``implementation``. ``in`` must be a multiple of 4.
 
@@ -47,11 +48,11 @@ def _packed_from_dense_kernel(kernel) -> sparse.SparseWeight:
   return sparse.compress(pruned)
 
 
-def _apply(x, values, metadata, bias, dtype, param_dtype, implementation):
+def _apply(x, values, metadata, bias, dtype, param_dtype, precision, implementation):
   dtype = compute_dtype(x, dtype, param_dtype, True)
   weight = sparse.SparseWeight(values.astype(dtype), metadata, x.shape[-1])
   return sparse.linear(x.astype(dtype), weight, None if bias is None else bias.astype(dtype),
-                       implementation=implementation)
+                       precision=precision, implementation=implementation)
 
 
 class LinenSparseDense(nn.Module):
@@ -82,7 +83,7 @@ class LinenSparseDense(nn.Module):
     metadata = self.variable(SPARSITY, "kernel_metadata", lambda: packed["weight"].metadata).value
     bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
             if self.use_bias else None)
-    return _apply(inputs, values, metadata, bias, self.dtype, self.param_dtype,
+    return _apply(inputs, values, metadata, bias, self.dtype, self.param_dtype, self.precision,
                   self.implementation)
 
   @staticmethod
@@ -122,7 +123,7 @@ class NnxSparseDense(nnx.Module):
   def __call__(self, inputs):
     bias = None if self.bias is None else self.bias[...]
     return _apply(inputs, self.kernel_values[...], self.kernel_metadata[...], bias, self.dtype,
-                  self.param_dtype, self.implementation)
+                  self.param_dtype, self.precision, self.implementation)
 
   @classmethod
   def from_linear(cls, linear: nnx.Linear, *, implementation: str | None = None):

@@ -186,9 +186,9 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     the ``cache`` collection) works as in Flax.
   - ``implementation``: passed to ``jaxops.attention``.
 
-  Differences on the kernel path: ``precision`` applies to the projections
-  only (the kernel accumulates in float32); a query row with no attended key
-  gives 0 (Flax averages the values).
+  ``precision`` applies, as in Flax, to the projections and to the attention
+  products (the kernel's float32 precision: docs/precision.md). On the kernel
+  path a query row with no attended key gives 0 (Flax averages the values).
   """
 
   attention_fn: Callable[..., Any] = dot_product_attention
@@ -227,7 +227,7 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
       _arguments.no_decode_with_cache(_MHA, self.decode)
       x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
                                   is_causal=self.is_causal, rope=self.rope,
-                                  implementation=self.implementation)
+                                  precision=self.precision, implementation=self.implementation)
     else:
       if self.decode:
         query, key, value, mask, query_offset = self._decode_step(query, key, value, mask)

@@ -170,9 +170,9 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   ``query_offset``, attends over the cached prefix and returns
   ``(output, kv_cache)``. ``decode`` left unset means False (Flax raises).
 
-  Differences on the kernel path: ``precision`` applies to the projections
-  only (the kernel accumulates in float32); a query row with no attended key
-  gives 0 (Flax averages the values).
+  ``precision`` applies, as in Flax, to the projections and to the attention
+  products (the kernel's float32 precision: docs/precision.md). On the kernel
+  path a query row with no attended key gives 0 (Flax averages the values).
   """
 
   def __init__(self, *args, attention_fn=dot_product_attention, is_causal=False, rope=None,
@@ -210,7 +210,7 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
       _arguments.no_decode_with_cache(_MHA, decode)
       x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
                                   is_causal=is_causal, rope=self.rope,
-                                  implementation=self.implementation)
+                                  precision=self.precision, implementation=self.implementation)
     else:
       if decode:
         query, key, value, mask, query_offset = self._decode_step(query, key, value, mask)

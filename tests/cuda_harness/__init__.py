@@ -27,6 +27,8 @@ from . import build
 
 PREFIX = "jaxops_harness_"
 _MODES = {"fibers": 0, "threads": 1}
+# jaxops_harness::WmmaOperand (include/cuda_on_cpu.h), in its order.
+_WMMA_OPERANDS = ("half", "bfloat16", "tf32")
 
 
 def harness_target(target: str) -> str:
@@ -43,6 +45,10 @@ class Harness:
     self._lib.jaxops_harness_target_handler.restype = ctypes.c_void_p
     self._lib.jaxops_harness_launches.restype = ctypes.c_ulonglong
     self._lib.jaxops_harness_sparse_mmas.restype = ctypes.c_ulonglong
+    self._lib.jaxops_harness_wmma_mmas.argtypes = (ctypes.c_int,)
+    self._lib.jaxops_harness_wmma_mmas.restype = ctypes.c_ulonglong
+    self._lib.jaxops_harness_float_to_tf32.argtypes = (ctypes.c_float,)
+    self._lib.jaxops_harness_float_to_tf32.restype = ctypes.c_float
     self._lib.jaxops_harness_configure.argtypes = (ctypes.c_int, ctypes.c_ulonglong)
     self.targets = {}
     for i in range(self._lib.jaxops_harness_target_count()):
@@ -59,6 +65,15 @@ class Harness:
   def sparse_mmas(self) -> int:
     """Emulated sparse tensor-core instructions (mma.sp) run so far."""
     return self._lib.jaxops_harness_sparse_mmas()
+
+  def wmma_mmas(self, operands: str) -> int:
+    """Emulated wmma::mma_sync instructions run so far on ``operands``: "half",
+    "bfloat16" or "tf32" (the float32 products that took the TF32 tensor cores)."""
+    return self._lib.jaxops_harness_wmma_mmas(_WMMA_OPERANDS.index(operands))
+
+  def float_to_tf32(self, x: float) -> float:
+    """The harness's ``nvcuda::wmma::__float_to_tf32`` (cvt.rna.tf32.f32)."""
+    return self._lib.jaxops_harness_float_to_tf32(x)
 
   def configure(self, mode: str = "fibers", seed: int = 0) -> None:
     """Fibers or OS threads per CUDA thread; seed 0 runs threads and blocks in order."""

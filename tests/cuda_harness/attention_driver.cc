@@ -1,9 +1,10 @@
 // Test-only: runs the CUDA attention kernels (cuda/attention.cu and
 // cuda/attention_jvp.cu, compiled by the harness) on the shapes given on the
-// command line, in float32, bfloat16 and float16, with a broadcast [T, S] mask
-// that empties query row 1, sequence lengths and, for shapes ending in "c",
-// the causal mask with query_offset S - T, and checks every result against a
-// double-precision reference:
+// command line, in float32 (twice: in full float32, and with allow_tf32, its
+// products on the emulated TF32 tensor cores), bfloat16 and float16, with a
+// broadcast [T, S] mask that empties query row 1, sequence lengths and, for
+// shapes ending in "c", the causal mask with query_offset S - T, and checks
+// every result against a double-precision reference:
 //   - forward and backward with a full bias (and its gradient);
 //   - forward mode with a [1, N, T, S] bias and its tangent, with every
 //     tangent (query, key, value, bias), with none, and with the subsets that
@@ -70,12 +71,17 @@ struct Tensor {
   std::vector<T> data;
 };
 
+// The tolerance of float32 results whose products ran on TF32 tensor cores,
+// relative to 1 + |expected|: 8 units of TF32's rounding (2^-11), as
+// tests/test_matmul_precision_kernels.py derives it.
+constexpr double kTf32Tolerance = 8.0 / 2048.0;
+
 // What the forward, the backward and the forward mode of one shape share: the
 // random q, k, v, the mask, lengths and offset, and the reference's masking
 // and logits.
 template <typename T>
 struct Problem {
-  Problem(const Shape& shape, std::mt19937& rng)
+  Problem(const Shape& shape, bool allow_tf32, std::mt19937& rng)
       : s(shape),
         nq(s.B * s.T * s.N * s.H),
         nk(s.B * s.S * s.K * s.H),
@@ -88,7 +94,7 @@ struct Problem {
         offset(1, static_cast<int32_t>(s.S - s.T)) {
     name = std::string(type_name<T>()) + " " + std::to_string(s.B) + "x" + std::to_string(s.T) +
            "x" + std::to_string(s.S) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) +
-           "x" + std::to_string(s.H) + (s.causal ? "c" : "");
+           "x" + std::to_string(s.H) + (s.causal ? "c" : "") + (allow_tf32 ? " tf32" : "");
     for (int64_t i = 0; i < s.T * s.S; ++i) mask[i] = (i * 7 + 3) % 5 != 0 && i / s.S != 1;
     for (int64_t b = 0; b < s.B; ++b) {
       q_lengths[b] = static_cast<int32_t>(s.T - b % 2);
@@ -108,7 +114,12 @@ struct Problem {
     p.mask = mask.data();
     p.mask_strides[2] = s.S;
     p.mask_strides[3] = 1;
+    p.allow_tf32 = allow_tf32;
   }
+
+  // `full`, the tolerance of a result computed in full float32 (or in T), or
+  // the TF32 one where the products took the TF32 tensor cores.
+  double tolerance(double full) const { return p.allow_tf32 ? kTf32Tolerance : full; }
 
   size_t q_row(int64_t b, int64_t t, int64_t n) const { return ((b * s.T + t) * s.N + n) * s.H; }
   size_t k_row(int64_t b, int64_t j, int64_t n) const {
@@ -211,9 +222,9 @@ void run_fwd_bwd(const Problem<T>& pr, std::mt19937& rng) {
       }
     }
   }
-  const double tol = attention_tolerance<T>();
+  const double tol = pr.tolerance(attention_tolerance<T>());
   compare(pr.name + " out", out, out_r, tol);
-  compare(pr.name + " logsumexp", lse, lse_r, 1e-4);
+  compare(pr.name + " logsumexp", lse, lse_r, pr.tolerance(1e-4));
   compare(pr.name + " dq", dq, dq_r, tol);
   compare(pr.name + " dk", dk, dk_r, tol);
   compare(pr.name + " dv", dv, dv_r, tol);
@@ -298,16 +309,16 @@ void run_fwd_jvp(const Problem<T>& pr, int present, std::mt19937& rng) {
       }
     }
   }
-  const double tol = attention_tolerance<T>();
+  const double tol = pr.tolerance(attention_tolerance<T>());
   compare(name + " out", out, out_r, tol);
-  compare(name + " logsumexp", lse, lse_r, 1e-4);
+  compare(name + " logsumexp", lse, lse_r, pr.tolerance(1e-4));
   compare(name + " dout", dout, dout_r, tol);
   compare(name + " dlogsumexp", dlse, dlse_r, tol);
 }
 
 template <typename T>
-void run(const Shape& s, std::mt19937& rng) {
-  const Problem<T> problem(s, rng);
+void run(const Shape& s, std::mt19937& rng, bool allow_tf32 = false) {
+  const Problem<T> problem(s, allow_tf32, rng);
   run_fwd_bwd(problem, rng);
   // Each product's variants: dS from dq, dk or both, or from dbias alone; the
   // output tangent from dS, dv or both.
@@ -332,6 +343,7 @@ bool parse(const std::string& text, Shape* s) {
 int main(int argc, char** argv) {
   return run_shapes<Shape>(argc, argv, parse, [](const Shape& s, std::mt19937& rng, int) {
     run<float>(s, rng);
+    run<float>(s, rng, /*allow_tf32=*/true);
     run<__nv_bfloat16>(s, rng);
     run<__half>(s, rng);
   });

@@ -1,6 +1,8 @@
 // Test-only: runs the CUDA patch-embedding kernels (cuda/patch_embed.cu,
-// compiled by the harness) on the shapes given on the command line, in float32,
-// bfloat16 and float16, against a double-precision reference: the forward with
+// compiled by the harness) on the shapes given on the command line, in float32
+// (full float32: allow_tf32 false; the TF32 products are checked through the op
+// by tests/test_matmul_precision_kernels.py), bfloat16 and float16, against a
+// double-precision reference: the forward with
 // every optional operand and with none, and the backward with every gradient
 // wanted. Built under AddressSanitizer and ThreadSanitizer by
 // tests/test_cuda_harness_patch_embed_sanitizers.py; each buffer is its own
@@ -93,7 +95,8 @@ void run_case(PatchEmbedShape s, std::mt19937& rng) {
     }
     check(jaxops::cuda::patch_embed_fwd<T>(nullptr, images.data, kernel.data,
                                            all ? bias.data : nullptr, all ? pos.data : nullptr,
-                                           all ? cls.data : nullptr, out.data, f),
+                                           all ? cls.data : nullptr, out.data, f,
+                                           /*allow_tf32=*/false),
           "patch_embed_fwd " + name);
     compare("patch_embed_fwd " + name + (all ? " all operands" : " no operands"), out.data,
             expected, scale);
@@ -131,7 +134,7 @@ void run_case(PatchEmbedShape s, std::mt19937& rng) {
   }
   check(jaxops::cuda::patch_embed_bwd<T>(nullptr, dtokens.data, images.data, kernel.data,
                                          dimages.data, dkernel.data, dbias.data, dpos.data,
-                                         dcls.data, g),
+                                         dcls.data, g, /*allow_tf32=*/false),
         "patch_embed_bwd " + name);
   const double sums = std::sqrt(static_cast<double>(rows + 1));
   compare("patch_embed_bwd dimages " + name, dimages.data, di, std::sqrt(static_cast<double>(d)));

@@ -813,3 +813,22 @@ void count_sparse_mma() { ++g_sparse_mmas; }
 extern "C" unsigned long long jaxops_harness_sparse_mmas() {
   return jaxops_harness::g_sparse_mmas.load();
 }
+
+// -- the wmma emulation (include/cuda_on_cpu.h) -----------------------------------------------
+
+namespace jaxops_harness {
+namespace {
+std::atomic<unsigned long long> g_wmma_mmas[3];
+}  // namespace
+void count_wmma_mma(WmmaOperand operand) { ++g_wmma_mmas[static_cast<int>(operand)]; }
+}  // namespace jaxops_harness
+
+// Emulated wmma::mma_sync instructions so far on operands of one type
+// (WmmaOperand: 0 half, 1 bfloat16, 2 tf32): a test checks which precision a
+// kernel's products took.
+extern "C" unsigned long long jaxops_harness_wmma_mmas(int operand) {
+  return jaxops_harness::g_wmma_mmas[operand].load();
+}
+
+// wmma::__float_to_tf32 as the kernels call it, for a test against its definition.
+extern "C" float jaxops_harness_float_to_tf32(float x) { return nvcuda::wmma::__float_to_tf32(x); }

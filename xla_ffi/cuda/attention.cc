@@ -30,10 +30,10 @@ ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const f
                          const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
                          const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
                          float scale, bool is_causal, int64_t window_left,
-                         int64_t window_right, AttentionParams* p) {
+                         int64_t window_right, bool allow_tf32, AttentionParams* p) {
   JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                       query_offset, scale, is_causal, window_left, window_right,
-                                      p));
+                                      allow_tf32, p));
   if (p->head_dim > params::kCudaAttentionMaxHeadDim) {
     return invalid(op, "the CUDA kernel supports head_dim <= " +
                            str(params::kCudaAttentionMaxHeadDim) + ", got " + str(p->head_dim));
@@ -46,12 +46,12 @@ ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
                         ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
-                        int64_t window_left, int64_t window_right) {
+                        int64_t window_left, int64_t window_right, bool allow_tf32) {
   const std::string op = kAttentionFwd.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
-                                       &p));
+                                       allow_tf32, &p));
   JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, p));
   return dispatch(op, q.element_type(), [&](auto tag) {
     using T = decltype(tag);
@@ -69,12 +69,12 @@ ffi::Error AttentionBwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                         ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> workspace,
                         float scale, bool is_causal, int64_t window_left, int64_t window_right,
-                        bool with_dbias) {
+                        bool with_dbias, bool allow_tf32) {
   const std::string op = kAttentionBwd.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
-                                       &p));
+                                       allow_tf32, &p));
   const int64_t workspace_bytes = bwd_workspace_bytes(p, contract::Platform::kCuda);
   JAXOPS_RETURN_IF_ERROR(check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv,
                                    *dbias, *workspace, with_dbias, workspace_bytes, p));
@@ -103,12 +103,12 @@ ffi::Error AttentionFwdJvp(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                            ffi::Result<ffi::AnyBuffer> dout, ffi::Result<ffi::AnyBuffer> dlse,
                            float scale, bool is_causal, int64_t window_left,
-                           int64_t window_right) {
+                           int64_t window_right, bool allow_tf32) {
   const std::string op = kAttentionFwdJvp.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
-                                       &p));
+                                       allow_tf32, &p));
   JAXOPS_RETURN_IF_ERROR(
       check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, p));
   // An absent tangent ([0]) is null, and so is a present one with no elements

@@ -46,7 +46,8 @@ ffi::Error PagedAttentionFwd(cudaStream_t stream, ffi::AnyBuffer query, ffi::Any
                              ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::AnyBuffer> logsumexp,
                              ffi::Result<ffi::AnyBuffer> workspace, float scale,
-                             float logits_soft_cap, int64_t window_left) {
+                             float logits_soft_cap, int64_t window_left,
+                             bool /*allow_tf32: the kernel computes in full float32*/) {
   const std::string op = kPagedAttentionFwd.name;
   PagedAttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_paged_attention(query, key_pages, value_pages, block_tables,

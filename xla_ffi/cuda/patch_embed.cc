@@ -25,7 +25,8 @@ using ffi_cuda::launch_status;
 
 ffi::Error PatchEmbedFwd(cudaStream_t stream, ffi::AnyBuffer images, ffi::AnyBuffer kernel,
                          ffi::AnyBuffer bias, ffi::AnyBuffer pos, ffi::AnyBuffer cls,
-                         ffi::Result<ffi::AnyBuffer> tokens, int64_t patch_size) {
+                         ffi::Result<ffi::AnyBuffer> tokens, int64_t patch_size,
+                         bool allow_tf32) {
   const std::string op = kPatchEmbedFwd.name;
   PatchEmbedShape s;
   JAXOPS_RETURN_IF_ERROR(
@@ -35,7 +36,8 @@ ffi::Error PatchEmbedFwd(cudaStream_t stream, ffi::AnyBuffer images, ffi::AnyBuf
     return launch_status(
         op, cuda::patch_embed_fwd<T>(stream, data<const T>(images), data<const T>(kernel),
                                      data_or_null<const T>(bias), data_or_null<const T>(pos),
-                                     data_or_null<const T>(cls), data<T>(*tokens), s));
+                                     data_or_null<const T>(cls), data<T>(*tokens), s,
+                                     allow_tf32));
   });
 }
 
@@ -43,7 +45,7 @@ ffi::Error PatchEmbedBwd(cudaStream_t stream, ffi::AnyBuffer dtokens, ffi::AnyBu
                          ffi::AnyBuffer kernel, ffi::Result<ffi::AnyBuffer> dimages,
                          ffi::Result<ffi::AnyBuffer> dkernel, ffi::Result<ffi::AnyBuffer> dbias,
                          ffi::Result<ffi::AnyBuffer> dpos, ffi::Result<ffi::AnyBuffer> dcls,
-                         int64_t patch_size, int64_t wanted) {
+                         int64_t patch_size, int64_t wanted, bool allow_tf32) {
   const std::string op = kPatchEmbedBwd.name;
   PatchEmbedShape s;
   JAXOPS_RETURN_IF_ERROR(check_patch_embed_bwd(dtokens, images, kernel, *dimages, *dkernel,
@@ -54,7 +56,8 @@ ffi::Error PatchEmbedBwd(cudaStream_t stream, ffi::AnyBuffer dtokens, ffi::AnyBu
         op, cuda::patch_embed_bwd<T>(stream, data<const T>(dtokens), data<const T>(images),
                                      data<const T>(kernel), data_or_null<T>(*dimages),
                                      data_or_null<T>(*dkernel), data_or_null<T>(*dbias),
-                                     data_or_null<T>(*dpos), data_or_null<T>(*dcls), s));
+                                     data_or_null<T>(*dpos), data_or_null<T>(*dcls), s,
+                                     allow_tf32));
   });
 }
 

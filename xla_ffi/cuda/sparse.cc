@@ -25,7 +25,8 @@ using ffi_cuda::launch_status;
 
 ffi::Error SparseLinearFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer values,
                            ffi::Buffer<ffi::U8> metadata, ffi::AnyBuffer bias,
-                           ffi::Result<ffi::AnyBuffer> y) {
+                           ffi::Result<ffi::AnyBuffer> y,
+                           bool /*allow_tf32: float32 stays on the CUDA cores, in full float32*/) {
   const std::string op = kSparseLinearFwd.name;
   SparseLinearShape s;
   JAXOPS_RETURN_IF_ERROR(check_sparse_linear_fwd(x, values, metadata, bias, *y, &s));
@@ -38,7 +39,8 @@ ffi::Error SparseLinearFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
 }
 
 ffi::Error SparseLinearDx(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer values,
-                          ffi::Buffer<ffi::U8> metadata, ffi::Result<ffi::AnyBuffer> dx) {
+                          ffi::Buffer<ffi::U8> metadata, ffi::Result<ffi::AnyBuffer> dx,
+                          bool /*allow_tf32: the kernel computes in full float32*/) {
   const std::string op = kSparseLinearDx.name;
   SparseLinearShape s;
   JAXOPS_RETURN_IF_ERROR(check_sparse_linear_dx(dy, values, metadata, *dx, &s));
@@ -51,7 +53,8 @@ ffi::Error SparseLinearDx(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer
 }
 
 ffi::Error SparseLinearDvalues(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
-                               ffi::Buffer<ffi::U8> metadata, ffi::Result<ffi::AnyBuffer> dvalues) {
+                               ffi::Buffer<ffi::U8> metadata, ffi::Result<ffi::AnyBuffer> dvalues,
+                               bool /*allow_tf32: the kernel computes in full float32*/) {
   const std::string op = kSparseLinearDvalues.name;
   SparseLinearShape s;
   JAXOPS_RETURN_IF_ERROR(check_sparse_linear_dvalues(dy, x, metadata, *dvalues, &s));

@@ -610,11 +610,6 @@ inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((static_cast<uint64_t>(a) * b) >> 32);
 }
 inline int __mul24(int a, int b) { return a * b; }
-// tf32: 10 explicit mantissa bits, rounded to nearest (ties away), as cvt.rna.tf32.f32.
-inline float __float_to_tf32(float x) {
-  if (!std::isfinite(x)) return x;
-  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
-}
 using std::fmaxf;
 using std::fminf;
 using std::max;
@@ -802,9 +797,28 @@ inline __nv_bfloat162 __hfma2(__nv_bfloat162 a, __nv_bfloat162 b, __nv_bfloat162
 // e * 32 + l. Code that does not depend on the element-to-lane mapping (the
 // portable wmma API: loads, stores, mma, fill, element-wise ops on x[]) runs as on
 // a GPU. mma computes in float and rounds once into the accumulator type; tf32
-// operands are truncated to tf32 as the tensor cores read them.
+// operands are truncated to tf32 as the tensor cores read them (a kernel rounds
+// them first with __float_to_tf32, as the wmma documentation requires). Every
+// emulated mma_sync is counted by its operand type (jaxops_harness_wmma_mmas), so
+// a test can tell which precision a kernel's products took.
+
+namespace jaxops_harness {
+// The operand types of wmma::mma_sync the harness counts.
+enum class WmmaOperand { kHalf = 0, kBfloat16 = 1, kTf32 = 2 };
+void count_wmma_mma(WmmaOperand operand);
+}  // namespace jaxops_harness
 
 namespace nvcuda::wmma {
+
+// cvt.rna.tf32.f32: float32 rounded to tf32's 10 explicit mantissa bits, to
+// nearest with ties away from zero, in a float whose 13 low bits are zero; NaN
+// and infinities pass unchanged (adding half an ulp to their bits would turn an
+// infinity into a NaN, or a NaN into -0), a finite value beyond tf32's largest
+// becomes an infinity.
+inline float __float_to_tf32(float x) {
+  if (!std::isfinite(x)) return x;
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
 
 struct matrix_a {};
 struct matrix_b {};
@@ -900,9 +914,20 @@ struct MmaLane {
   const void* b;
   const void* c;
 };
+template <typename T>
+constexpr jaxops_harness::WmmaOperand wmma_operand() {
+  using jaxops_harness::WmmaOperand;
+  static_assert(std::is_same<T, precision::tf32>::value || std::is_same<T, __half>::value ||
+                    std::is_same<T, __nv_bfloat16>::value,
+                "the harness emulates wmma on tf32, half and bfloat16 operands");
+  return std::is_same<T, precision::tf32>::value ? WmmaOperand::kTf32
+         : std::is_same<T, __half>::value        ? WmmaOperand::kHalf
+                                                 : WmmaOperand::kBfloat16;
+}
 template <typename FragD, typename FragA, typename FragB, typename FragC, int M, int N, int K>
 void complete_mma(const jaxops_harness::Collective& op) {
   constexpr bool kTf32 = std::is_same<typename FragA::element_type, precision::tf32>::value;
+  jaxops_harness::count_wmma_mma(wmma_operand<typename FragA::element_type>());
   float a[M * K], b[K * N], acc[M * N];
   for (int lane = 0; lane < 32; ++lane) {
     const auto& in = *static_cast<const MmaLane*>(op.in[lane]);
