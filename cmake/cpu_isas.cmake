@@ -16,7 +16,7 @@
 # Variants, widest first, and their flags. x86-64 builds three; elsewhere one,
 # with the compiler's default flags. -mtune=znver3 for avx512: with GCC's
 # generic tuning the norms' forward+backward ran 13-55% slower (minima of 4
-# alternating rounds, Zen 4, BENCHMARKS.md) than the same source built with
+# alternating rounds, Zen 4, docs/benchmarks-log.md) than the same source built with
 # -march=native; tuning alone recovers it (0.90-1.01x). Tuning selects and
 # schedules instructions, it never adds any, so the variant still runs on every
 # x86-64-v4 CPU; Intel AVX-512 CPUs have not been measured.

@@ -115,7 +115,7 @@ inline void load_kv_tile(const Geometry& g, const T* src, int64_t b, int64_t kh,
 // cross a 4 KiB page, so rows 2 KiB or more apart (a head's keys when K * H
 // elements reach 2 KiB, as at (1, 4096, 8, 128) in bfloat16) leave them one or
 // two rows per page, too few to start on. Measured (2026-11-27, alternating
-// builds; BENCHMARKS.md, fifth pass): decoding 4 tokens against [8, 4096, 8,
+// builds; docs/benchmarks-log.md, fifth pass): decoding 4 tokens against [8, 4096, 8,
 // 128] caches, float32 rows 4 KiB apart 40 -> 25 ms and, with the threshold
 // lowered from 4 KiB to 2 KiB, bfloat16 rows 2 KiB apart 17 -> 11 ms; the
 // training-shaped forward, backward and JVP at 2 and 3 KiB strides within

@@ -28,5 +28,6 @@ def test_copies_add_up_to_twice_the_cache(monkeypatch, cache_bytes, copies):
 
 def test_a_step_time_per_call(monkeypatch):
   monkeypatch.setattr(decode, "last_level_cache_bytes", lambda: 1000)
-  ms = decode.time_steps(lambda x: x * 2.0, (jnp.arange(4.0),), cache_bytes=500, runs=3)
-  assert math.isfinite(ms) and ms > 0
+  timing = decode.time_steps(lambda x: x * 2.0, (jnp.arange(4.0),), cache_bytes=500, runs=3)
+  assert math.isfinite(timing.ms) and timing.ms > 0
+  assert timing.method.startswith("host:") and "4 copies" in timing.method

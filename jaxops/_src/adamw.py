@@ -71,7 +71,7 @@ def _make(name, aliases):
 # The update is written over the gradients when those are temporaries of the
 # traced function (jax.grad in the same jit, the standard train step): no
 # fresh full-size buffer to fault in (update + apply_updates measured 1.2x and
-# 1.7x faster over a 25M-parameter train step, BENCHMARKS.md). When they are
+# 1.7x faster over a 25M-parameter train step, docs/benchmarks-log.md). When they are
 # its arguments, XLA would copy them into a
 # fresh buffer first, which costs more than the fresh output the kernel fills
 # (with huge pages): the update goes to a fresh output then.

@@ -222,7 +222,7 @@ def moe_aux_loss(probs, expert_counts, k: int, coeff: float, *, implementation=N
     k: static int >= 1, the experts per token.
     coeff: static float, the loss coefficient (e.g. 1e-2).
     implementation: None or "xla". There is no fused kernel: XLA computes this
-      in one fused pass over probs (BENCHMARKS.md measures it against a plain
+      in one fused pass over probs (docs/benchmarks-log.md measures it against a plain
       read of probs), so a custom call could only add its overhead; "ffi"
       is an error.
 

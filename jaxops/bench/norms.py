@@ -1,56 +1,71 @@
 """``python -m jaxops.bench norms``: layer_norm, rms_norm, add_rms_norm vs the jnp reference.
 
-For each op, dtype and shape: forward, forward+backward (a VJP with a given
-cotangent) and jvp (forward mode: the output and its tangent for a tangent of
-each x-shaped input), for jaxops and for ``implementation="xla"`` in the same
-process. Prints median ms, effective GB/s (the bytes an ideal fused kernel
-must move: each input read once, each output written once) and the speed-up.
+For each op, dtype and shape: forward, forward+backward (``jax.vjp`` with a
+random cotangent) and jvp (forward mode: the output and its tangent for a
+tangent of each x-shaped input), for jaxops and for ``implementation="xla"``
+(XLA's compiled jnp reference) in the same process.
+
+Bytes each pass must move (an x-shaped array read or written once counts
+once; the weight and bias are negligible):
+  layer_norm, rms_norm: fwd x, y (2 arrays); fwd+bwd x, dy, dx (3); jvp x, its
+  tangent, y, the output tangent (4).
+  add_rms_norm (x, residual -> y, x + residual): fwd and fwd don. (the residual
+  donated: the sum written over it) x, r, y, sum (4); fwd+bwd x, r, dy, dx, dr
+  (5); jvp x, r, x's tangent (r's is r itself), y, sum and their tangents (7).
 """
 
 from __future__ import annotations
-
-import argparse
 
 import jax
 import jax.numpy as jnp
 
 import jaxops
-from jaxops.bench.timing import (comparison_columns, forward_or_backward, print_table_header,
-                                  time_against_xla)
+from jaxops.bench import options
+from jaxops.bench.results import Reporter, Result, moved
+from jaxops.bench.timing import (forward_or_backward, jaxops_and_reference, random_like,
+                                  time_implementations)
 
-# op -> (function, number of x-shaped inputs, x-shaped arrays moved forward,
-#        forward+backward, and jvp)
+# op -> (function, x-shaped arrays each pass moves)
 _OPS = {
     "layer_norm": (lambda x, r, w, b, impl: jaxops.layer_norm(x, w, b, implementation=impl),
-                   1, 2, 5, 4),
-    "rms_norm": (lambda x, r, w, b, impl: jaxops.rms_norm(x, w, implementation=impl), 1, 2, 5, 4),
+                   {"fwd": 2, "fwd+bwd": 3, "jvp": 4}),
+    "rms_norm": (lambda x, r, w, b, impl: jaxops.rms_norm(x, w, implementation=impl),
+                 {"fwd": 2, "fwd+bwd": 3, "jvp": 4}),
     "add_rms_norm": (lambda x, r, w, b, impl: jaxops.add_rms_norm(x, r, w, implementation=impl),
-                     2, 4, 8, 8),
+                     {"fwd": 4, "fwd don.": 4, "fwd+bwd": 5, "jvp": 7}),
 }
+_PASSES = ["fwd", "fwd don.", "fwd+bwd", "jvp"]
+PRESETS = {
+    "cpu": {"ops": list(_OPS), "shapes": ["8192x4096", "32768x1024"],
+            "dtypes": ["float32", "bfloat16"], "passes": _PASSES, "runs": 7},
+    "gpu": {"ops": list(_OPS), "shapes": ["8192x4096", "32768x8192"],
+            "dtypes": ["float32", "bfloat16"], "passes": ["fwd", "fwd+bwd"], "runs": 3},
+}
+QUICK = {"cpu": {"ops": ["rms_norm"], "shapes": ["8192x4096"], "dtypes": ["float32"],
+                 "passes": ["fwd"]},
+         "gpu": {"ops": ["rms_norm"], "shapes": ["8192x4096"], "dtypes": ["bfloat16"],
+                 "passes": ["fwd"]}}
 
 
-def _parse(argv):
-  parser = argparse.ArgumentParser(prog="python -m jaxops.bench norms", description=__doc__)
-  parser.add_argument("--ops", nargs="+", default=list(_OPS), choices=list(_OPS))
-  parser.add_argument("--shapes", nargs="+", default=["8192x4096", "32768x1024"],
-                      help="rows x cols, e.g. 8192x4096")
-  parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-  parser.add_argument("--passes", nargs="+", default=["fwd", "fwd don.", "fwd+bwd", "jvp"],
-                      choices=["fwd", "fwd don.", "fwd+bwd", "jvp"],
+def parse(argv):
+  parser = options.parser_for("norms", __doc__, PRESETS, QUICK)
+  parser.add_argument("--ops", nargs="+", default=None, choices=list(_OPS))
+  parser.add_argument("--shapes", nargs="+", default=None, help="rows x cols, e.g. 8192x4096")
+  parser.add_argument("--dtypes", nargs="+", default=None)
+  parser.add_argument("--passes", nargs="+", default=None, choices=_PASSES,
                       help="'fwd don.': add_rms_norm with the residual donated")
-  parser.add_argument("--runs", type=int, default=7)
-  return parser.parse_args(argv)
+  return options.parse(parser, argv, PRESETS, QUICK)
 
 
 def main(argv=()):
-  args = _parse(argv)
-  print_table_header(f"median of {args.runs} runs after warm-up; GB/s counts each x-shaped input "
-                     "read once and each output written once",
-                     [("op", 13), ("shape", 11), ("dtype", 9), ("pass", 8)])
+  args = parse(argv)
+  reporter = Reporter("norms", args, argv, [("op", 13), ("shape", 11), ("dtype", 9),
+                                            ("pass", 8)], ["jaxops", "xla"])
+  reporter.header("GB/s counts each x-shaped array the pass must move once")
   for op in args.ops:
-    fn, n_inputs, fwd_arrays, fwd_bwd_arrays, jvp_arrays = _OPS[op]
+    fn, arrays_by_pass = _OPS[op]
     for shape_text in args.shapes:
-      shape = tuple(int(s) for s in shape_text.split("x"))
+      shape = options.dims(shape_text)
       for dtype_name in args.dtypes:
         dtype = jnp.dtype(dtype_name)
         keys = jax.random.split(jax.random.key(0), 4)
@@ -58,16 +73,12 @@ def main(argv=()):
         r = jax.random.normal(keys[1], shape, jnp.float32).astype(dtype)
         w = (1.0 + 0.1 * jax.random.normal(keys[2], shape[-1:])).astype(dtype)
         b = (0.1 * jax.random.normal(keys[3], shape[-1:])).astype(dtype)
-        dy = jnp.ones(shape, dtype)
-        array_bytes = x.size * dtype.itemsize
-        passes = [("fwd", fwd_arrays, ()), ("fwd+bwd", fwd_bwd_arrays, ()),
-                  ("jvp", jvp_arrays, ())]
-        if n_inputs == 2:
-          # The sum is written over the residual when the caller donates it.
-          passes.insert(1, ("fwd don.", fwd_arrays, (1,)))
-        for pass_name, arrays, donate in passes:
+        dy = random_like(shape, dtype)
+        for pass_name, arrays in arrays_by_pass.items():
           if pass_name not in args.passes:
             continue
+          # The sum is written over the residual when the caller donates it.
+          donate = (1,) if pass_name == "fwd don." else ()
 
           def make(impl):
             if pass_name == "jvp":
@@ -76,8 +87,9 @@ def main(argv=()):
                                                     (x, r), (dy, r))
             return forward_or_backward(pass_name, lambda x, r, w, b: fn(x, r, w, b, impl))
 
-          ours, xla = time_against_xla(make, x, r, w, b, dy, runs=args.runs,
-                                       donate_argnums=donate)
-          print(f"{op:<13} {shape_text:<11} {dtype_name:<9} {pass_name:<8} "
-                f"{comparison_columns(ours, xla, arrays * array_bytes)}", flush=True)
+          timings = time_implementations(jaxops_and_reference(make),
+                                         x, r, w, b, dy, runs=args.runs, donate_argnums=donate)
+          reporter.add([op, shape_text, dtype_name, pass_name],
+                       Result(op, shape_text, dtype_name, pass_name, timings,
+                              moved(arrays * x.size * dtype.itemsize)))
   return 0

@@ -4,16 +4,16 @@ One query token per sequence against ``--kv-len`` cached tokens held in pages
 of ``--page-size`` tokens, scattered over a shuffled page pool (block tables
 as a serving engine builds them). For float32, bfloat16 and int8 pages (with
 float32 scales, a float32 query), jaxops.paged_attention against the jnp
-reference (jaxops.reference.paged_attention under jit: a dense gather of
-every sequence's pages through its block table, then attention) in the same
-run. The columns are jaxops.bench decode's (its ``run_cases``, whose
-streaming-bandwidth measure runs first): cache GB/s counts the K/V bytes
-read, pages and scales, the figure a decode step is bound by.
+reference (``xla``: jaxops.reference.paged_attention under jit, a dense
+gather of every sequence's pages through its block table, then attention; no
+jax.nn function takes a paged cache) in the same run. Timed and reported as
+jaxops.bench decode's cases (its ``run_bench``, whose bandwidth measures run
+first): the bytes a step must move are the K/V bytes read, pages and scales,
+the figure a decode step is bound by.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import jax.numpy as jnp
@@ -21,11 +21,12 @@ import numpy as np
 
 import jaxops
 from jaxops import reference
-from jaxops.bench.decode import run_bench
+from jaxops.bench import options
+from jaxops.bench.decode import DecodeCase, run_bench
 
 
 @dataclasses.dataclass(frozen=True)
-class PagedDecodeCase:
+class PagedDecodeCase(DecodeCase):
   """jaxops.paged_attention decoding one token of each of B sequences."""
   batch: int
   kv_len: int
@@ -36,14 +37,8 @@ class PagedDecodeCase:
   dtype: str  # of the pages: float32, bfloat16, float16 or int8 (float32 query)
 
   @property
-  def label(self) -> str:
-    return (f"paged B={self.batch} S={self.kv_len} N/K={self.num_heads}/{self.num_kv_heads} "
-            f"H={self.head_dim} page={self.page_size} {self.dtype}")
-
-  @property
-  def twin(self) -> str:
-    """The label of the same case in float32 (for the time ratio)."""
-    return self.label.rsplit(" ", 1)[0] + " float32"
+  def op(self) -> str:
+    return f"paged page={self.page_size}"
 
   @property
   def cache_bytes(self) -> int:
@@ -68,9 +63,9 @@ class PagedDecodeCase:
       pages = [jnp.asarray(rng.standard_normal(shape), self.dtype) for _ in range(2)]
       extra = {}
     lens = jnp.full((B,), S, jnp.int32)
-    ours = lambda q, kp, vp, t, n: jaxops.paged_attention(q, kp, vp, t, n, **extra)
-    ref = lambda q, kp, vp, t, n: reference.paged_attention(q, kp, vp, t, n, **extra)
-    return ours, ref, (q, *pages, tables, lens)
+    fns = {"jaxops": lambda q, kp, vp, t, n: jaxops.paged_attention(q, kp, vp, t, n, **extra),
+           "xla": lambda q, kp, vp, t, n: reference.paged_attention(q, kp, vp, t, n, **extra)}
+    return fns, (q, *pages, tables, lens)
 
 
 def paged_cases(dtypes, batches, kv_len=4096, heads=(32, 8), head_dim=128,
@@ -79,22 +74,30 @@ def paged_cases(dtypes, batches, kv_len=4096, heads=(32, 8), head_dim=128,
           for batch in batches for dtype in dtypes]
 
 
-def _parse(argv):
-  parser = argparse.ArgumentParser(prog="python -m jaxops.bench paged_attention",
-                                   description=__doc__)
-  parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"])
-  parser.add_argument("--batches", nargs="+", type=int, default=[8, 1])
-  parser.add_argument("--kv-len", type=int, default=4096)
+PRESETS = {
+    "cpu": {"dtypes": ["float32", "bfloat16", "int8"], "batches": [8, 1], "kv_len": 4096,
+            "runs": 9},
+    "gpu": {"dtypes": ["bfloat16", "float32", "int8"], "batches": [32, 1], "kv_len": 8192,
+            "runs": 3},
+}
+QUICK = {"cpu": {"dtypes": ["float32"], "batches": [8]},
+         "gpu": {"dtypes": ["bfloat16"], "batches": [32]}}
+
+
+def parse(argv):
+  parser = options.parser_for("paged_attention", __doc__, PRESETS, QUICK)
+  parser.add_argument("--dtypes", nargs="+", default=None)
+  parser.add_argument("--batches", nargs="+", type=int, default=None)
+  parser.add_argument("--kv-len", type=int, default=None)
   parser.add_argument("--heads", default="32/8", help="query heads / kv heads")
   parser.add_argument("--head-dim", type=int, default=128)
   parser.add_argument("--page-size", type=int, default=16)
-  parser.add_argument("--runs", type=int, default=9)
-  return parser.parse_args(argv)
+  return options.parse(parser, argv, PRESETS, QUICK)
 
 
 def main(argv=()):
-  args = _parse(argv)
+  args = parse(argv)
   heads = tuple(int(s) for s in args.heads.split("/"))
-  run_bench(paged_cases(args.dtypes, args.batches, args.kv_len, heads, args.head_dim,
-                        args.page_size), args.runs)
+  run_bench("paged_attention", args, argv, paged_cases(args.dtypes, args.batches, args.kv_len,
+                                                       heads, args.head_dim, args.page_size))
   return 0

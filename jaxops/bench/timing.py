@@ -1,24 +1,39 @@
-"""Timing shared by the benchmark families: jit, warm-up, median of several runs,
-the split of CPU time between user and system (page faults on fresh outputs are
-system time), and XLA's compiled memory analysis."""
+"""Timing shared by the benchmark families, one method per platform.
+
+The method is chosen in one place, ``uses_device_timing``, from the platform
+of the devices the arguments live on:
+
+* CPU (``time_jitted``, ``time_interleaved``): each timed call starts after a
+  settle pause and is blocked on alone; the figure is the median of several
+  runs, with the split of CPU time between user and system (page faults on
+  fresh outputs are system time).
+* GPU (``time_on_device``): calls are queued back to back and blocked on once,
+  so the device never waits for the host; the figure is the minimum over
+  several repetitions of (repetition time / calls). A pause or a block per call
+  would time the launch and the synchronisation instead of the kernel.
+
+Also XLA's compiled memory analysis, and the helpers that turn an op into its
+forward or forward+backward pass with a random cotangent.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import platform
 import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 
 
 @dataclasses.dataclass
 class Timing:
-  median_ms: float
-  min_ms: float
-  runs: int
-  sys_share: float  # system CPU time / (user + system) during the timed runs
+  ms: float  # the figure reported: the median (host method) or the minimum (device method)
+  method: str  # how ms was measured, in words (recorded with every result)
+  sys_share: float | None  # system CPU time / (user + system) during the runs; None on a GPU
   temp_bytes: int | None  # XLA's temporary allocation for the compiled program
 
 
@@ -28,74 +43,207 @@ class Timing:
 # call, whichever implementation it is, and halves a 2-thread kernel's speed.
 SETTLE_SECONDS = 0.1
 
+# A device repetition queues enough calls to keep the device busy this long,
+# so that the launch of the first call and the final synchronisation weigh
+# little in the per-call time.
+REPETITION_SECONDS = 0.025
+MAX_CALLS_PER_REPETITION = 1000
+# Donated arguments are consumed by each call, so a repetition needs a copy of
+# them per call, made before it starts; this bounds the memory those copies take.
+DONATED_COPIES_BYTES = 4 << 30
+
+
+def uses_device_timing(platform_name: str) -> bool:
+  """Whether arrays on ``platform_name`` are timed on the device (a GPU)."""
+  return platform_name in ("gpu", "cuda")
+
+
+def platform_of(args) -> str:
+  """The platform of the first array in ``args``, else JAX's default backend."""
+  for leaf in jax.tree.leaves(args):
+    if isinstance(leaf, jax.Array):
+      return next(iter(leaf.devices())).platform
+  return jax.default_backend()
+
 
 def settle() -> None:
   """Waits for the previous call's deferred clean-up before a timed call."""
   time.sleep(SETTLE_SECONDS)
 
 
+def time_call(fn, *args, runs: int, donate_argnums=(), host_timer=None) -> Timing:
+  """``jax.jit(fn)(*args)`` timed by the method of the arguments' platform.
+
+  ``host_timer`` replaces ``time_jitted`` on the CPU (a family with its own
+  host method); it takes the same arguments.
+  """
+  if uses_device_timing(platform_of(args)):
+    return time_on_device(fn, *args, runs=runs, donate_argnums=donate_argnums)
+  return (host_timer or time_jitted)(fn, *args, runs=runs, donate_argnums=donate_argnums)
+
+
+def jaxops_and_reference(make) -> dict:
+  """``{"jaxops": make(None), "xla": make("xla")}``: an op's kernel (its
+  ``implementation=None``) and its jnp reference compiled by XLA (``"xla"``)."""
+  return {"jaxops": make(None), "xla": make("xla")}
+
+
+def time_implementations(fns: dict, *args, runs: int, donate_argnums=(), interleave=False,
+                         may_refuse=(), host_timers=None) -> dict:
+  """``{name: Timing}`` of each of ``fns`` on ``args`` in the same process, by
+  the method of the arguments' platform; on the CPU, with ``interleave``, one
+  run of each in turn (``time_interleaved``), else each by ``time_jitted`` or
+  its own ``host_timers[name]``. Timed one after the other, the
+  implementations named in ``may_refuse`` (cuDNN) may fail on a case: theirs is
+  then the reason, a string, instead of a Timing."""
+  if interleave and not uses_device_timing(platform_of(args)):
+    return time_interleaved(fns, *args, runs=runs, donate_argnums=donate_argnums)
+  timings = {}
+  for name, fn in fns.items():
+    try:
+      timings[name] = time_call(fn, *args, runs=runs, donate_argnums=donate_argnums,
+                                host_timer=(host_timers or {}).get(name))
+    except Exception as error:  # noqa: BLE001  (cuDNN's refusals have no common type)
+      if name not in may_refuse:
+        raise
+      timings[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+  return timings
+
+
+def _compile(fn, args, donate_argnums=()):
+  return jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile()
+
+
+def _copier(args, donate_argnums):
+  """A function giving arguments for one call: fresh copies of the donated ones."""
+  def fresh_args():
+    if not donate_argnums:
+      return args
+    return tuple(jax.tree.map(lambda x: jnp.array(x, copy=True), a)
+                 if i in donate_argnums else a for i, a in enumerate(args))
+  return fresh_args
+
+
 def time_jitted(fn, *args, runs: int = 7, warmup: int = 2, donate_argnums=()) -> Timing:
-  """Median wall time of ``jax.jit(fn)(*args)`` after warm-up.
+  """Host method: the median wall time of ``jax.jit(fn)(*args)`` after warm-up,
+  each call after a settle pause.
 
   With ``donate_argnums`` each run gets fresh copies of those arguments (made
   outside the timed region), so donation can be measured too.
   """
-  jitted = jax.jit(fn, donate_argnums=donate_argnums)
-  compiled = jitted.lower(*args).compile()
-  temp_bytes = _temp_bytes(compiled)
+  return time_interleaved({"fn": fn}, *args, runs=runs, warmup=warmup,
+                          donate_argnums=donate_argnums)["fn"]
 
-  def fresh_args():
-    if not donate_argnums:
-      return args
-    return tuple(jax.tree.map(lambda x: jax.numpy.array(x, copy=True), a)
-                 if i in donate_argnums else a for i, a in enumerate(args))
 
+def time_interleaved(fns: dict, *args, runs: int, warmup: int = 1, donate_argnums=()) -> dict:
+  """Host method over several implementations: one settled run of each in turn,
+  so load from other processes on a shared machine weighs on all alike; the
+  median of each's runs. Donated arguments are copied before each run."""
+  compiled = {name: _compile(fn, args, donate_argnums) for name, fn in fns.items()}
+  fresh_args = _copier(args, donate_argnums)
+  for _ in range(warmup):
+    for c in compiled.values():
+      jax.block_until_ready(c(*fresh_args()))
+  times = {name: [] for name in compiled}
+  system = {name: 0.0 for name in compiled}
+  cpu = {name: 0.0 for name in compiled}
+  for _ in range(runs):
+    for name, c in compiled.items():
+      call_args = jax.block_until_ready(fresh_args())
+      settle()
+      before = os.times()
+      start = time.perf_counter()
+      out = jax.block_until_ready(c(*call_args))
+      times[name].append(time.perf_counter() - start)
+      after = os.times()
+      del out  # freeing the outputs (munmap) is not the op's time
+      system[name] += after.system - before.system
+      cpu[name] += after.user - before.user + after.system - before.system
+  calls = f"{runs} interleaved calls" if len(fns) > 1 else f"{runs} calls"
+  return {name: Timing(statistics.median(times[name]) * 1e3,
+                       f"host: median of {calls}, each after a {SETTLE_SECONDS:g} s pause",
+                       system[name] / cpu[name] if cpu[name] > 0 else 0.0, temp_bytes(c))
+          for name, c in compiled.items()}
+
+
+def time_on_device(fn, *args, runs: int = 3, warmup: int = 1, donate_argnums=()) -> Timing:
+  """Device method: the minimum over ``runs`` repetitions of the time of many
+  back-to-back calls of ``jax.jit(fn)(*args)``, blocked on once, per call.
+
+  A call's time after warm-up sets the calls per repetition (enough for
+  ``REPETITION_SECONDS``). Each call's donated arguments are copied before the
+  repetition starts, within ``DONATED_COPIES_BYTES``. The host queues a call in
+  about 10 us, which bounds what this can time: the gpu presets' smallest
+  kernels take several times that.
+  """
+  compiled = _compile(fn, args, donate_argnums)
+  fresh_args = _copier(args, donate_argnums)
   for _ in range(warmup):
     jax.block_until_ready(compiled(*fresh_args()))
-  times = []
-  user = system = 0.0
+  call_args = jax.block_until_ready(fresh_args())
+  start = time.perf_counter()
+  jax.block_until_ready(compiled(*call_args))
+  once = time.perf_counter() - start
+  calls = min(MAX_CALLS_PER_REPETITION, max(2, math.ceil(REPETITION_SECONDS / max(once, 1e-6))))
+  if donate_argnums:
+    donated = sum(leaf.nbytes for i in donate_argnums for leaf in jax.tree.leaves(args[i]))
+    calls = max(1, min(calls, DONATED_COPIES_BYTES // max(donated, 1)))
+  per_call = []
   for _ in range(runs):
-    call_args = jax.block_until_ready(fresh_args())
-    settle()
-    before = os.times()
+    arg_sets = jax.block_until_ready([fresh_args() for _ in range(calls)])
     start = time.perf_counter()
-    out = jax.block_until_ready(compiled(*call_args))
-    times.append(time.perf_counter() - start)
-    after = os.times()
-    del out  # freeing the outputs (munmap) is not the op's time
-    user += after.user - before.user
-    system += after.system - before.system
-  cpu = user + system
-  return Timing(statistics.median(times) * 1e3, min(times) * 1e3, runs,
-                system / cpu if cpu > 0 else 0.0, temp_bytes)
+    for call_args in arg_sets:
+      out = compiled(*call_args)  # the previous output is released as this one is queued
+    jax.block_until_ready(out)
+    per_call.append((time.perf_counter() - start) / calls)
+    del out, arg_sets
+  return Timing(min(per_call) * 1e3, f"device: min over {runs} repetitions of {calls} "
+                "back-to-back calls", None, temp_bytes(compiled))
 
 
-def _temp_bytes(compiled) -> int | None:
+def temp_bytes(compiled) -> int | None:
+  """XLA's temporary allocation for a compiled program, where the backend says."""
   try:
     analysis = compiled.memory_analysis()
-  except Exception:  # not every backend reports it
+  except Exception:  # noqa: BLE001  (not every backend reports it)
     return None
   return getattr(analysis, "temp_size_in_bytes", None)
 
 
-def machine_line() -> str:
+def host_line() -> str:
+  """The host's CPU model and core count."""
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:
       cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
   except (OSError, StopIteration):
     pass
+  return f"{cpu}, {os.cpu_count()} cores"
+
+
+def machine_line() -> str:
   tunables = os.environ.get("GLIBC_TUNABLES", "")
-  return (f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__}, backend {jax.default_backend()}, "
+  device = jax.devices()[0]
+  on = "" if device.platform == "cpu" else f", device {device.device_kind}"
+  return (f"{host_line()}, jax {jax.__version__}, backend {jax.default_backend()}{on}, "
           f"GLIBC_TUNABLES={tunables or '(unset)'}")
+
+
+def random_like(shape, dtype, seed: int = 7):
+  """Standard normal values of ``shape`` in ``dtype``: a cotangent or tangent.
+
+  Never ones: XLA folds a constant all-ones cotangent into its fusion, where a
+  custom call must read a materialised one, which biases the comparison."""
+  return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
 
 
 def forward_or_backward(pass_name: str, fn, wrt=None):
   """``fn``'s forward pass, or forward+backward, as a function of ``(*args, dy)``.
 
   ``"fwd"`` (and ``"fwd don."``, the same call with donated inputs) calls
-  ``fn(*args)``; a pass containing ``"bwd"`` runs a VJP with respect to the
-  arguments ``wrt`` (all by default), ``dy`` the cotangent of every output.
+  ``fn(*args)``; a pass containing ``"bwd"`` runs ``jax.vjp`` with respect to
+  the arguments ``wrt`` (all by default), ``dy`` (a ``random_like`` array) the
+  cotangent of every output.
   """
   if "bwd" not in pass_name:
     return lambda *args_dy: fn(*args_dy[:-1])
@@ -114,29 +262,3 @@ def forward_or_backward(pass_name: str, fn, wrt=None):
     return vjp(jax.tree.map(lambda o: dy, out))
 
   return forward_backward
-
-
-def time_against_xla(make_fn, *args, runs: int, donate_argnums=()) -> tuple[Timing, Timing]:
-  """Timings of ``make_fn(implementation)(*args)`` for jaxops' kernels (None)
-  and for the jnp reference ("xla"), in the same process, one after the other."""
-  return tuple(time_jitted(make_fn(impl), *args, runs=runs, donate_argnums=donate_argnums)
-               for impl in (None, "xla"))
-
-
-def comparison_columns(ours: Timing, xla: Timing, moved_bytes: float) -> str:
-  """The result columns every family prints: ms, GB/s and system share of each
-  implementation, then the speed-up (GB/s from the bytes the pass moves)."""
-  gbs = lambda t: moved_bytes / (t.median_ms * 1e-3) / 1e9
-  return (f"{ours.median_ms:>10.2f} {gbs(ours):>6.1f} {ours.sys_share:>4.0%} "
-          f"{xla.median_ms:>9.2f} {gbs(xla):>6.1f} {xla.sys_share:>4.0%} "
-          f"{xla.median_ms / ours.median_ms:>7.2f}x")
-
-
-def print_table_header(note: str, labels: list[tuple[str, int]]) -> None:
-  """The lines every family's table starts with: the machine, what the figures
-  are (``note``), and the column names, the row labels (name, width) first."""
-  print(f"# {machine_line()}")
-  print(f"# {note}; 'sys' = share of CPU time in the kernel (page faults)")
-  print(" ".join(f"{name:<{width}}" for name, width in labels) +
-        f" {'jaxops ms':>10} {'GB/s':>6} {'sys':>4} {'xla ms':>9} {'GB/s':>6} {'sys':>4} "
-        f"{'speed-up':>8}")
