@@ -163,6 +163,20 @@ def test_summary_reports_what_the_stages_left(tmp_path):
   assert "layer_norm_fwd_kernel 3 40" in text
 
 
+def test_summary_carries_the_bench_report_of_the_run(tmp_path):
+  """A real (tiny) bench run's JSON lines become the summary's benchmark tables."""
+  out = tmp_path / "out"
+  out.mkdir()
+  subprocess.run([sys.executable, "-P", "-m", "jaxops.bench", "norms", "--ops", "rms_norm",
+                  "--shapes", "8x128", "--dtypes", "float32", "--passes", "fwd", "--runs", "1",
+                  "--json", str(out / "bench.jsonl")], check=True, capture_output=True,
+                 timeout=300)
+  text = gpu_check_summary.summary(out, tmp_path, None)
+  benchmarks = text[text.index("## Benchmarks"):]
+  assert "### CPU" in benchmarks and "| norms | rms_norm | float32 | fwd | 8x128 |" in benchmarks
+  assert "This page is generated" not in benchmarks  # the page's preamble is left out
+
+
 def test_summary_without_any_stage(tmp_path):
   text = gpu_check_summary.summary(tmp_path, tmp_path, None)
   assert "(no stage ran)" in text and "No test report" in text and "No resource table" in text

@@ -4,11 +4,13 @@
 # GPU"). From a checkout:
 #
 #   tools/gpu_check.sh [--quick] [--wheels DIR] [--out DIR] [--profile KERNELS]
-#                      [--sanitize] [--budget SECONDS] [--jobs N] [--arch SM]
-#                      [--scratch DIR] [--python PYTHON] [--dry-run]
+#                      [--sanitize] [--budget SECONDS] [--limit-scale N] [--jobs N]
+#                      [--arch SM] [--scratch DIR] [--python PYTHON] [--dry-run]
 #
 # Stages, each under its own time limit, all within --budget (default 470 s,
-# 170 s with --quick) so that the whole run ends in under 8 (3) minutes:
+# 170 s with --quick) so that the whole run ends in under 8 (3) minutes on an
+# H100/H200 machine with 16 cores (--limit-scale multiplies every stage's limit,
+# for a machine with fewer cores):
 #   env       GPU, driver, CUDA, Python and jax versions
 #   build     jaxops for this GPU's architecture and the generic CPU variant only,
 #             without build isolation or network, into a scratch prefix; the
@@ -31,7 +33,7 @@
 # sanitizer.txt. --dry-run prints each stage's command instead of running it.
 set -uo pipefail
 
-QUICK=0 DRY_RUN=0 SANITIZE=0
+QUICK=0 DRY_RUN=0 SANITIZE=0 LIMIT_SCALE=1
 WHEELS="" PROFILE="" ARCH="" JOBS="" BUDGET=""
 OUT_DIR="gpu-check-results"
 SCRATCH="${TMPDIR:-/tmp}/jaxops-gpu-check"
@@ -51,6 +53,7 @@ while [ $# -gt 0 ]; do
     --arch) ARCH="$2"; shift ;;
     --jobs) JOBS="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
+    --limit-scale) LIMIT_SCALE="$2"; shift ;;
     --scratch) SCRATCH="$2"; shift ;;
     --python) PYTHON="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -94,7 +97,7 @@ progress() { printf '[gpu_check %3ds] %s\n' $((SECONDS - START)) "$*" | tee -a "
 # functions below) with its output in the log and on the console, under
 # min(LIMIT, what the budget leaves); records the outcome for the summary.
 run_stage() {
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$(($2 * LIMIT_SCALE)); shift 2
   local left=$((BUDGET - SUMMARY_RESERVE - (SECONDS - START)))
   [ "$limit" -gt "$left" ] && limit=$left
   if [ "$limit" -lt 10 ]; then
@@ -122,7 +125,11 @@ run_stage() {
 env_report() {
   echo "checkout: $CHECKOUT ($(git -C "$CHECKOUT" rev-parse --short HEAD 2>/dev/null || echo 'no git metadata'))"
   echo "host: $(nproc) cores, $(uname -sr)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv 2>&1
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv 2>&1
+  else
+    echo "nvidia-smi: not found (no NVIDIA driver)"
+  fi
   (command -v nvcc >/dev/null && nvcc --version | tail -2) || echo "nvcc: not found"
   "$PYTHON" - <<'EOF'
 import platform
@@ -149,11 +156,16 @@ build() {
     --no-index --no-compile --target "$PREFIX" "$CHECKOUT" -Cbuild-dir="$SCRATCH/build" \
     -Ccmake.define.JAXOPS_CUDA_ARCHITECTURES="$ARCH" -Ccmake.define.JAXOPS_CPU_ISAS=generic \
     -Ccmake.define.CMAKE_PREFIX_PATH="$prefix_path" || return 1
-  # A build without nvcc would pass every test on the references: insist on the kernels.
+  # The build must be what the stages import (an editable install elsewhere
+  # takes precedence over PYTHONPATH), and a build without nvcc would pass every
+  # test on the references: insist on both.
   "$PYTHON" -P -c "
+import pathlib, sys, jaxops
 from jaxops._src import ffi_targets
+if pathlib.Path('$PREFIX').resolve() not in pathlib.Path(jaxops.__file__).resolve().parents:
+  sys.exit(f'{jaxops.__file__} is imported, not the build in $PREFIX: use a python without jaxops installed (--python)')
 assert ffi_targets.available('cuda'), 'jaxops built without its CUDA kernels (nvcc not found?)'
-print('jaxops', __import__('jaxops').__file__, 'with CUDA kernels')"
+print('jaxops', jaxops.__file__, 'with CUDA kernels')"
 }
 
 # -- tests ---------------------------------------------------------------------------------
