@@ -526,7 +526,9 @@ __device__ __forceinline__ void decode_block(const DecodeLaunch& L, const Rows& 
     }
     for (int offset = 1; offset < L.lanes_per_key; offset *= 2) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) s[r] += __shfl_xor_sync(kFullWarp, s[r], offset);
+      for (int r = 0; r < kRows; ++r) {
+        if (r < rows) s[r] += __shfl_xor_sync(kFullWarp, s[r], offset);
+      }
     }
     const int key = first_key + slot;
 #pragma unroll

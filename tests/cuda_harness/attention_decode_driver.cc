@@ -124,7 +124,6 @@ struct Problem {
       for (int64_t n = 0; n < s.N; ++n) {
         for (int64_t t = 0; t < s.T; ++t) {
           std::vector<double> logit(s.S, -INFINITY);
-          double mx = -INFINITY;
           for (int64_t j = 0; j < s.S; ++j) {
             if (!attends(b, t, j)) continue;
             double dot = 0.0;
@@ -133,21 +132,13 @@ struct Problem {
                      value_of(k.data[((b * s.S + j) * s.K + n / group) * s.H + h]);
             }
             logit[j] = dot * p.scale;
-            mx = std::max(mx, logit[j]);
           }
-          if (mx == -INFINITY) continue;  // no key: 0 and -inf
-          double sum = 0.0;
-          for (double& x : logit) sum += (x = x == -INFINITY ? 0.0 : std::exp(x - mx));
-          lse_r[(b * s.N + n) * s.T + t] = mx + std::log(sum);
-          for (int64_t h = 0; h < s.H; ++h) {
-            double o = 0.0;
-            for (int64_t j = 0; j < s.S; ++j) {
-              if (logit[j] != 0.0) {
-                o += logit[j] * value_of(v.data[((b * s.S + j) * s.K + n / group) * s.H + h]);
-              }
-            }
-            out_r[((b * s.T + t) * s.N + n) * s.H + h] = o / sum;
-          }
+          lse_r[(b * s.N + n) * s.T + t] = attend_row(
+              logit, s.H,
+              [&](int64_t j, int64_t h) {
+                return value_of(v.data[((b * s.S + j) * s.K + n / group) * s.H + h]);
+              },
+              &out_r[((b * s.T + t) * s.N + n) * s.H]);
         }
       }
     }

@@ -159,7 +159,6 @@ struct Problem {
         for (int64_t t = 0; t < q_len; ++t) {
           const int64_t position = kv_len - q_len + t;
           std::vector<double> logit(kv_len, -INFINITY);
-          double mx = -INFINITY;
           for (int64_t j = 0; j <= position; ++j) {
             if (p.window_left >= 0 && j < position - p.window_left) continue;
             double dot = 0.0;
@@ -170,19 +169,13 @@ struct Problem {
             double x = dot * p.scale;
             if (s.soft_cap) x = p.logits_soft_cap * std::tanh(x / p.logits_soft_cap);
             logit[j] = x;
-            mx = std::max(mx, x);
           }
-          if (mx == -INFINITY) continue;  // no key: 0 and -inf
-          double sum = 0.0;
-          for (double& x : logit) sum += (x = x == -INFINITY ? 0.0 : std::exp(x - mx));
-          lse_r[(b * s.N + n) * s.T + t] = mx + std::log(sum);
-          for (int64_t h = 0; h < s.H; ++h) {
-            double o = 0.0;
-            for (int64_t j = 0; j < kv_len; ++j) {
-              if (logit[j] != 0.0) o += logit[j] * page_value(value_pages, value_scales, b, j, n / group, h);
-            }
-            out_r[((b * s.T + t) * s.N + n) * s.H + h] = o / sum;
-          }
+          lse_r[(b * s.N + n) * s.T + t] = attend_row(
+              logit, s.H,
+              [&](int64_t j, int64_t h) {
+                return page_value(value_pages, value_scales, b, j, n / group, h);
+              },
+              &out_r[((b * s.T + t) * s.N + n) * s.H]);
         }
       }
     }
