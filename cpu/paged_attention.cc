@@ -107,17 +107,24 @@ struct PagedDecodeGroups {
   }
 };
 
-// Symmetric int8 quantization of one row (params/paged_attention.h's rule).
+// Symmetric int8 quantization of one row (params/paged_attention.h's rule),
+// bit for bit the reference's (jaxops.reference.quantize_int8_rows): a NaN in
+// the row makes max|x| and the scale NaN and the row zeros; an infinity makes
+// the scale inf, the finite elements 0 and the infinite ones inf / inf = NaN,
+// which converts to 0 as XLA converts NaN to an integer.
 template <typename Src>
 void quantize_row(const Src* src, int8_t* dst, float* scale, float* buffer, int64_t n) {
   load_row(src, buffer, n);
   float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(buffer[i]));
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(buffer[i]);
+    if (a > amax || std::isnan(a)) amax = a;  // a NaN max stays NaN
+  }
   const float sc = amax / 127.0f;
   *scale = sc;
   for (int64_t i = 0; i < n; ++i) {
-    const float q = sc == 0.0f ? 0.0f : std::nearbyint(buffer[i] / sc);
-    dst[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+    const float q = sc > 0.0f ? std::nearbyint(buffer[i] / sc) : 0.0f;
+    dst[i] = std::isnan(q) ? 0 : static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
   }
 }
 

@@ -482,14 +482,18 @@ def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, 
   Query row t < query_lens[b] sits at position kv_lens[b] - query_lens[b] + t
   and attends keys j <= position (and j >= position - local_window_size);
   logits are scale * q.k, then logits_soft_cap * tanh(logits / cap) when a cap
-  is given. Padding rows and rows without a key give 0 and -inf.
+  is given. Padding rows and rows without a key give 0 and -inf. A key that no
+  query row of its sequence attends (past kv_lens, before the first row's
+  window: a free or stale slot) is never read, values included: whatever it
+  holds (NaN, inf) reaches no result, as in the kernels.
   """
   B, T, N, H = query.shape
   keys = paged_gather(key_pages, block_tables, key_scales)
   values = paged_gather(value_pages, block_tables, value_scales)
   S, K = keys.shape[1], keys.shape[2]
   G = N // K
-  scale = 1.0 / math.sqrt(H) if scale is None else scale
+  if scale is None:
+    scale = 1.0 / math.sqrt(H) if H > 0 else 1.0  # an empty head vector's logits are 0
   dtype = compute_dtype(query.dtype)
   kv = jnp.clip(kv_lens.astype(jnp.int32), 0, S)
   rows = T if query_lens is None else query_lens.astype(jnp.int32)
@@ -507,6 +511,10 @@ def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, 
   if logits_soft_cap is not None:
     logits = logits_soft_cap * jnp.tanh(logits / logits_soft_cap)
   logits = jnp.where(allowed[:, None], logits, -jnp.inf)
+  # The masked probabilities are 0, and 0 * NaN is NaN: the values of the keys
+  # no row attends are zeroed, not only their scores.
+  read = jnp.any(allowed, axis=1)[:, :, None, None]
+  values = jnp.where(read, values, jnp.zeros((), values.dtype))
   row_max = jnp.max(logits, axis=-1, keepdims=True)
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   unnormalized = jnp.exp(logits - row_max)

@@ -117,6 +117,10 @@ inline const char* paged_attention_params_error(const PagedAttentionParams& p) {
 // pages each written row is quantized symmetrically per token and head:
 // scale = max|x| / 127 (0 for an all-zero row), q = round(x / scale) in
 // [-127, 127], and the scale is written to key_scales/value_scales[page, offset, k].
+// Non-finite rows get what jaxops.reference.quantize_int8_rows gives, bit for
+// bit: a NaN makes the scale NaN and the row zeros; an infinity (and no NaN)
+// makes the scale inf, the finite elements 0 and the infinite ones too (inf /
+// inf is NaN, which converts to 0 as XLA converts NaN to an integer).
 struct PagedKvUpdateParams {
   int64_t num_tokens = 0;    // rows of key/value and entries of slot_mapping
   int64_t num_kv_heads = 0;  // K

@@ -19,7 +19,7 @@ from support.lowering import DTYPES, T, check_binding, custom_calls
 OPERANDS = (T, T, T, "f32", "i1", "i32", "i32", "i32")
 # target -> (operand dtypes, result dtypes); the attributes come from the contract.
 BUFFERS = {
-    "jaxops_attention_fwd": (OPERANDS, (T, "f32")),
+    "jaxops_attention_fwd": (OPERANDS, (T, "f32", "ui8")),
     "jaxops_attention_bwd": ((*OPERANDS, T, "f32", T, "f32"), (T, T, T, "f32", "ui8")),
     "jaxops_attention_fwd_jvp": ((*OPERANDS, T, T, T, "f32"), (T, "f32", T, "f32")),
 }

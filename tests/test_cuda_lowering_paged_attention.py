@@ -109,10 +109,17 @@ def test_split_decode_lowers_with_the_planned_workspace():
   assert _lowered_workspace((batch, N, H), 16, 64, platform="cpu") == ((0,), "ui8")
 
 
-def test_unsplit_plans_lower_with_an_empty_workspace():
-  """Short capacities, and rows that take several tiles (prefill), are not split."""
-  assert _lowered_workspace((1, N, H), 16, 16) == ((0,), "ui8")         # 256 keys
-  assert _lowered_workspace((1, 9, N, H), 16, 64) == ((0,), "ui8")      # 18 rows > 16
+def test_short_capacities_lower_with_an_empty_workspace():
+  """256 keys or fewer are not split."""
+  assert _lowered_workspace((1, N, H), 16, 16) == ((0,), "ui8")
+
+
+def test_few_prefill_tiles_split_their_keys_too():
+  """A short chunk of 9 tokens: 18 rows per kv head take two tiles of 9 rows,
+  whose 1024 keys still split 4 ways (few blocks without splits)."""
+  row_tiles, splits, rows = 2, 4, 9
+  assert _lowered_workspace((1, 9, N, H), 16, 64) == (
+      (K * row_tiles * splits * rows * (H + 2) * 4,), "ui8")
 
 
 @pytest.mark.parametrize("dtype,page_dtype", PAIRS, ids=lambda d: str(d))

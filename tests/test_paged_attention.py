@@ -357,6 +357,72 @@ def test_update_then_attend_is_attention_over_the_new_tokens(backend):
   check_against_reference((query, kp2, vp2, tables, kv_lens, None))
 
 
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("row_dtype", [jnp.float32, jnp.bfloat16], ids=backends.param_id)
+def test_update_quantizes_non_finite_rows_as_the_reference(backend, row_dtype):
+  """int8 pages: a row holding NaN gets a NaN scale and zeros, one holding an
+  infinity the scale inf and zeros (inf / inf is NaN, converted to 0), as
+  jaxops.reference.quantize_int8_rows gives them: bit for bit, the finite
+  rows beside them too."""
+  _, kp, vp, _, _, scales = make_cache(16, batch=1, heads=2, kv_heads=2, head_dim=40,
+                                       page_size=4, max_pages=2, dtype=INT8)
+  rng = np.random.default_rng(17)
+  rows = [np.asarray(rng.standard_normal((4, 2, 40)), np.float32) for _ in range(2)]
+  rows[0][0, 0, 3] = np.nan                        # NaN
+  rows[0][1, 1, 39] = np.inf                       # +inf
+  rows[1][2, 0, 0], rows[1][2, 0, 7] = -np.inf, np.nan   # both
+  rows[1][3, 1, :] = -np.inf                       # all -inf
+  rows = [jnp.asarray(r).astype(row_dtype) for r in rows]
+  slots = jnp.array([0, 3, 5, 6], jnp.int32)
+  out = jaxops.paged_kv_update(kp, vp, *rows, slots, **_scale_kwargs(scales), **FFI)
+  with jax.default_device(jax.devices("cpu")[0]):
+    expected = reference.paged_kv_update(kp, vp, *rows, slots, *scales)
+  for a, e in zip(out, expected):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
+  key_scales = np.asarray(out[2]).reshape(-1, 2)
+  assert np.isnan(key_scales[0, 0]) and np.isinf(key_scales[3, 1])
+  key_rows = np.asarray(out[0]).reshape(-1, 2, 40)
+  assert not key_rows[0, 0].any() and not key_rows[3, 1].any() and key_rows[0, 1].any()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=backends.param_id)
+def test_reference_never_reads_slots_no_row_attends(dtype):
+  """implementation="xla" (and every float64 call, which takes the reference):
+  NaN and inf in the value and key slots past kv_lens and before the window
+  leave the results those of zeroed slots, as the kernels' do."""
+  with jax.enable_x64(dtype == jnp.float64):
+    query, kp, vp, tables, kv_lens, _ = make_cache(18, batch=2, heads=4, kv_heads=2, head_dim=8,
+                                                   page_size=4, max_pages=3, dtype=jnp.float32,
+                                                   kv_lens=[5, 9])
+    query, kp, vp = (x.astype(dtype) for x in (query, kp, vp))
+    free = ~_attended_slots(tables, kv_lens, None, 1, kp.shape[0], 4, 2)
+    attend = lambda kp, vp: jaxops.paged_attention(query, kp, vp, tables, kv_lens,
+                                                   local_window_size=2, return_residual=True,
+                                                   implementation="xla")
+    fill = lambda x, value: jnp.where(jnp.asarray(free)[..., None, None], value, x)
+    clean = attend(fill(kp, 0), fill(vp, 0))
+    for value in (np.nan, np.inf, -np.inf):
+      for got, want in zip(attend(fill(kp, value), fill(vp, value)), clean):
+        assert np.isfinite(np.asarray(got)).all()
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.backends(*BACKENDS)
+def test_empty_head_dim_with_the_default_scale(backend):
+  """head_dim 0: the logits are 0 at any scale, so the default scale is 1
+  there; the output is empty and the log-sum-exp log(attended keys)."""
+  query, kp, vp, tables, kv_lens, _ = make_cache(19, batch=2, heads=4, kv_heads=2, head_dim=0,
+                                                 page_size=4, max_pages=2, dtype=jnp.float32,
+                                                 kv_lens=[3, 8])
+  out, lse = jaxops.paged_attention(query, kp, vp, tables, kv_lens, local_window_size=5,
+                                    return_residual=True, **FFI)
+  assert out.shape == (2, 4, 0)
+  np.testing.assert_allclose(lse, np.log([[3.0] * 4, [6.0] * 4]), rtol=1e-6)
+  expected = reference.paged_attention(query, kp, vp, tables, kv_lens, local_window_size=5,
+                                       return_residual=True)
+  np.testing.assert_allclose(lse, expected[1], rtol=1e-6)
+
+
 def test_update_writes_the_donated_cache_in_place():
   _, kp, vp, _, _, scales = make_cache(11, batch=2, heads=2, kv_heads=2, head_dim=16,
                                        page_size=16, max_pages=8, dtype=INT8)

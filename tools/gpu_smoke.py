@@ -204,6 +204,17 @@ def attention(c: Checker):
               lambda i, *a, f=f: _vjp(lambda *a: f(i, *a), *a), q, k, v)
 
 
+def attention_decode(c: Checker):
+  # One query token against a long cache: the split-K decode kernels and their merge.
+  batch, seq, heads, kv_heads, dim = c.pick((3, 300, 8, 2, 64), (32, 8192, 32, 8, 128))
+  for dtype in (jnp.float32, jnp.bfloat16):
+    q = c.normal((batch, 1, heads, dim), dtype)
+    k, v = c.normal((batch, seq, kv_heads, dim), dtype), c.normal((batch, seq, kv_heads, dim), dtype)
+    f = lambda impl, q, k, v: jaxops.attention(q, k, v, is_causal=True, query_offset=seq - 1,
+                                               implementation=impl)
+    c.check(f"attention decode {jnp.dtype(dtype).name}", f, q, k, v)
+
+
 def attention_jvp(c: Checker):
   for dtype in (jnp.float32, jnp.bfloat16):
     q, k, v = _attention_inputs(c, dtype)
@@ -280,8 +291,8 @@ def sparse(c: Checker):
 
 
 FAMILIES = {f.__name__: f for f in (
-    activations, adamw, attention, attention_jvp, cross_entropy, embedding, norms,
-    paged_attention, patch_embed, rope, routing, sampling, softmax, sparse)}
+    activations, adamw, attention, attention_decode, attention_jvp, cross_entropy, embedding,
+    norms, paged_attention, patch_embed, rope, routing, sampling, softmax, sparse)}
 
 
 def kernel_files() -> list[str]:

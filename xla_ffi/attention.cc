@@ -64,13 +64,17 @@ ffi::Error run_attention(const std::string& op, const ffi::AnyBuffer& q, const f
 ffi::Error AttentionFwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                         ffi::AnyBuffer mask, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
                         ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
-                        ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
-                        int64_t window_left, int64_t window_right, bool allow_tf32) {
+                        ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
+                        float scale, bool is_causal, int64_t window_left, int64_t window_right,
+                        bool allow_tf32) {
   return run_attention(
       kAttentionFwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
       is_causal, window_left, window_right, allow_tf32,
       [&](const std::string& op, const AttentionParams& s) {
-        return check_fwd(op, q, *out, *lse, s);
+        JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, s));
+        // The workspace is CUDA's decode split-K scratch: [0] here, checked and unused.
+        return check_fwd_workspace(op, *workspace,
+                                   fwd_workspace_bytes(s, contract::Platform::kCpu));
       },
       [](auto tag, const AttentionParams& p) {
         return cpu::attention_fwd_workspace_bytes<decltype(tag)>(p);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "params/attention.h"
+#include "params/attention_decode.h"
 #include "xla_ffi/contract.h"
 #include "xla_ffi/ffi_common.h"
 #include "xla_ffi/matmul_precision.h"
@@ -56,8 +57,35 @@ inline contract::Workspace bwd_workspace(const contract::WorkspaceQuery& call) {
   return {{bwd_workspace_bytes(p, call.platform)}, "uint8"};
 }
 
-inline constexpr auto kAttentionFwd = contract::target(
-    "jaxops_attention_fwd", kScale, kIsCausal, kWindowLeft, kWindowRight, kAllowTf32);
+// The forward's workspace: on CUDA the float32 partial states of the decode
+// kernels' split-K (params/attention_decode.h) when the call has few query
+// rows per kv head and the plan splits its keys; otherwise, and on the CPU
+// (whose decode splits within its own scratch), empty.
+inline int64_t fwd_workspace_bytes(const AttentionParams& p, contract::Platform platform) {
+  if (platform == contract::Platform::kCpu) return 0;
+  return params::attention_fwd_workspace_bytes(p.batch, p.q_len, p.kv_len, p.num_heads,
+                                               p.num_kv_heads, p.head_dim, p.bias != nullptr,
+                                               p.mask != nullptr);
+}
+
+// The workspace for q [B, T, N, H], k [B, S, K, H], bias and mask (operands
+// 0, 1, 3 and 4; an absent bias or mask is [0]), in bytes.
+inline contract::Workspace fwd_workspace(const contract::WorkspaceQuery& call) {
+  const auto& q = call.operand(0);
+  const auto& k = call.operand(1);
+  const auto present = [](const std::vector<int64_t>& shape) {
+    return !(shape.size() == 1 && shape[0] == 0);
+  };
+  if (call.platform == contract::Platform::kCpu) return {{0}, "uint8"};
+  return {{params::attention_fwd_workspace_bytes(q.at(0), q.at(1), k.at(1), q.at(2), k.at(2),
+                                                 q.at(3), present(call.operand(3)),
+                                                 present(call.operand(4)))},
+          "uint8"};
+}
+
+inline constexpr auto kAttentionFwd = contract::target_with_workspace(
+    "jaxops_attention_fwd", fwd_workspace, kScale, kIsCausal, kWindowLeft, kWindowRight,
+    kAllowTf32);
 inline constexpr auto kAttentionBwd = contract::target_with_workspace(
     "jaxops_attention_bwd", bwd_workspace, kScale, kIsCausal, kWindowLeft, kWindowRight,
     kWithDbias, kAllowTf32);
@@ -183,6 +211,18 @@ inline ffi::Error check_fwd(const std::string& op, const ffi::AnyBuffer& q,
   return check_stats(op, "logsumexp", lse, s, false);
 }
 
+// The forward's hidden workspace result: uint8 [bytes], the platform's
+// fwd_workspace_bytes (which the Python side reads from the contract).
+inline ffi::Error check_fwd_workspace(const std::string& op, const ffi::AnyBuffer& workspace,
+                                      int64_t bytes) {
+  auto wd = workspace.dimensions();
+  if (workspace.element_type() != ffi::DataType::U8 || wd.size() != 1 || wd[0] != bytes) {
+    return invalid(op, "workspace must be uint8 of shape [" + str(bytes) + "], got " +
+                           dims_string(wd));
+  }
+  return ffi::Error::Success();
+}
+
 // The backward's buffers; `workspace_bytes` is the platform's size of the
 // hidden workspace result (bwd_workspace_bytes, which the Python side reads).
 inline ffi::Error check_bwd(const std::string& op, const ffi::AnyBuffer& q,
@@ -267,7 +307,8 @@ template <typename Binding>
 auto bind_attention_fwd(Binding prefix) {
   return bind_attention_operands(std::move(prefix))
       .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
-      .template Ret<ffi::AnyBuffer>();  // logsumexp f32 [B, N, T]
+      .template Ret<ffi::AnyBuffer>()   // logsumexp f32 [B, N, T]
+      .template Ret<ffi::AnyBuffer>();  // workspace (u8; [0] on the CPU and unsplit)
 }
 
 template <typename Binding>

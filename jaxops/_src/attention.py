@@ -329,8 +329,10 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       None follows ``jax.default_matmul_precision``. As XLA's GPU dots, the
       CUDA kernels (forward, backward and JVP) may use TF32 tensor cores at the
       default and ``"high"`` precisions and compute in full float32 at
-      ``"highest"``/``"float32"``; the CPU kernel is full float32 at every
-      setting (docs/precision.md).
+      ``"highest"``/``"float32"``; the CPU kernel, and the CUDA forward of
+      decoding (few query rows per kv head, no bias or mask: the split-K
+      decode kernels, bound by memory), are full float32 at every setting
+      (docs/precision.md).
     implementation: None (the fused kernel where one exists, else the jnp
       reference), "ffi" (the kernel, or an error) or "xla" (the reference).
 

@@ -287,7 +287,8 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
       own included.
     query_lens: integer [batch], the query rows of each sequence (with a rank-4
       query; default T for every sequence).
-    scale: the logits' scale (default ``1 / sqrt(head_dim)``).
+    scale: the logits' scale (default ``1 / sqrt(head_dim)``; 1 for a head_dim
+      of 0, whose logits are all 0).
     logits_soft_cap: optional cap > 0.
     local_window_size: optional int >= 0, the left window.
     return_residual: also return the log-sum-exp [batch, num_heads] (decode)
@@ -336,7 +337,11 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
       raise validation.value_error(op, "query_lens", "be None for a rank-3 (decode) query",
                                    "an array")
     query_lens = _int32_vector(op, "query_lens", query_lens, B)
-  scale = (1.0 / math.sqrt(H) if scale is None else validation.static_float(op, "scale", scale))
+  if scale is None:
+    # An empty head vector's logits are 0 at any scale: 1 stands in for 1 / sqrt(0).
+    scale = 1.0 / math.sqrt(H) if H > 0 else 1.0
+  else:
+    scale = validation.static_float(op, "scale", scale)
   if logits_soft_cap is not None:
     logits_soft_cap = validation.static_float(op, "logits_soft_cap", logits_soft_cap, low=0,
                                               low_open=True)

@@ -5,8 +5,10 @@
 // Each driver includes this once, into its own translation unit.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -72,6 +74,28 @@ void compare_with_reference(const std::string& what, const V* actual,
       return;
     }
   }
+}
+
+// One query row's attention from its logits (-inf where a key is not
+// attended), in double: out[h] = sum_j softmax(logit)_j * value(j, h) over the
+// attended keys (the others are never read), and the natural-log logsumexp,
+// returned; a row that attends no key keeps its zeros and gives -inf. Turns
+// `logit` into the probabilities.
+template <typename Value>
+double attend_row(std::vector<double>& logit, int64_t head_dim, Value value, double* out) {
+  double mx = -INFINITY;
+  for (double x : logit) mx = std::max(mx, x);
+  if (mx == -INFINITY) return -INFINITY;
+  double sum = 0.0;
+  for (double& x : logit) sum += (x = x == -INFINITY ? 0.0 : std::exp(x - mx));
+  for (int64_t h = 0; h < head_dim; ++h) {
+    double o = 0.0;
+    for (size_t j = 0; j < logit.size(); ++j) {
+      if (logit[j] != 0.0) o += logit[j] * value(static_cast<int64_t>(j), h);
+    }
+    out[h] = o / sum;
+  }
+  return mx + std::log(sum);
 }
 
 // A driver's main: parses each command-line argument into a Shape and runs

@@ -11,7 +11,9 @@
 //     capacity, the capacity and beyond it (clamped), and for T > 1 query_lens
 //     of T, 1, beyond T and beyond kv_len (clamped); GQA; rows that see no key;
 //   - paged_kv_update with padding slots (-1, past the last slot), a slot
-//     named twice (the later token lands), a copy for float pages, the int8 quantization rule bit for bit (scales included),
+//     named twice (the later token lands), a copy for float pages, the int8
+//     quantization rule bit for bit (scales included, rows with NaN and
+//     infinities as the reference quantizes them),
 //     every other slot untouched;
 //   - params the launchers reject (head dim above the limit, int8 pages
 //     without scales) return cudaErrorInvalidValue without launching.
@@ -157,7 +159,6 @@ struct Problem {
         for (int64_t t = 0; t < q_len; ++t) {
           const int64_t position = kv_len - q_len + t;
           std::vector<double> logit(kv_len, -INFINITY);
-          double mx = -INFINITY;
           for (int64_t j = 0; j <= position; ++j) {
             if (p.window_left >= 0 && j < position - p.window_left) continue;
             double dot = 0.0;
@@ -168,19 +169,13 @@ struct Problem {
             double x = dot * p.scale;
             if (s.soft_cap) x = p.logits_soft_cap * std::tanh(x / p.logits_soft_cap);
             logit[j] = x;
-            mx = std::max(mx, x);
           }
-          if (mx == -INFINITY) continue;  // no key: 0 and -inf
-          double sum = 0.0;
-          for (double& x : logit) sum += (x = x == -INFINITY ? 0.0 : std::exp(x - mx));
-          lse_r[(b * s.N + n) * s.T + t] = mx + std::log(sum);
-          for (int64_t h = 0; h < s.H; ++h) {
-            double o = 0.0;
-            for (int64_t j = 0; j < kv_len; ++j) {
-              if (logit[j] != 0.0) o += logit[j] * page_value(value_pages, value_scales, b, j, n / group, h);
-            }
-            out_r[((b * s.T + t) * s.N + n) * s.H + h] = o / sum;
-          }
+          lse_r[(b * s.N + n) * s.T + t] = attend_row(
+              logit, s.H,
+              [&](int64_t j, int64_t h) {
+                return page_value(value_pages, value_scales, b, j, n / group, h);
+              },
+              &out_r[((b * s.T + t) * s.N + n) * s.H]);
         }
       }
     }
@@ -231,8 +226,8 @@ void run_attention(const Shape& s, const Cache& cache, std::mt19937& rng) {
   problem.run("3 splits, no logsumexp", &three, true, false);
 }
 
-// paged_kv_update of 2 * B + 3 tokens, three of them padding, into a copy of
-// the problem's pages.
+// paged_kv_update of 2 * B + 5 tokens, three of them padding, two with NaN and
+// infinities in their rows, into a copy of the problem's pages.
 template <typename In, typename KV>
 void run_update(const Shape& s, const Cache& cache, std::mt19937& rng) {
   constexpr bool kQuantized = std::is_same<KV, int8_t>::value;
@@ -240,7 +235,7 @@ void run_update(const Shape& s, const Cache& cache, std::mt19937& rng) {
                            page_type_name<KV>() + " " + std::to_string(s.K) + "x" +
                            std::to_string(s.H) + "x" + std::to_string(s.page_size);
   params::PagedKvUpdateParams p;
-  p.num_tokens = 2 * s.B + 3;
+  p.num_tokens = 2 * s.B + 5;
   p.num_kv_heads = s.K;
   p.head_dim = s.H;
   p.num_pages = cache.num_pages;
@@ -250,6 +245,14 @@ void run_update(const Shape& s, const Cache& cache, std::mt19937& rng) {
   fill(key, rng);
   fill(value, rng);
   for (int64_t h = 0; h < s.H; ++h) key.data[3 * row + h] = In(0.0f);  // all zero: scale 0
+  // Non-finite rows (int8 pages: a NaN scale and zeros; an inf scale and zeros).
+  const int64_t special = p.num_tokens - 3;
+  key.data[special * row + s.H - 1] = In(NAN);
+  value.data[special * row] = In(INFINITY);
+  value.data[special * row + s.H - 1] = In(-INFINITY);
+  key.data[(special + 1) * row + (s.K - 1) * s.H] = In(-INFINITY);
+  value.data[(special + 1) * row + (s.K - 1) * s.H] = In(NAN);
+  value.data[(special + 1) * row + s.K * s.H - 1] = In(INFINITY);
   Buffer<int32_t> slot_mapping(p.num_tokens);
   std::vector<int32_t> order(slots);
   for (int64_t i = 0; i < slots; ++i) order[i] = static_cast<int32_t>(i);
@@ -273,12 +276,17 @@ void run_update(const Shape& s, const Cache& cache, std::mt19937& rng) {
   std::vector<float> value_scales_expected = key_scales_expected;
   auto write = [&](const In* src, KV* dst, float* scale) {
     if constexpr (kQuantized) {
+      // jaxops.reference.quantize_int8_rows: NaN propagates into max|x|; a NaN
+      // quotient (inf / inf) converts to 0.
       float amax = 0.0f;
-      for (int64_t h = 0; h < s.H; ++h) amax = std::max(amax, std::fabs(static_cast<float>(src[h])));
+      for (int64_t h = 0; h < s.H; ++h) {
+        const float a = std::fabs(static_cast<float>(src[h]));
+        if (a > amax || std::isnan(a)) amax = a;
+      }
       *scale = amax / 127.0f;
       for (int64_t h = 0; h < s.H; ++h) {
-        const float q = *scale == 0.0f ? 0.0f : std::nearbyint(static_cast<float>(src[h]) / *scale);
-        dst[h] = static_cast<int8_t>(std::min(std::max(q, -127.0f), 127.0f));
+        const float q = *scale > 0.0f ? std::nearbyint(static_cast<float>(src[h]) / *scale) : 0.0f;
+        dst[h] = std::isnan(q) ? 0 : static_cast<int8_t>(std::min(std::max(q, -127.0f), 127.0f));
       }
     } else {
       (void)scale;

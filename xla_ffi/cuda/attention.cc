@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/attention.h"
+#include "cuda/attention_decode.h"
 #include "xla_ffi/attention_common.h"
 #include "xla_ffi/cuda/cuda_binding.h"
 #include "xla_ffi/cuda/cuda_dispatch.h"
@@ -45,16 +46,29 @@ ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
                         ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
                         ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
-                        ffi::Result<ffi::AnyBuffer> lse, float scale, bool is_causal,
-                        int64_t window_left, int64_t window_right, bool allow_tf32) {
+                        ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
+                        float scale, bool is_causal, int64_t window_left, int64_t window_right,
+                        bool allow_tf32) {
   const std::string op = kAttentionFwd.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
                                        query_offset, scale, is_causal, window_left, window_right,
                                        allow_tf32, &p));
   JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, p));
+  JAXOPS_RETURN_IF_ERROR(
+      check_fwd_workspace(op, *workspace, fwd_workspace_bytes(p, contract::Platform::kCuda)));
+  // Few query rows per kv head (decoding): the split-K decode kernels, whose
+  // partial states the contract sized the workspace for.
+  const bool decode = params::attention_decode_applies(
+      p.q_len, p.num_heads, p.num_kv_heads, p.head_dim, p.bias != nullptr, p.mask != nullptr);
   return dispatch(op, q.element_type(), [&](auto tag) {
     using T = decltype(tag);
+    if (decode) {
+      return launch_status(op, cuda::attention_decode_fwd<T>(
+                                   stream, p, data<const T>(q), data<const T>(k),
+                                   data<const T>(v), data<T>(*out), data<float>(*lse),
+                                   data_or_null<void>(*workspace)));
+    }
     return launch_status(op, cuda::attention_fwd<T>(stream, p, data<const T>(q),
                                                     data<const T>(k), data<const T>(v),
                                                     data<T>(*out), data<float>(*lse)));

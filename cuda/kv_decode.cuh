@@ -1,0 +1,818 @@
+// The CUDA decode kernels: attention of a few query rows per kv head (T new
+// tokens x the G query heads of a GQA group) against a KV cache, bound by
+// reading each key and value row once (FlashDecoding). Shared by
+// jaxops.attention's decode path (cuda/attention_decode.cu, a dense
+// [B, S, K, H] cache) and jaxops.paged_attention (cuda/paged_attention.cu,
+// pages through block tables), which differ only in where key j's rows live:
+// the kernel is templated on a *row source* that says so, as the CPU's decode
+// core (cpu/kv_decode.h) is.
+//
+// Each family defines its own __global__ kernels around decode_block and
+// decode_merge_row (so that a profile names the op) and launches them with
+// launch_decode.
+//
+// Work (params/decode_plan.h): a block of four warps owns one group
+// (sequence, kv head), a tile of its T * G rows and one split of its keys;
+// with several splits the partial states go to the workspace and
+// decode_merge_kernel combines them by their log-sum-exp. Inside a block each
+// warp walks its own keys (steps w, w + 4, ... of 32 / lanes_per_key keys)
+// with its own online-softmax state, merged with the other warps' at the end:
+// no block barrier in the loop.
+//
+// A warp step, with the next step's rows already in registers:
+//   - key and value rows are read with 16-byte loads (__ldg: ld.global.nc.v4;
+//     element loads when a row is not a whole number of 16-byte units),
+//     lanes_per_key lanes per row, at most kMaxUnitsPerLane units of each per
+//     lane: up to 8 KiB of K and V in flight per warp, issued one step ahead;
+//   - the value rows go to the warp's shared memory as they are (converted
+//     when read), the key rows stay in registers: each lane takes the dot
+//     products of its units with every row's float32 query (shared memory,
+//     broadcast), a butterfly over the row's lanes completes them;
+//   - masking (each row's key interval), scale, soft cap, then the online
+//     softmax in log2 units (exp2f), a warp max per row; the probabilities go
+//     to shared memory;
+//   - O += P V with the lanes along the head dim (kOut elements each), every
+//     probability a broadcast read.
+// int8 rows are converted exactly (the exponent trick: no I2F) and scaled per
+// row: the key scale multiplies the dot product, the value scale the value.
+//
+// Arithmetic is float32 at every precision (the allow_tf32 policy allows
+// TF32 but decoding is bound by memory). NaN and infinities: a NaN or +inf
+// logit makes its row NaN, as the reference; a key outside every row's
+// interval is never read; a key inside some row's interval reaches the others
+// with probability 0 (0 * NaN is NaN, as in the reference's product).
+//
+// The row source concept (a small struct passed by value to the kernel):
+//
+//   struct MyRows {
+//     using Element = float | __half | __nv_bfloat16 | int8_t;
+//     static constexpr bool kScaled;   // int8 rows with per-row scales
+//     const Element* key;              // row i's elements at key + i * head_dim
+//     const Element* value;
+//     const float* key_scales;         // [rows] when kScaled
+//     const float* value_scales;
+//     // Sequence b's query rows, valid lengths and position of query row 0.
+//     __device__ SequenceMask sequence(int b) const;
+//     // The row holding key j (< capacity) of kv head kh of sequence b.
+//     __device__ int64_t row(int b, int kh, int j) const;
+//   };
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <math_constants.h>
+
+#include "cuda/float_convert.cuh"
+#include "cuda/launch.cuh"
+#include "params/decode_plan.h"
+
+namespace jaxops::cuda::kv_decode {
+
+using params::DecodePlan;
+
+constexpr int kWarpSize = 32;
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+// Resident blocks per SM the decode kernels are compiled for (registers
+// capped at 65536 / (3 * 128) = 170 per thread).
+constexpr int kMinBlocksPerSm = 3;
+constexpr unsigned kFullWarp = 0xffffffffu;
+// 16-byte units of a key (and of a value) row a lane holds per step.
+constexpr int kMaxUnitsPerLane = 8;
+// A lane's share of a head vector in O += P V (head dims up to 256).
+constexpr int kMaxOut = 8;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+// A grid's x extent (and so every index the kernels keep in 32 bits).
+constexpr int64_t kMaxBlocks = int64_t{1} << 31;
+
+// What a call computes, filled on the host.
+struct DecodeShape {
+  int batch = 0;         // B
+  int q_len = 0;         // T
+  int num_heads = 0;     // N
+  int num_kv_heads = 0;  // K
+  int head_dim = 0;      // H
+  int capacity = 0;      // keys a sequence can hold (S, or pages x page size)
+  float scale = 1.0f;    // logits = scale * q.k
+  float soft_cap = 0.0f; // > 0: logits = cap * tanh(logits / cap)
+  bool causal = false;
+  int64_t window_left = -1;   // -1: unbounded
+  int64_t window_right = -1;  // -1: unbounded
+};
+
+// Query row t < q_valid of a sequence sits at position offset + t; it attends
+// keys j < kv_valid with j <= position (causal), j >= position - window_left
+// and j <= position + window_right (where given). Rows t >= q_valid attend none.
+struct SequenceMask {
+  int64_t offset;
+  int q_valid;
+  int kv_valid;
+};
+
+// How one launch lays the work out (host-computed, constant for the grid).
+struct DecodeLaunch {
+  DecodeShape shape;
+  int rows_per_tile, row_tiles, splits, keys_per_split;
+  int lanes_per_key;   // a power of two: lanes reading one key row
+  int units_per_lane;  // <= kMaxUnitsPerLane
+  int units_per_row;
+  int q_stride;        // floats per query row in shared memory (a multiple of 4)
+  int row_stride;      // bytes per key or value row in shared memory (a multiple of 16)
+  int rows_pad;        // rows_per_tile rounded up to 4
+};
+
+// The dynamic shared memory of a block: offsets in bytes. Each warp has two
+// stages of key and value rows (and their scales) that cp.async fills, the
+// step's probabilities and rescaling factors. The merge of the warps' states
+// overlays the warps' buffers once the loop is done.
+struct DecodeSharedLayout {
+  size_t q, lo, hi, warps, warp_bytes, stage_bytes, keys, values, key_scales, value_scales, p,
+      alpha, merge, bytes;
+  __host__ __device__ explicit DecodeSharedLayout(const DecodeLaunch& L) {
+    const auto align16 = [](size_t n) { return (n + 15) / 16 * 16; };
+    const size_t step = static_cast<size_t>(kWarpSize / L.lanes_per_key);
+    q = 0;
+    lo = align16(q + sizeof(float) * L.rows_per_tile * L.q_stride);
+    hi = lo + align16(sizeof(int) * L.rows_per_tile);
+    warps = hi + align16(sizeof(int) * L.rows_per_tile);
+    // Within a stage.
+    keys = 0;
+    values = keys + step * L.row_stride;
+    key_scales = values + step * L.row_stride;
+    value_scales = key_scales + align16(sizeof(float) * step);
+    stage_bytes = value_scales + align16(sizeof(float) * step);
+    // Within a warp's buffers, after its two stages.
+    p = 2 * stage_bytes;
+    alpha = p + align16(sizeof(float) * step * L.rows_pad);
+    warp_bytes = alpha + align16(sizeof(float) * L.rows_pad);
+    merge = warps;
+    // Per warp and row: the output, max and sum; per row: the warps' weights,
+    // the max and the sum.
+    const size_t merge_bytes =
+        sizeof(float) * L.rows_per_tile * (kWarps * (L.shape.head_dim + 2) + kWarps + 2);
+    const size_t loop_bytes = kWarps * warp_bytes;
+    bytes = warps + (loop_bytes > merge_bytes ? loop_bytes : merge_bytes);
+  }
+};
+
+// -- asynchronous copies ------------------------------------------------------------
+
+// Global to shared memory without registers (cp.async, sm_80+): `bytes` of 4,
+// 8 or 16 (16: .cg, cached in L2 only, as a stream read once wants). The CPU
+// harness copies at once, which the protocol below tolerates: a copy is
+// waited for (copy_async_wait) and the warp synchronised before its data is
+// read, and a buffer is refilled only after a __syncwarp that follows its last
+// read. Only the asynchrony itself is not exercised there.
+template <int kBytes>
+__device__ __forceinline__ void copy_async(void* shared_dst, const void* global_src) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+#ifndef JAXOPS_CUDA_HARNESS
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(global_src),
+                 "n"(kBytes)
+                 : "memory");
+  }
+#else
+  std::memcpy(shared_dst, global_src, kBytes);
+#endif
+}
+
+// Closes the group of this thread's copies issued since the last commit.
+__device__ __forceinline__ void copy_async_commit() {
+#ifndef JAXOPS_CUDA_HARNESS
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most kPending of this thread's committed groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+#ifndef JAXOPS_CUDA_HARNESS
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// -- conversions --------------------------------------------------------------------
+
+// The elements of one 32-bit word as float32 (int8 without its row's scale).
+template <typename Element>
+struct Word;
+template <>
+struct Word<float> {
+  static constexpr int kElements = 1;
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
+};
+template <>
+struct Word<__nv_bfloat16> {
+  static constexpr int kElements = 2;
+  // A bfloat16 is the high half of the float32 with its bits.
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+  }
+};
+template <>
+struct Word<__half> {
+  static constexpr int kElements = 2;
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
+    f[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+    f[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+  }
+};
+template <>
+struct Word<int8_t> {
+  static constexpr int kElements = 4;
+  // Byte x + 128 in the mantissa of 2^23 is the float 2^23 + 128 + x, exactly:
+  // one integer op and one add per element instead of a quarter-rate I2F.
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
+    const uint32_t biased = w ^ 0x80808080u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      f[k] = __uint_as_float(((biased >> (8 * k)) & 0xffu) | 0x4b000000u) - 8388736.0f;
+    }
+  }
+};
+
+__device__ __forceinline__ float element_to_float(float v) { return v; }
+__device__ __forceinline__ float element_to_float(__half v) { return to_float(v); }
+__device__ __forceinline__ float element_to_float(__nv_bfloat16 v) { return to_float(v); }
+__device__ __forceinline__ float element_to_float(int8_t v) { return static_cast<float>(v); }
+
+template <typename T>
+__device__ __forceinline__ T zero_element() {
+  return from_float<T>(0.0f);
+}
+template <>
+__device__ __forceinline__ int8_t zero_element<int8_t>() {
+  return 0;
+}
+
+// A unit of a row: 16 bytes (uint4) or one element.
+template <typename Element, typename Unit>
+struct Units {
+  static constexpr int kElements = 1;
+  __device__ __forceinline__ static void unpack(const Unit& u, float* f) {
+    f[0] = element_to_float(u);
+  }
+  __device__ __forceinline__ static Unit zero() { return zero_element<Element>(); }
+};
+template <typename Element>
+struct Units<Element, uint4> {
+  static constexpr int kElements = 4 * Word<Element>::kElements;
+  __device__ __forceinline__ static void unpack(const uint4& u, float* f) {
+    constexpr int e = Word<Element>::kElements;
+    Word<Element>::unpack(u.x, f);
+    Word<Element>::unpack(u.y, f + e);
+    Word<Element>::unpack(u.z, f + 2 * e);
+    Word<Element>::unpack(u.w, f + 3 * e);
+  }
+  __device__ __forceinline__ static uint4 zero() { return make_uint4(0u, 0u, 0u, 0u); }
+};
+
+// Elements [h0, h0 + kOut) of a value row in shared memory as float32, zero
+// past head_dim. A whole lane share is one aligned vector read (the row is
+// 16-byte aligned and h0 a multiple of kOut).
+template <typename Element, int kOut>
+__device__ __forceinline__ void load_value_share(const unsigned char* row, int h0, int head_dim,
+                                                 float (&f)[kOut]) {
+  constexpr int kBytes = kOut * static_cast<int>(sizeof(Element));
+  const unsigned char* at = row + static_cast<size_t>(h0) * sizeof(Element);
+  if (h0 + kOut <= head_dim) {
+    constexpr int e = Word<Element>::kElements;
+    if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+      for (int c = 0; c < kBytes / 16; ++c) {
+        const uint4 u = reinterpret_cast<const uint4*>(at)[c];
+        Units<Element, uint4>::unpack(u, f + c * 4 * e);
+      }
+    } else if constexpr (kBytes == 8) {
+      const uint2 u = *reinterpret_cast<const uint2*>(at);
+      Word<Element>::unpack(u.x, f);
+      Word<Element>::unpack(u.y, f + e);
+    } else {
+      static_assert(kBytes == 4, "a lane's share is 4, 8 or a multiple of 16 bytes");
+      Word<Element>::unpack(*reinterpret_cast<const uint32_t*>(at), f);
+    }
+    return;
+  }
+  const Element* elements = reinterpret_cast<const Element*>(at);
+#pragma unroll
+  for (int e = 0; e < kOut; ++e) {
+    f[e] = h0 + e < head_dim ? element_to_float(elements[e]) : 0.0f;
+  }
+}
+
+// -- masking ------------------------------------------------------------------------
+
+// The keys [lo, hi) query row t attends ([0, 0) when none).
+__device__ __forceinline__ void row_keys(const DecodeShape& d, const SequenceMask& m, int t,
+                                         int* lo, int* hi) {
+  *lo = *hi = 0;
+  if (t >= m.q_valid) return;
+  const int64_t position = m.offset + t;
+  int64_t first = 0, end = m.kv_valid;
+  if (d.window_left >= 0 && position - d.window_left > first) first = position - d.window_left;
+  if (d.causal && position + 1 < end) end = position + 1;
+  if (d.window_right >= 0 && position + d.window_right + 1 < end) {
+    end = position + d.window_right + 1;
+  }
+  if (first >= end) return;
+  *lo = static_cast<int>(first);
+  *hi = static_cast<int>(end);
+}
+
+// The logit of a dot product in log2 units (scaled, soft-capped).
+__device__ __forceinline__ float log2_logit(const DecodeShape& d, float dot) {
+  const float x = dot * d.scale;
+  return (d.soft_cap > 0.0f ? d.soft_cap * tanhf(x / d.soft_cap) : x) * kLog2e;
+}
+
+// A weight exp2(m - max) of a partial state with max `m` among states whose
+// largest max is `max`: 1 at m == max (also when both are -inf), so that a
+// state without keys adds nothing and one with NaN sums carries them.
+__device__ __forceinline__ float state_weight(float m, float max) {
+  return m == max ? 1.0f : exp2f(m - max);
+}
+
+// -- the kernels --------------------------------------------------------------------
+
+// The body of a decode kernel (a family's __global__ wrapper calls it, so the
+// kernel carries the op's name): one block of kThreads threads, whose group
+// (b, kv head), row tile and key split come from blockIdx.x.
+template <typename Rows, typename Q, typename Unit, int kOut, int kRows>
+__device__ __forceinline__ void decode_block(const DecodeLaunch& L, const Rows& rows_of,
+                                             const Q* query, Q* out, float* logsumexp,
+                                             float* partial) {
+  using Element = typename Rows::Element;
+  using U = Units<Element, Unit>;
+  constexpr int kUnitElements = U::kElements;
+  const DecodeShape& d = L.shape;
+  int block = static_cast<int>(blockIdx.x);
+  const int split = block % L.splits;
+  block /= L.splits;
+  const int tile = block % L.row_tiles;
+  block /= L.row_tiles;
+  const int group = block;
+  const int b = group / d.num_kv_heads, kv_head = group % d.num_kv_heads;
+  const int G = d.num_heads / d.num_kv_heads, H = d.head_dim;
+  const int row0 = tile * L.rows_per_tile;
+  const int all_rows = d.q_len * G;
+  const int rows = all_rows - row0 < L.rows_per_tile ? all_rows - row0 : L.rows_per_tile;
+  const SequenceMask mask = rows_of.sequence(b);
+
+  const DecodeSharedLayout layout(L);
+  unsigned char* shared = dynamic_shared_memory<unsigned char>();
+  float* q_s = reinterpret_cast<float*>(shared + layout.q);
+  int* lo_s = reinterpret_cast<int*>(shared + layout.lo);
+  int* hi_s = reinterpret_cast<int*>(shared + layout.hi);
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  unsigned char* warp_buffers = shared + layout.warps + warp * layout.warp_bytes;
+  float* p_s = reinterpret_cast<float*>(warp_buffers + layout.p);
+  float* alpha_s = reinterpret_cast<float*>(warp_buffers + layout.alpha);
+
+  // Query rows as float32, zero past head_dim (so a lane's units past the row
+  // multiply zeros); row r is query row t = (row0 + r) / G of head
+  // kv_head * G + (row0 + r) % G.
+  for (int i = static_cast<int>(threadIdx.x); i < L.rows_per_tile * L.q_stride; i += kThreads) {
+    const int r = i / L.q_stride, h = i % L.q_stride;
+    float x = 0.0f;
+    if (r < rows && h < H) {
+      const int t = (row0 + r) / G, n = kv_head * G + (row0 + r) % G;
+      x = to_float(query[((static_cast<int64_t>(b) * d.q_len + t) * d.num_heads + n) * H + h]);
+    }
+    q_s[i] = x;
+  }
+  for (int r = static_cast<int>(threadIdx.x); r < L.rows_per_tile; r += kThreads) {
+    int lo = 0, hi = 0;
+    if (r < rows) row_keys(d, mask, (row0 + r) / G, &lo, &hi);
+    lo_s[r] = lo;
+    hi_s[r] = hi;
+  }
+  const int keys_per_step = kWarpSize / L.lanes_per_key;
+  for (int i = lane; i < keys_per_step * L.rows_pad; i += kWarpSize) p_s[i] = 0.0f;
+  __syncthreads();
+
+  // The keys of this split that some row attends: the rows' intervals are
+  // monotone in t, so their union is one interval.
+  int begin = d.capacity, end = 0;
+  for (int r = 0; r < rows; ++r) {
+    if (lo_s[r] < hi_s[r]) {
+      begin = lo_s[r] < begin ? lo_s[r] : begin;
+      end = hi_s[r] > end ? hi_s[r] : end;
+    }
+  }
+  const int split_begin = split * L.keys_per_split;
+  if (split_begin > begin) begin = split_begin;
+  if (end - split_begin > L.keys_per_split) end = split_begin + L.keys_per_split;
+
+  const int slot = lane / L.lanes_per_key, part = lane % L.lanes_per_key;
+  const int step_keys = kWarps * keys_per_step;
+  const int h0 = lane * kOut;
+  float o[kRows][kOut];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int e = 0; e < kOut; ++e) o[r][e] = 0.0f;
+  }
+  // Row r's running max of the log2-unit logits (-inf: no key yet) and its sum
+  // of exp2(x - max), held by lane r (a shuffle reads the max).
+  float m = -CUDART_INF_F;
+  float l = 0.0f;
+
+  // A step's rows go to stage `stage` of the warp: this lane copies its units
+  // of key slot `slot` (units part, part + lanes_per_key, ...), zeros for a
+  // slot past the keys, so the step's products see zeros there.
+  const auto issue_step = [&](int stage, int first) {
+    unsigned char* buffers = warp_buffers + stage * layout.stage_bytes;
+    unsigned char* k_dst = buffers + layout.keys + slot * L.row_stride;
+    unsigned char* v_dst = buffers + layout.values + slot * L.row_stride;
+    const int key = first + slot;
+    const bool valid = key < end;
+    const int64_t row = valid ? rows_of.row(b, kv_head, key) : 0;
+    const Unit* k_row = reinterpret_cast<const Unit*>(rows_of.key + row * H);
+    const Unit* v_row = reinterpret_cast<const Unit*>(rows_of.value + row * H);
+#pragma unroll
+    for (int i = 0; i < kMaxUnitsPerLane; ++i) {
+      const int u = part + i * L.lanes_per_key;
+      if (i < L.units_per_lane && u < L.units_per_row) {
+        Unit* k_unit = reinterpret_cast<Unit*>(k_dst) + u;
+        Unit* v_unit = reinterpret_cast<Unit*>(v_dst) + u;
+        if (!valid) {
+          *k_unit = U::zero();
+          *v_unit = U::zero();
+        } else if constexpr (sizeof(Unit) == 16) {
+          copy_async<16>(k_unit, k_row + u);
+          copy_async<16>(v_unit, v_row + u);
+        } else {  // element rows: plain loads (odd head dims, not tuned)
+          *k_unit = __ldg(k_row + u);
+          *v_unit = __ldg(v_row + u);
+        }
+      }
+    }
+    if (part == 0) {
+      float* k_scale = reinterpret_cast<float*>(buffers + layout.key_scales) + slot;
+      float* v_scale = reinterpret_cast<float*>(buffers + layout.value_scales) + slot;
+      if (!Rows::kScaled || !valid) {
+        *k_scale = valid ? 1.0f : 0.0f;
+        *v_scale = valid ? 1.0f : 0.0f;
+      } else {
+        copy_async<4>(k_scale, rows_of.key_scales + row);
+        copy_async<4>(v_scale, rows_of.value_scales + row);
+      }
+    }
+    copy_async_commit();
+  };
+
+  int first_key = begin + warp * keys_per_step;
+  if (first_key < end) issue_step(0, first_key);
+  for (int stage = 0; first_key < end; first_key += step_keys, stage ^= 1) {
+    // The next step's rows travel while this one is computed (an empty group
+    // past the last step keeps the wait below uniform).
+    if (first_key + step_keys < end) {
+      issue_step(stage ^ 1, first_key + step_keys);
+    } else {
+      copy_async_commit();
+    }
+    copy_async_wait<1>();
+    __syncwarp();  // every lane's copies of this step have landed
+    const unsigned char* buffers = warp_buffers + stage * layout.stage_bytes;
+    const Unit* k_s = reinterpret_cast<const Unit*>(buffers + layout.keys + slot * L.row_stride);
+    const unsigned char* v_s = buffers + layout.values;
+    const float* k_scale_s = reinterpret_cast<const float*>(buffers + layout.key_scales);
+    const float* v_scale_s = reinterpret_cast<const float*>(buffers + layout.value_scales);
+
+    // Scores: this lane's units against every row, then across the key's lanes.
+    float s[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) s[r] = 0.0f;
+#pragma unroll 2
+    for (int i = 0; i < kMaxUnitsPerLane; ++i) {
+      const int u = part + i * L.lanes_per_key;
+      if (i < L.units_per_lane && u < L.units_per_row) {
+        float k[kUnitElements];
+        U::unpack(k_s[u], k);
+        const int at = u * kUnitElements;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (r < rows) {
+            const float* q_row = q_s + r * L.q_stride + at;
+            if constexpr (kUnitElements % 4 == 0) {
+#pragma unroll
+              for (int e = 0; e < kUnitElements; e += 4) {
+                const float4 q4 = *reinterpret_cast<const float4*>(q_row + e);
+                s[r] = fmaf(q4.x, k[e], s[r]);
+                s[r] = fmaf(q4.y, k[e + 1], s[r]);
+                s[r] = fmaf(q4.z, k[e + 2], s[r]);
+                s[r] = fmaf(q4.w, k[e + 3], s[r]);
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < kUnitElements; ++e) s[r] = fmaf(q_row[e], k[e], s[r]);
+            }
+          }
+        }
+      }
+    }
+    for (int offset = 1; offset < L.lanes_per_key; offset *= 2) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r < rows) s[r] += __shfl_xor_sync(kFullWarp, s[r], offset);
+      }
+    }
+    const int key = first_key + slot;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const bool attends = r < rows && key >= lo_s[r] && key < hi_s[r] && key < end;
+      s[r] = attends ? log2_logit(d, Rows::kScaled ? s[r] * k_scale_s[slot] : s[r])
+                     : -CUDART_INF_F;
+    }
+
+    // Online softmax: the step's max per row over the warp (fmaxf skips NaN,
+    // which then reaches the row through exp2f), the rescaling of the row.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r < rows) {
+        float step_max = s[r];
+        for (int offset = L.lanes_per_key; offset < kWarpSize; offset *= 2) {
+          step_max = fmaxf(step_max, __shfl_xor_sync(kFullWarp, step_max, offset));
+        }
+        const float m_old = __shfl_sync(kFullWarp, m, r);
+        const float m_new = fmaxf(m_old, step_max);
+        const float shift = m_new == -CUDART_INF_F ? 0.0f : m_new;
+        const float alpha = exp2f(m_old - shift);
+        if (lane == r) m = m_new;
+#pragma unroll
+        for (int e = 0; e < kOut; ++e) o[r][e] *= alpha;
+        if (part == 0) p_s[slot * L.rows_pad + r] = exp2f(s[r] - shift);
+        if (lane == 0) alpha_s[r] = alpha;
+      }
+    }
+    __syncwarp();
+    if (lane < rows) {
+      float sum = 0.0f;
+      for (int j = 0; j < keys_per_step; ++j) sum += p_s[j * L.rows_pad + lane];
+      l = l * alpha_s[lane] + sum;
+    }
+    for (int j = 0; j < keys_per_step; ++j) {
+      float v[kOut];
+      load_value_share<Element, kOut>(v_s + j * L.row_stride, h0, H, v);
+      if constexpr (Rows::kScaled) {
+        const float scale = v_scale_s[j];
+#pragma unroll
+        for (int e = 0; e < kOut; ++e) v[e] *= scale;
+      }
+      const float* p_row = p_s + j * L.rows_pad;
+#pragma unroll
+      for (int r = 0; r < kRows; r += 4) {
+        if (r < rows) {
+          const float4 p4 = *reinterpret_cast<const float4*>(p_row + r);
+          const float p[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+          for (int k = 0; k < 4 && r + k < kRows; ++k) {
+#pragma unroll
+            for (int e = 0; e < kOut; ++e) o[r + k][e] = fmaf(p[k], v[e], o[r + k][e]);
+          }
+        }
+      }
+    }
+    __syncwarp();  // this step's buffers are read: the step after next refills them
+  }
+  copy_async_wait<0>();
+
+  // The warps' states merged in a fixed order (the same bits every run).
+  __syncthreads();
+  float* merge_o = reinterpret_cast<float*>(shared + layout.merge);  // [warp][row][H]
+  float* merge_m = merge_o + kWarps * L.rows_per_tile * H;           // [warp][row]
+  float* merge_l = merge_m + kWarps * L.rows_per_tile;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r < rows) {
+      float* o_row = merge_o + (warp * L.rows_per_tile + r) * H;
+#pragma unroll
+      for (int e = 0; e < kOut; ++e) {
+        if (h0 + e < H) o_row[h0 + e] = o[r][e];
+      }
+    }
+  }
+  if (lane < rows) {
+    merge_m[warp * L.rows_per_tile + lane] = m;
+    merge_l[warp * L.rows_per_tile + lane] = l;
+  }
+  __syncthreads();
+
+  // Per row: the largest of the warps' maxima, each warp's weight and the sum.
+  float* merge_weight = merge_l + kWarps * L.rows_per_tile;  // [row][warp]
+  float* merge_max = merge_weight + L.rows_per_tile * kWarps;  // [row]
+  float* merge_sum = merge_max + L.rows_per_tile;              // [row]
+  for (int r = static_cast<int>(threadIdx.x); r < rows; r += kThreads) {
+    float max = -CUDART_INF_F, sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) max = fmaxf(max, merge_m[w * L.rows_per_tile + r]);
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = state_weight(merge_m[w * L.rows_per_tile + r], max);
+      merge_weight[r * kWarps + w] = weight;
+      sum += weight * merge_l[w * L.rows_per_tile + r];
+    }
+    merge_max[r] = max;
+    merge_sum[r] = sum;
+  }
+  __syncthreads();
+  const int64_t partial_row0 =
+      ((static_cast<int64_t>(group) * L.row_tiles + tile) * L.splits + split) * L.rows_per_tile;
+  const int64_t partial_rows =
+      static_cast<int64_t>(d.batch) * d.num_kv_heads * L.row_tiles * L.splits * L.rows_per_tile;
+  for (int i = static_cast<int>(threadIdx.x); i < rows * H; i += kThreads) {
+    const int r = i / H, h = i % H;
+    float acc = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      acc += merge_weight[r * kWarps + w] * merge_o[(w * L.rows_per_tile + r) * H + h];
+    }
+    if (L.splits > 1) {
+      partial[(partial_row0 + r) * H + h] = acc;
+    } else {
+      const int t = (row0 + r) / G, n = kv_head * G + (row0 + r) % G;
+      const float sum = merge_sum[r];
+      out[((static_cast<int64_t>(b) * d.q_len + t) * d.num_heads + n) * H + h] =
+          from_float<Q>(sum != 0.0f ? acc / sum : 0.0f);  // a NaN sum: a NaN row
+    }
+  }
+  for (int r = static_cast<int>(threadIdx.x); r < rows; r += kThreads) {
+    const float max = merge_max[r], sum = merge_sum[r];
+    if (L.splits > 1) {
+      float* state = partial + partial_rows * H + 2 * (partial_row0 + r);
+      state[0] = max;
+      state[1] = sum;
+    } else if (logsumexp != nullptr) {
+      const int t = (row0 + r) / G, n = kv_head * G + (row0 + r) % G;
+      logsumexp[(static_cast<int64_t>(b) * d.num_heads + n) * d.q_len + t] =
+          sum != 0.0f ? (max + log2f(sum)) * kLn2 : -CUDART_INF_F;
+    }
+  }
+}
+
+// The body of a merge kernel: combines the splits' partial states of one
+// query row (a block of kThreads threads per row of every group): out =
+// sum_s w_s o_s / sum_s w_s l_s with w_s = exp2(m_s - M), M the largest max.
+// Warp w takes splits w, w + 4, ...; the four are combined in order, so the
+// result does not depend on timing.
+template <typename Q>
+__device__ __forceinline__ void decode_merge_row(const DecodeLaunch& L, const float* partial,
+                                                 Q* out, float* logsumexp) {
+  const DecodeShape& d = L.shape;
+  __shared__ float warp_max[kWarps];
+  __shared__ float warp_sum[kWarps];
+  __shared__ float warp_out[kWarps][kMaxOut * kWarpSize];
+  const int G = d.num_heads / d.num_kv_heads, H = d.head_dim;
+  const int all_rows = d.q_len * G;
+  const int group = static_cast<int>(blockIdx.x) / all_rows;
+  const int row = static_cast<int>(blockIdx.x) % all_rows;
+  const int b = group / d.num_kv_heads, kv_head = group % d.num_kv_heads;
+  const int tile = row / L.rows_per_tile, r = row % L.rows_per_tile;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  // Split s's row is first + s * rows_per_tile.
+  const int64_t first =
+      (static_cast<int64_t>(group) * L.row_tiles + tile) * L.splits * L.rows_per_tile + r;
+  const int64_t partial_rows =
+      static_cast<int64_t>(d.batch) * d.num_kv_heads * L.row_tiles * L.splits * L.rows_per_tile;
+  const float* state = partial + partial_rows * H;
+
+  float max = -CUDART_INF_F;
+  for (int s = warp; s < L.splits; s += kWarps) {
+    max = fmaxf(max, state[2 * (first + static_cast<int64_t>(s) * L.rows_per_tile)]);
+  }
+  if (lane == 0) warp_max[warp] = max;
+  __syncthreads();
+  max = warp_max[0];
+  for (int w = 1; w < kWarps; ++w) max = fmaxf(max, warp_max[w]);
+
+  float acc[kMaxOut];
+#pragma unroll
+  for (int i = 0; i < kMaxOut; ++i) acc[i] = 0.0f;
+  float sum = 0.0f;
+  for (int s = warp; s < L.splits; s += kWarps) {
+    const int64_t at = first + static_cast<int64_t>(s) * L.rows_per_tile;
+    const float weight = state_weight(state[2 * at], max);
+    sum += weight * state[2 * at + 1];
+#pragma unroll
+    for (int i = 0; i < kMaxOut; ++i) {
+      const int h = lane + i * kWarpSize;
+      if (h < H) acc[i] += weight * partial[at * H + h];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxOut; ++i) warp_out[warp][lane + i * kWarpSize] = acc[i];
+  if (lane == 0) warp_sum[warp] = sum;
+  __syncthreads();
+  if (warp != 0) return;
+  sum = 0.0f;
+  for (int w = 0; w < kWarps; ++w) sum += warp_sum[w];
+  const int t = row / G, n = kv_head * G + row % G;
+  Q* out_row = out + ((static_cast<int64_t>(b) * d.q_len + t) * d.num_heads + n) * H;
+#pragma unroll
+  for (int i = 0; i < kMaxOut; ++i) {
+    const int h = lane + i * kWarpSize;
+    if (h < H) {
+      float total = 0.0f;
+      for (int w = 0; w < kWarps; ++w) total += warp_out[w][h];
+      out_row[h] = from_float<Q>(sum != 0.0f ? total / sum : 0.0f);
+    }
+  }
+  if (logsumexp != nullptr && lane == 0) {
+    logsumexp[(static_cast<int64_t>(b) * d.num_heads + n) * d.q_len + t] =
+        sum != 0.0f ? (max + log2f(sum)) * kLn2 : -CUDART_INF_F;
+  }
+}
+
+// -- the launch ---------------------------------------------------------------------
+
+// The lane layout of a row of `units` units: the fewest lanes per key (a power
+// of two) that hold it in kMaxUnitsPerLane units each.
+inline DecodeLaunch decode_launch(const DecodeShape& shape, const DecodePlan& plan,
+                                  int64_t units, int64_t unit_bytes, int64_t unit_elements) {
+  DecodeLaunch L;
+  L.shape = shape;
+  L.rows_per_tile = static_cast<int>(plan.rows_per_tile);
+  L.row_tiles = static_cast<int>(plan.row_tiles);
+  L.splits = static_cast<int>(plan.splits);
+  L.keys_per_split = static_cast<int>(plan.keys_per_split);
+  int lanes = 1;
+  while (lanes < kWarpSize && (units + lanes - 1) / lanes > kMaxUnitsPerLane) lanes *= 2;
+  L.lanes_per_key = lanes;
+  L.units_per_lane = static_cast<int>((units + lanes - 1) / lanes);
+  L.units_per_row = static_cast<int>(units);
+  L.q_stride = static_cast<int>((L.units_per_lane * lanes * unit_elements + 3) / 4 * 4);
+  // A 16-byte pad per row spreads the lanes' 16-byte accesses over the banks.
+  L.row_stride = static_cast<int>((units * unit_bytes + 15) / 16 * 16 + 16);
+  L.rows_pad = (L.rows_per_tile + 3) / 4 * 4;
+  return L;
+}
+
+// A family's kernels: Kernels::decode<Rows, Q, Unit, kOut, kRows>() and
+// Kernels::merge<Q>() are its __global__ wrappers of decode_block and
+// decode_merge_row.
+template <typename Kernels, typename Rows, typename Q, typename Unit, int kOut, int kRows>
+cudaError_t launch_decode_kernels(cudaStream_t stream, const DecodeLaunch& L, const Rows& rows,
+                                  const Q* query, Q* out, float* logsumexp, float* partial) {
+  const int64_t groups = static_cast<int64_t>(L.shape.batch) * L.shape.num_kv_heads;
+  const int64_t blocks = groups * L.row_tiles * L.splits;
+  const size_t shared = DecodeSharedLayout(L).bytes;
+  cudaError_t status = launch_kernel_dynamic_shared(
+      Kernels::template decode<Rows, Q, Unit, kOut, kRows>(), dim3(static_cast<unsigned>(blocks)),
+      dim3(kThreads), shared, stream, L, rows, query, out, logsumexp, partial);
+  if (status != cudaSuccess || L.splits == 1) return status;
+  const int64_t merged = groups * L.shape.q_len * (L.shape.num_heads / L.shape.num_kv_heads);
+  return launch_kernel(Kernels::template merge<Q>(), dim3(static_cast<unsigned>(merged)),
+                       dim3(kThreads), stream, L, static_cast<const float*>(partial), out,
+                       logsumexp);
+}
+
+// Runs the decode of `shape` with `plan` (its splits need `workspace`, of
+// params::decode_workspace_bytes bytes) on the family's kernels. Rows of
+// 16-byte multiples whose pointers are 16-byte aligned take the vector loads,
+// others element loads.
+template <typename Kernels, typename Rows, typename Q>
+cudaError_t launch_decode(cudaStream_t stream, const DecodeShape& shape, const DecodePlan& plan,
+                          const Rows& rows, const Q* query, Q* out, float* logsumexp,
+                          void* workspace) {
+  using Element = typename Rows::Element;
+  if (shape.head_dim > params::kCudaDecodeMaxHeadDim || shape.num_kv_heads <= 0 ||
+      plan.rows_per_tile > params::decode_max_rows_per_tile(shape.head_dim)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t groups = static_cast<int64_t>(shape.batch) * shape.num_kv_heads;
+  const int64_t blocks = groups * plan.row_tiles * plan.splits;
+  if (blocks == 0) return cudaSuccess;
+  if (plan.splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
+  const int64_t merged = groups * shape.q_len * (shape.num_heads / shape.num_kv_heads);
+  if (blocks >= kMaxBlocks || merged >= kMaxBlocks) return cudaErrorInvalidValue;
+  float* partial = static_cast<float*>(workspace);
+  const int64_t row_bytes = shape.head_dim * static_cast<int64_t>(sizeof(Element));
+  const bool aligned = reinterpret_cast<uintptr_t>(rows.key) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(rows.value) % 16 == 0;
+  const bool wide = shape.head_dim > 128;
+  if (row_bytes % 16 == 0 && aligned) {
+    const DecodeLaunch L = decode_launch(shape, plan, row_bytes / 16, 16, 16 / sizeof(Element));
+    return wide ? launch_decode_kernels<Kernels, Rows, Q, uint4, 8, 8>(
+                      stream, L, rows, query, out, logsumexp, partial)
+                : launch_decode_kernels<Kernels, Rows, Q, uint4, 4, 16>(
+                      stream, L, rows, query, out, logsumexp, partial);
+  }
+  const DecodeLaunch L = decode_launch(shape, plan, shape.head_dim, sizeof(Element), 1);
+  return wide ? launch_decode_kernels<Kernels, Rows, Q, Element, 8, 8>(
+                    stream, L, rows, query, out, logsumexp, partial)
+              : launch_decode_kernels<Kernels, Rows, Q, Element, 4, 16>(
+                    stream, L, rows, query, out, logsumexp, partial);
+}
+
+}  // namespace jaxops::cuda::kv_decode
