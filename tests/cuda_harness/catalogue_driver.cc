@@ -214,7 +214,7 @@ void run_embedding(const params::EmbeddingShape& s, std::mt19937& rng) {
   const size_t out_size = static_cast<size_t>(s.tokens * s.dim);
   Buffer<T> table(table_size), out(out_size), dout(out_size), dtable(table_size);
   Buffer<int32_t> ids(static_cast<size_t>(s.tokens));
-  Buffer<int32_t> workspace(static_cast<size_t>(s.vocab + 1 + s.tokens));
+  Buffer<int32_t> workspace(static_cast<size_t>(params::embedding_bwd_cuda_workspace_ints(s)));
   std::vector<double> tr, dr;
   fill(table, tr, rng, 1.f);
   fill(dout, dr, rng, 1.f);
