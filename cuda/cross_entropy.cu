@@ -147,7 +147,9 @@ __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
     // The forward-grad's last chunk is still in registers: write it first.
     for (int k = 0; k < chunks; ++k) {
       const int c = kPass == Pass::kForwardGrad ? chunks - 1 - k : k;
-      if (kPass == Pass::kBackward || k != 0) load_chunk<T, kVec, kItemCount>(z, c * chunk, vocab, v);
+      if (kPass == Pass::kBackward || k != 0) {
+        load_chunk<T, kVec, kItemCount>(z, c * chunk, vocab, v);
+      }
 #pragma unroll
       for (int e = 0; e < kElems; ++e) {
         v[e] = scale * row_reduce::exp_of_difference(v[e], row_lse) - uniform;
@@ -226,8 +228,8 @@ template <typename T, int kRowElements, typename LaunchWith>
 cudaError_t launch_rows(CrossEntropyShape shape, std::initializer_list<const void*> buffers,
                         LaunchWith&& launch_with) {
   if (!valid_shape(shape)) return cudaErrorInvalidValue;
-  return launch_row_groups<T, kRowElements>(shape.rows, shape.vocab, buffers, kWarpRowsPerBlock,
-                                      kMaxRowThreads, launch_with);
+  return launch_row_groups<T, kRowElements>(shape.rows, shape.vocab, buffers,
+                                            kWarpRowsPerBlock, kMaxRowThreads, launch_with);
 }
 
 template <typename T, typename Label, Pass kPass>

@@ -121,7 +121,9 @@ __global__ void mark_rows_kernel(const uint64_t* keys, int32_t* first, int32_t* 
                                  int64_t tokens) {
   for (int64_t i = global_thread(); i < tokens; i += grid_threads()) {
     const int32_t row = static_cast<int32_t>(keys[i] >> 32);
-    if (i == 0 || static_cast<int32_t>(keys[i - 1] >> 32) != row) first[row] = static_cast<int32_t>(i);
+    if (i == 0 || static_cast<int32_t>(keys[i - 1] >> 32) != row) {
+      first[row] = static_cast<int32_t>(i);
+    }
     if (i == tokens - 1 || static_cast<int32_t>(keys[i + 1] >> 32) != row) {
       end[row] = static_cast<int32_t>(i + 1);
     }
@@ -159,7 +161,9 @@ __global__ void embedding_grad_kernel(const T* __restrict__ dout,
     }
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
-      if (p + u * blockDim.x < packs) store_pack<T, kVec>(out + (p + u * blockDim.x) * kVec, sum[u]);
+      if (p + u * blockDim.x < packs) {
+        store_pack<T, kVec>(out + (p + u * blockDim.x) * kVec, sum[u]);
+      }
     }
   }
 }

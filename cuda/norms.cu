@@ -512,8 +512,8 @@ template <typename T, int kElements, typename LaunchWith>
 cudaError_t launch_rows(NormShape shape, std::initializer_list<const void*> buffers,
                         LaunchWith&& launch_with) {
   if (!valid_shape(shape)) return cudaErrorInvalidValue;
-  return launch_row_groups<T, kElements>(shape.rows, shape.cols, buffers, kFwdRowsPerWarpBlock,
-                                      kMaxRowThreads, launch_with);
+  return launch_row_groups<T, kElements>(shape.rows, shape.cols, buffers,
+                                         kFwdRowsPerWarpBlock, kMaxRowThreads, launch_with);
 }
 
 bool valid_layout(NormShape shape, WeightGradLayout layout) {

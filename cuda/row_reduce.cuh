@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <math_constants.h>
 
+#include "cuda/fast_math.cuh"
 #include "cuda/float_convert.cuh"
 
 namespace jaxops::cuda::row_reduce {
@@ -49,22 +50,6 @@ struct Sum {
 __device__ __forceinline__ float block_sum(float value) {
   __shared__ Sum scratch[kMaxWarps];
   return block_reduce(Sum{value}, [](Sum a, Sum b) { return Sum{a.sum + b.sum}; }, scratch).sum;
-}
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-// 2^x by one MUFU.EX2 (ex2.approx.ftz: 2 ulp, results below 2^-126 flushed to
-// 0, which no normaliser or probability of float32 rows notices; exp2f would
-// add three instructions of subnormal handling to every element). The CPU
-// harness computes exp2 exactly.
-__device__ __forceinline__ float fast_exp2(float x) {
-#ifndef JAXOPS_CUDA_HARNESS
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return exp2f(x);
-#endif
 }
 
 // exp(a - b) in three instructions: the difference, its product with log2(e),

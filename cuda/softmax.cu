@@ -248,14 +248,16 @@ __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
   float y_v[kElems], g_v[kElems];
   float sum[1] = {0.f};
   for (int c = 0; c < chunks; ++c) {
-    load_map_operands<T, kVec, kItemCount, kBroadcast>(y_row, g_row, g_broadcast_row, c * chunk, n, y_v, g_v);
+    load_map_operands<T, kVec, kItemCount, kBroadcast>(y_row, g_row, g_broadcast_row, c * chunk,
+                                                        n, y_v, g_v);
 #pragma unroll
     for (int e = 0; e < kElems; ++e) sum[0] += Map::term(y_v[e], g_v[e]);
   }
   row_sum(sum);
   for (int c = chunks - 1; c >= 0; --c) {
     if (c != chunks - 1) {
-      load_map_operands<T, kVec, kItemCount, kBroadcast>(y_row, g_row, g_broadcast_row, c * chunk, n, y_v, g_v);
+      load_map_operands<T, kVec, kItemCount, kBroadcast>(y_row, g_row, g_broadcast_row,
+                                                          c * chunk, n, y_v, g_v);
     }
 #pragma unroll
     for (int i = 0; i < kItemCount; ++i) {
@@ -290,7 +292,7 @@ template <typename T, int kElements, typename LaunchWith>
 cudaError_t launch_rows(SoftmaxShape shape, std::initializer_list<const void*> buffers,
                         LaunchWith&& launch_with) {
   return launch_row_groups<T, kElements>(shape.rows, shape.cols, buffers, kWarpRowsPerBlock,
-                                      kMaxRowThreads, launch_with);
+                                         kMaxRowThreads, launch_with);
 }
 
 template <typename Map, typename T>
