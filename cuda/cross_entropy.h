@@ -6,7 +6,8 @@
 // float, __half or __nv_bfloat16, Label is int32_t or int64_t, float32
 // arithmetic. A row labelled ignore_index has loss 0 and gradient 0, any other
 // label outside [0, vocab) loss NaN and gradient 0; neither row is read, and
-// both get lse 0. One block handles a row.
+// both get lse 0. A warp or a block handles a row, streamed in chunks
+// (cuda/row_tile.cuh); vocabularies of more than 2^30 are refused.
 //
 // Every function launches on `stream` and returns cudaGetLastError() after its
 // launch (cudaErrorInvalidValue for shapes it cannot handle).

@@ -5,10 +5,11 @@
 // ids clamped to [0, vocab - 1], T is float, __half or __nv_bfloat16.
 //
 // The gradient is deterministic and race-free like the CPU one: the tokens are
-// counted per row (integer atomics: the counts do not depend on their order),
-// the counts scanned into row offsets, the tokens placed by row in token order
-// (one warp, stable), and each (row, column) of dtable sums its tokens in that
-// order in float32. workspace: vocab + 1 + tokens int32s.
+// sorted by (row, token) as int64 keys (a bitonic sort: shared-memory tiles and
+// global steps), each row's span among the sorted keys is marked, and each
+// (row, column) of dtable sums its tokens in token order in float32 (a row
+// without tokens is written 0). workspace:
+// params::embedding_bwd_cuda_workspace_ints(shape) int32s, 8-byte aligned.
 // Every function returns cudaGetLastError() after its launches.
 #pragma once
 

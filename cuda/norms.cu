@@ -3,93 +3,46 @@
 #include <climits>
 #include <cstdint>
 #include <initializer_list>
-#include <type_traits>
 
 #include "cuda/launch.cuh"
-
-#include "cuda/float_convert.cuh"
+#include "cuda/row_tile.cuh"
 
 namespace jaxops::cuda {
 namespace {
 
-// Work layout. A row is handled by a "row group" of threads: one warp for short
-// rows (several per block), else a whole block of up to kMaxRowThreads threads
-// (one row per block). Each thread holds kItems<kVec> packs of kVec elements of
-// a row in registers, so a row of up to kMaxRowThreads * kElements<kVec>
-// elements is read from memory once; longer rows are processed in chunks of that
-// size and re-read. Packs are 16 bytes when the row length is a multiple of 16
-// bytes and the buffers are 16-byte aligned; otherwise rows start at every
-// alignment and the kernels take the scalar path (packs of one element).
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullWarp = 0xffffffffu;
+using namespace row_tile;
+
+// Layout (cuda/row_tile.cuh): in the forward and the JVP a row per warp for
+// short rows (kFwdRowsPerWarpBlock per block), else a row per block of up to
+// kMaxRowThreads threads, each thread holding a few 16-byte packs of the row in
+// registers; longer rows are processed in chunks and re-read. At most 64
+// registers a thread (kMinBlocksPerSm blocks of kMaxRowThreads), so that an SM
+// holds 1024 threads and, in the forward, 64 KiB (float32) or 32 KiB (16-bit)
+// of rows in registers.
+// docs/cuda.md, "Bandwidth-bound kernels", has the plan.
 constexpr int kMaxRowThreads = 512;
-constexpr int kMaxWarpsPerRow = kMaxRowThreads / kWarpSize;
-// One-warp row groups per block: rows in the forward, warps sharing a part's
-// rows in the backward (whose parallelism is the number of parts, which the
-// caller sizes to a few blocks per SM).
+constexpr int kMinBlocksPerSm = 2;
 constexpr int kFwdRowsPerWarpBlock = 4;
+// Elements a thread holds per chunk: the forward 16 of x (4 float32 or 2
+// 16-bit packs), the JVP 8 of x and 8 of its tangent.
+constexpr int kFwdElements = 16;
+constexpr int kJvpElements = 8;
+// The backward's blocks are the weight gradient's parts (the workspace's rows,
+// a few per SM): a row group of up to kMaxBwdRowThreads threads (several
+// one-warp groups sharing the part's rows for short rows), each holding
+// kBwdElements elements of x, of dy, of the next row's x and dy (loaded while
+// this row is reduced) and of the column sums, so that rows of up to 8192
+// columns fit in one chunk and their column sums stay in registers: up to 128
+// registers a thread, one block of 512 threads (two of 256) an SM.
+constexpr int kMaxBwdRowThreads = 512;
+constexpr int kBwdElements = 16;
 constexpr int kBwdWarpsPerPart = 8;
-constexpr int kVectorBytes = 16;
-// 16 elements per thread when loads are vectorised; the scalar path (rows whose
-// length is not a multiple of the pack) holds 8, as every element then needs its
-// own address registers and 16 would spill in the backward.
-template <int kVec>
-constexpr int kItems = kVec == 1 ? 8 : 16 / kVec;
-template <int kVec>
-constexpr int kElements = kItems<kVec> * kVec;
 constexpr int kSumPartsThreads = 256;
 // Column indices are int; this bound keeps chunk arithmetic far from overflow.
 constexpr int64_t kMaxCols = int64_t{1} << 30;
 
-// The type that moves `kBytes` bytes in one load/store instruction. Packs go
-// through it (in a union with their elements): copied as an array or struct of
-// T, a pack is moved element by element.
-template <int kBytes>
-struct Raw;
-template <>
-struct Raw<2> {
-  using type = unsigned short;
-};
-template <>
-struct Raw<4> {
-  using type = unsigned int;
-};
-template <>
-struct Raw<16> {
-  using type = uint4;
-};
-
-// Loads kVec consecutive elements (16 bytes when vectorised, one element
-// otherwise) into f32.
-template <typename T, int kVec>
-__device__ __forceinline__ void load_pack(const T* p, float* out) {
-  using RawPack = typename Raw<sizeof(T) * kVec>::type;
-  union {
-    RawPack raw;
-    T values[kVec];
-  } pack;
-  pack.raw = *reinterpret_cast<const RawPack*>(p);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) out[j] = to_float(pack.values[j]);
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void store_pack(T* p, const float* in) {
-  using RawPack = typename Raw<sizeof(T) * kVec>::type;
-  union {
-    RawPack raw;
-    T values[kVec];
-  } pack;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) pack.values[j] = from_float<T>(in[j]);
-  if constexpr (sizeof(RawPack) == 16) {
-    // A plain 16-byte store is split into 4- or 2-byte stores in some of the
-    // backward's loops; the intrinsic keeps it one instruction.
-    __stwb(reinterpret_cast<RawPack*>(p), pack.raw);
-  } else {
-    *reinterpret_cast<RawPack*>(p) = pack.raw;
-  }
-}
+template <int kVec>
+constexpr int kBwdCount = kItems<kVec, kBwdElements>;
 
 // f32 workspace stores, at most 16 bytes per instruction.
 template <int kVec>
@@ -100,76 +53,12 @@ __device__ __forceinline__ void store_f32(float* p, const float* in) {
 }
 
 template <typename T, int kVec>
-__device__ __forceinline__ void load_or_fill(const T* p, int col, float fill,
-                                             float* out) {
+__device__ __forceinline__ void load_or_fill(const T* p, int col, float fill, float* out) {
   if (p != nullptr) {
     load_pack<T, kVec>(p + col, out);
   } else {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) out[j] = fill;
-  }
-}
-
-// The columns a thread owns in the chunk starting at `base`: item i covers
-// [item_col(i), item_col(i) + kVec). Consecutive threads own consecutive packs, so
-// each load instruction of a warp reads one contiguous span.
-template <int kVec>
-__device__ __forceinline__ int item_col(int base, int item) {
-  return base + (item * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * kVec;
-}
-
-// Loads this thread's part of a chunk; columns past the end read as zero.
-template <typename T, int kVec>
-__device__ __forceinline__ void load_chunk(const T* row, int base, int cols,
-                                           float (&v)[kElements<kVec>]) {
-#pragma unroll
-  for (int i = 0; i < kItems<kVec>; ++i) {
-    const int col = item_col<kVec>(base, i);
-    if (col < cols) {
-      load_pack<T, kVec>(row + col, &v[i * kVec]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) v[i * kVec + j] = 0.f;
-    }
-  }
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void store_chunk(T* row, int base, int cols,
-                                            const float (&v)[kElements<kVec>]) {
-#pragma unroll
-  for (int i = 0; i < kItems<kVec>; ++i) {
-    const int col = item_col<kVec>(base, i);
-    if (col < cols) store_pack<T, kVec>(row + col, &v[i * kVec]);
-  }
-}
-
-// Sums each of v[0..N) over the threads of the row group; every thread receives
-// the same bits (the butterfly adds the same pairs in every lane, and every thread
-// adds the per-warp sums in the same order).
-template <int N>
-__device__ __forceinline__ void row_sum(float (&v)[N]) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(kFullWarp, v[i], offset);
-  }
-  if (blockDim.x > kWarpSize) {
-    __shared__ float warp_sums[N][kMaxWarpsPerRow];
-    const int warp = threadIdx.x / kWarpSize;
-    if (threadIdx.x % kWarpSize == 0) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) warp_sums[i][warp] = v[i];
-    }
-    __syncthreads();
-    const int warps = blockDim.x / kWarpSize;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float sum = warp_sums[i][0];
-      for (int w = 1; w < warps; ++w) sum += warp_sums[i][w];
-      v[i] = sum;
-    }
-    __syncthreads();  // warp_sums is reused by the next call
   }
 }
 
@@ -203,7 +92,7 @@ __device__ __forceinline__ MeanM2 row_mean_m2(MeanM2 s) {
     s = (lane & offset) ? merge(other, s) : merge(s, other);
   }
   if (blockDim.x > kWarpSize) {
-    __shared__ MeanM2 warp_stats[kMaxWarpsPerRow];
+    __shared__ MeanM2 warp_stats[kMaxRowThreads / kWarpSize];
     const int warp = threadIdx.x / kWarpSize;
     if (lane == 0) warp_stats[warp] = s;
     __syncthreads();
@@ -216,13 +105,13 @@ __device__ __forceinline__ MeanM2 row_mean_m2(MeanM2 s) {
 }
 
 // Exact two-pass statistics of the values this thread holds for one chunk.
-template <int kVec>
-__device__ __forceinline__ MeanM2 chunk_mean_m2(const float (&v)[kElements<kVec>],
-                                                int base, int cols) {
+template <int kVec, int kCount>
+__device__ __forceinline__ MeanM2 chunk_mean_m2(const float (&v)[kCount * kVec], int base,
+                                                int cols) {
   float count = 0.f;
   float sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < kItems<kVec>; ++i) {
+  for (int i = 0; i < kCount; ++i) {
     if (item_col<kVec>(base, i) < cols) {
       count += kVec;
 #pragma unroll
@@ -232,7 +121,7 @@ __device__ __forceinline__ MeanM2 chunk_mean_m2(const float (&v)[kElements<kVec>
   const float mean = count > 0.f ? __fdividef(sum, count) : 0.f;
   float m2 = 0.f;
 #pragma unroll
-  for (int i = 0; i < kItems<kVec>; ++i) {
+  for (int i = 0; i < kCount; ++i) {
     if (item_col<kVec>(base, i) < cols) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
@@ -244,31 +133,26 @@ __device__ __forceinline__ MeanM2 chunk_mean_m2(const float (&v)[kElements<kVec>
   return {count, mean, m2};
 }
 
-// Row of this thread's row group in the forward. Only blocks of one-warp row
-// groups can run past the last row; they never synchronise the block, so those
-// warps may return early.
-__device__ __forceinline__ int64_t forward_row() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-}
-
 template <typename T, int kVec>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+__global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
     layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ weight,
                           const T* __restrict__ bias, T* __restrict__ y,
                           float* __restrict__ mean, float* __restrict__ rstd,
                           int64_t rows, int cols, float inv_cols, float epsilon) {
-  const int64_t row = forward_row();
+  constexpr int kCount = kItems<kVec, kFwdElements>;
+  constexpr int kElems = kCount * kVec;
+  const int64_t row = group_row();
   if (row >= rows) return;
   const T* x_row = x + row * cols;
   T* y_row = y + row * cols;
-  const int chunk = blockDim.x * kElements<kVec>;
+  const int chunk = blockDim.x * kElems;
   const int chunks = (cols + chunk - 1) / chunk;
 
-  float v[kElements<kVec>];
+  float v[kElems];
   MeanM2 stats{0.f, 0.f, 0.f};
   for (int c = 0; c < chunks; ++c) {
-    load_chunk<T, kVec>(x_row, c * chunk, cols, v);
-    stats = merge(stats, chunk_mean_m2<kVec>(v, c * chunk, cols));
+    load_chunk<T, kVec, kCount>(x_row, c * chunk, cols, v);
+    stats = merge(stats, chunk_mean_m2<kVec, kCount>(v, c * chunk, cols));
   }
   stats = row_mean_m2(stats);
   const float row_mean = stats.mean;
@@ -280,54 +164,55 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 
   // The last chunk is still in registers: write it first, re-read the others.
   for (int c = chunks - 1; c >= 0; --c) {
-    if (c != chunks - 1) load_chunk<T, kVec>(x_row, c * chunk, cols, v);
+    if (c != chunks - 1) load_chunk<T, kVec, kCount>(x_row, c * chunk, cols, v);
 #pragma unroll
-    for (int i = 0; i < kItems<kVec>; ++i) {
+    for (int i = 0; i < kCount; ++i) {
       const int col = item_col<kVec>(c * chunk, i);
       if (col >= cols) continue;
-      float w[kVec], b[kVec], out[kVec];
+      float w[kVec], b[kVec];
       load_or_fill<T, kVec>(weight, col, 1.f, w);
       load_or_fill<T, kVec>(bias, col, 0.f, b);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        out[j] = (v[i * kVec + j] - row_mean) * row_rstd * w[j] + b[j];
+        v[i * kVec + j] = (v[i * kVec + j] - row_mean) * row_rstd * w[j] + b[j];
       }
-      store_pack<T, kVec>(y_row + col, out);
     }
+    store_chunk<T, kVec, kCount>(y_row, c * chunk, cols, v);
   }
 }
 
 // rms_norm, and add_rms_norm when residual is not null: then the normalised row
 // is h = x + residual rounded to T, which is also written out. x, residual and h
-// are not __restrict__: h may alias either input.
+// are not __restrict__: h may alias either input (each thread reads its own
+// columns of both before it writes them).
 template <typename T, int kVec>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+__global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
     rms_norm_fwd_kernel(const T* x, const T* residual, const T* __restrict__ weight,
                         T* __restrict__ y, T* h, float* __restrict__ rstd,
                         int64_t rows, int cols, float inv_cols, float epsilon) {
-  const int64_t row = forward_row();
+  constexpr int kCount = kItems<kVec, kFwdElements>;
+  constexpr int kElems = kCount * kVec;
+  const int64_t row = group_row();
   if (row >= rows) return;
   const T* x_row = x + row * cols;
   T* y_row = y + row * cols;
   T* h_row = residual != nullptr ? h + row * cols : nullptr;
-  const int chunk = blockDim.x * kElements<kVec>;
+  const int chunk = blockDim.x * kElems;
   const int chunks = (cols + chunk - 1) / chunk;
 
-  float v[kElements<kVec>];
+  float v[kElems];
   float sum_sq[1] = {0.f};
   for (int c = 0; c < chunks; ++c) {
-    load_chunk<T, kVec>(x_row, c * chunk, cols, v);
+    load_chunk<T, kVec, kCount>(x_row, c * chunk, cols, v);
     if (residual != nullptr) {
-      float r[kElements<kVec>];
-      load_chunk<T, kVec>(residual + row * cols, c * chunk, cols, r);
+      float r[kElems];
+      load_chunk<T, kVec, kCount>(residual + row * cols, c * chunk, cols, r);
 #pragma unroll
-      for (int e = 0; e < kElements<kVec>; ++e) {
-        v[e] = to_float(from_float<T>(v[e] + r[e]));
-      }
-      store_chunk<T, kVec>(h_row, c * chunk, cols, v);
+      for (int e = 0; e < kElems; ++e) v[e] = to_float(from_float<T>(v[e] + r[e]));
+      store_chunk<T, kVec, kCount>(h_row, c * chunk, cols, v);
     }
 #pragma unroll
-    for (int e = 0; e < kElements<kVec>; ++e) sum_sq[0] += v[e] * v[e];
+    for (int e = 0; e < kElems; ++e) sum_sq[0] += v[e] * v[e];
   }
   row_sum(sum_sq);
   const float row_rstd = rsqrtf(sum_sq[0] * inv_cols + epsilon);
@@ -337,18 +222,18 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   // (from h, which this thread wrote above).
   for (int c = chunks - 1; c >= 0; --c) {
     if (c != chunks - 1) {
-      load_chunk<T, kVec>(h_row != nullptr ? h_row : x_row, c * chunk, cols, v);
+      load_chunk<T, kVec, kCount>(h_row != nullptr ? h_row : x_row, c * chunk, cols, v);
     }
 #pragma unroll
-    for (int i = 0; i < kItems<kVec>; ++i) {
+    for (int i = 0; i < kCount; ++i) {
       const int col = item_col<kVec>(c * chunk, i);
       if (col >= cols) continue;
-      float w[kVec], out[kVec];
+      float w[kVec];
       load_or_fill<T, kVec>(weight, col, 1.f, w);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) out[j] = v[i * kVec + j] * row_rstd * w[j];
-      store_pack<T, kVec>(y_row + col, out);
+      for (int j = 0; j < kVec; ++j) v[i * kVec + j] = v[i * kVec + j] * row_rstd * w[j];
     }
+    store_chunk<T, kVec, kCount>(y_row, c * chunk, cols, v);
   }
 }
 
@@ -357,19 +242,20 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 // interleaved over the block's one-warp row groups for short rows). For every
 // row it computes dx from two (one) row sums. The part's column sums of
 // dy * xhat (and dy) go to workspace[part][0] (and [1]): when the row fits in
-// one chunk they accumulate in registers while the rows stream by, and the
-// warps of a block add theirs in warp order; otherwise a final pass over the
-// part, chunk by chunk, accumulates them. dresidual may alias dx; dx must not
-// alias dy or x.
+// one chunk they accumulate in registers while the rows stream by (each row's
+// x and dy loaded while the previous row is reduced), and the warps of a block
+// add theirs in warp order; otherwise a final pass over the part, chunk by
+// chunk, accumulates them. dresidual may alias dx; dx must not alias dy or x.
 template <typename T, int kVec, bool kCentered>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+__global__ void __launch_bounds__(kMaxBwdRowThreads, 1)
     norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                     const T* __restrict__ weight, const float* __restrict__ mean,
                     const float* __restrict__ rstd, const T* dresidual, T* dx,
                     float* __restrict__ workspace, int64_t rows, int cols,
                     int64_t groups, int64_t parts_per_group, float inv_cols) {
   constexpr int kSums = kCentered ? 2 : 1;
-  constexpr int kElems = kElements<kVec>;
+  constexpr int kCount = kBwdCount<kVec>;
+  constexpr int kElems = kCount * kVec;
   const int64_t part = blockIdx.x;
   const int64_t rows_per_group = rows / groups;
   const int64_t group_begin = part / parts_per_group * rows_per_group;
@@ -382,14 +268,15 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 
   float x_v[kElems], dy_v[kElems];
   float dweight_sum[kElems], dbias_sum[kElems];
-  const auto zero_column_sums = [&] {
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) dweight_sum[e] = dbias_sum[e] = 0.f;
+  for (int e = 0; e < kElems; ++e) dweight_sum[e] = dbias_sum[e] = 0.f;
+  const auto load_row_chunk = [&](int64_t row, int base, float (&x_out)[kElems],
+                                  float (&dy_out)[kElems]) {
+    load_chunk<T, kVec, kCount>(x + row * cols, base, cols, x_out);
+    load_chunk<T, kVec, kCount>(dy + row * cols, base, cols, dy_out);
   };
   // Adds the chunk in x_v/dy_v of `row` to the column sums.
-  const auto add_column_sums = [&](int64_t row) {
-    const float row_mean = kCentered ? mean[row] : 0.f;
-    const float row_rstd = rstd[row];
+  const auto add_column_sums = [&](float row_mean, float row_rstd) {
 #pragma unroll
     for (int e = 0; e < kElems; ++e) {
       dweight_sum[e] += dy_v[e] * ((x_v[e] - row_mean) * row_rstd);
@@ -398,74 +285,77 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   };
   const auto store_column_sums = [&](int base) {
 #pragma unroll
-    for (int i = 0; i < kItems<kVec>; ++i) {
+    for (int i = 0; i < kCount; ++i) {
       const int col = item_col<kVec>(base, i);
       if (col >= cols) continue;
       store_f32<kVec>(part_sums + col, &dweight_sum[i * kVec]);
       if (kCentered) store_f32<kVec>(part_sums + cols + col, &dbias_sum[i * kVec]);
     }
   };
-  const auto load_row_chunk = [&](int64_t row, int base) {
-    load_chunk<T, kVec>(x + row * cols, base, cols, x_v);
-    load_chunk<T, kVec>(dy + row * cols, base, cols, dy_v);
+  // sums[0] += sum of g * xhat, sums[1] += sum of g over the chunk in x_v/dy_v.
+  // g = dy * w is rounded once, here and below (__fmul_rn is never contracted
+  // into an FMA): nvcc would otherwise fuse the product into g - mean_g, whose
+  // operands then differ by its rounding error, and dx where they cancel
+  // (every column of a one-column row of layer_norm, exactly 0) would be that
+  // error times rstd: 1e-5 at rstd = 316, as the first GPU run found.
+  const auto add_row_sums = [&](int base, float row_mean, float row_rstd,
+                                float (&sums)[kSums]) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+      const int col = item_col<kVec>(base, i);
+      if (col >= cols) continue;
+      float w[kVec];
+      load_or_fill<T, kVec>(weight, col, 1.f, w);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float g = __fmul_rn(dy_v[i * kVec + j], w[j]);
+        sums[0] += g * ((x_v[i * kVec + j] - row_mean) * row_rstd);
+        if (kCentered) sums[kSums - 1] += g;
+      }
+    }
+  };
+  const auto store_dx = [&](int64_t row, int base, float row_mean, float row_rstd,
+                            float mean_g, float mean_gx) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+      const int col = item_col<kVec>(base, i);
+      if (col >= cols) continue;
+      float w[kVec], extra[kVec], out[kVec];
+      load_or_fill<T, kVec>(weight, col, 1.f, w);
+      load_or_fill<T, kVec>(dresidual == nullptr ? nullptr : dresidual + row * cols, col, 0.f,
+                            extra);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float xhat = (x_v[i * kVec + j] - row_mean) * row_rstd;
+        const float g = __fmul_rn(dy_v[i * kVec + j], w[j]);
+        out[j] = (g - mean_g - xhat * mean_gx) * row_rstd + extra[j];
+      }
+      store_pack<T, kVec>(dx + row * cols + col, out);
+    }
   };
 
-  zero_column_sums();
-  for (int64_t row = row_begin + threadIdx.y; row < row_end; row += blockDim.y) {
-    const float row_mean = kCentered ? mean[row] : 0.f;
-    const float row_rstd = rstd[row];
-    // sums[0] = sum of g * xhat, sums[1] = sum of g. g = dy * w is rounded
-    // once, here and below (__fmul_rn is never contracted into an FMA): nvcc
-    // would otherwise fuse the product into g - mean_g, whose operands then
-    // differ by its rounding error, and dx where they cancel (every column of
-    // a one-column row of layer_norm, exactly 0) would be that error times
-    // rstd: 1e-5 at rstd = 316, as the first GPU run found.
-    float sums[kSums] = {};
-    for (int c = 0; c < chunks; ++c) {
-      load_row_chunk(row, c * chunk);
-#pragma unroll
-      for (int i = 0; i < kItems<kVec>; ++i) {
-        const int col = item_col<kVec>(c * chunk, i);
-        if (col >= cols) continue;
-        float w[kVec];
-        load_or_fill<T, kVec>(weight, col, 1.f, w);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float g = __fmul_rn(dy_v[i * kVec + j], w[j]);
-          sums[0] += g * ((x_v[i * kVec + j] - row_mean) * row_rstd);
-          if (kCentered) sums[kSums - 1] += g;
-        }
-      }
-      if (chunks == 1) add_column_sums(row);
-    }
-    row_sum(sums);
-    const float mean_gx = sums[0] * inv_cols;
-    const float mean_g = kCentered ? sums[kSums - 1] * inv_cols : 0.f;
-
-    // The last chunk is still in registers: write it first, re-read the others.
-    for (int c = chunks - 1; c >= 0; --c) {
-      if (c != chunks - 1) load_row_chunk(row, c * chunk);
-#pragma unroll
-      for (int i = 0; i < kItems<kVec>; ++i) {
-        const int col = item_col<kVec>(c * chunk, i);
-        if (col >= cols) continue;
-        float w[kVec], extra[kVec], out[kVec];
-        load_or_fill<T, kVec>(weight, col, 1.f, w);
-        load_or_fill<T, kVec>(dresidual == nullptr ? nullptr : dresidual + row * cols,
-                              col, 0.f, extra);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float xhat = (x_v[i * kVec + j] - row_mean) * row_rstd;
-          const float g = __fmul_rn(dy_v[i * kVec + j], w[j]);
-          out[j] = (g - mean_g - xhat * mean_gx) * row_rstd + extra[j];
-        }
-        store_pack<T, kVec>(dx + row * cols + col, out);
-      }
-    }
-  }
-
-  if (part_sums == nullptr) return;
   if (chunks == 1) {
+    float x_next[kElems], dy_next[kElems];
+    int64_t row = row_begin + threadIdx.y;
+    if (row < row_end) load_row_chunk(row, 0, x_v, dy_v);
+    for (; row < row_end; row += blockDim.y) {
+      const int64_t next = row + blockDim.y;
+      if (next < row_end) load_row_chunk(next, 0, x_next, dy_next);
+      const float row_mean = kCentered ? mean[row] : 0.f;
+      const float row_rstd = rstd[row];
+      float sums[kSums] = {};
+      add_row_sums(0, row_mean, row_rstd, sums);
+      row_sum(sums);
+      store_dx(row, 0, row_mean, row_rstd, kCentered ? sums[kSums - 1] * inv_cols : 0.f,
+               sums[0] * inv_cols);
+      if (part_sums != nullptr) add_column_sums(row_mean, row_rstd);
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) {
+        x_v[e] = x_next[e];
+        dy_v[e] = dy_next[e];
+      }
+    }
+    if (part_sums == nullptr) return;
     if (blockDim.y > 1) {
       // One-warp row groups (a row fits in one warp's registers): warp y adds
       // the running total of warps 0..y-1 to its own sums, and the last warp
@@ -474,7 +364,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
       for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
         if (threadIdx.y == y) {
 #pragma unroll
-          for (int i = 0; i < kItems<kVec>; ++i) {
+          for (int i = 0; i < kCount; ++i) {
             const int col = item_col<kVec>(0, i);
             if (col >= cols) continue;
 #pragma unroll
@@ -497,11 +387,31 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     store_column_sums(0);
     return;
   }
+
+  // Rows longer than a chunk: each row's sums chunk by chunk, then dx with the
+  // last chunk still in registers and the others re-read.
+  for (int64_t row = row_begin + threadIdx.y; row < row_end; row += blockDim.y) {
+    const float row_mean = kCentered ? mean[row] : 0.f;
+    const float row_rstd = rstd[row];
+    float sums[kSums] = {};
+    for (int c = 0; c < chunks; ++c) {
+      load_row_chunk(row, c * chunk, x_v, dy_v);
+      add_row_sums(c * chunk, row_mean, row_rstd, sums);
+    }
+    row_sum(sums);
+    for (int c = chunks - 1; c >= 0; --c) {
+      if (c != chunks - 1) load_row_chunk(row, c * chunk, x_v, dy_v);
+      store_dx(row, c * chunk, row_mean, row_rstd, kCentered ? sums[kSums - 1] * inv_cols : 0.f,
+               sums[0] * inv_cols);
+    }
+  }
+  if (part_sums == nullptr) return;
   for (int c = 0; c < chunks; ++c) {
-    zero_column_sums();
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) dweight_sum[e] = dbias_sum[e] = 0.f;
     for (int64_t row = row_begin; row < row_end; ++row) {
-      load_row_chunk(row, c * chunk);
-      add_column_sums(row);
+      load_row_chunk(row, c * chunk, x_v, dy_v);
+      add_column_sums(kCentered ? mean[row] : 0.f, rstd[row]);
     }
     store_column_sums(c * chunk);
   }
@@ -511,15 +421,16 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 // the row sums of xhat * dx (and dx) chunk by chunk, then dy, the last chunk
 // still in registers and the others re-read. An absent dx (null) is zero.
 template <typename T, int kVec, bool kCentered>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+__global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
     norm_jvp_kernel(const T* __restrict__ x, const T* __restrict__ weight,
                     const float* __restrict__ mean, const float* __restrict__ rstd,
                     const T* __restrict__ dx, const T* __restrict__ dweight,
                     const T* __restrict__ dbias, T* __restrict__ dy, int64_t rows, int cols,
                     float inv_cols) {
   constexpr int kSums = kCentered ? 2 : 1;
-  constexpr int kElems = kElements<kVec>;
-  const int64_t row = forward_row();
+  constexpr int kCount = kItems<kVec, kJvpElements>;
+  constexpr int kElems = kCount * kVec;
+  const int64_t row = group_row();
   if (row >= rows) return;
   const float row_mean = kCentered ? mean[row] : 0.f;
   const float row_rstd = rstd[row];
@@ -529,9 +440,9 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   float x_v[kElems], dx_v[kElems];
   // Columns past the row's end read as x = dx = 0, and add nothing to the sums.
   const auto load_row_chunk = [&](int base) {
-    load_chunk<T, kVec>(x + row * cols, base, cols, x_v);
+    load_chunk<T, kVec, kCount>(x + row * cols, base, cols, x_v);
     if (dx != nullptr) {
-      load_chunk<T, kVec>(dx + row * cols, base, cols, dx_v);
+      load_chunk<T, kVec, kCount>(dx + row * cols, base, cols, dx_v);
     } else {
 #pragma unroll
       for (int e = 0; e < kElems; ++e) dx_v[e] = 0.f;
@@ -555,7 +466,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   for (int c = chunks - 1; c >= 0; --c) {
     if (c != chunks - 1) load_row_chunk(c * chunk);
 #pragma unroll
-    for (int i = 0; i < kItems<kVec>; ++i) {
+    for (int i = 0; i < kCount; ++i) {
       const int col = item_col<kVec>(c * chunk, i);
       if (col >= cols) continue;
       float w[kVec], dw[kVec], db[kVec], out[kVec];
@@ -592,72 +503,17 @@ __global__ void __launch_bounds__(kSumPartsThreads)
   out[index] = from_float<T>(sum);
 }
 
-struct RowLaunch {
-  dim3 grid;
-  dim3 block;
-};
-
-// Launch shape for `units` independent units of work of `cols` columns: rows in
-// the forward (rows_per_warp_block one-warp rows per block for short rows),
-// parts in the backward (one block per part, rows_per_warp_block warps sharing
-// its rows).
-template <int kVec>
-cudaError_t row_launch(int64_t cols, int64_t units, bool unit_per_block,
-                       int rows_per_warp_block, RowLaunch* launch) {
-  const int64_t threads = ((cols + kVec - 1) / kVec + kItems<kVec> - 1) / kItems<kVec>;
-  int row_threads = kWarpSize;
-  int rows_per_block = rows_per_warp_block;
-  if (threads > kWarpSize) {
-    const int64_t rounded = (threads + kWarpSize - 1) / kWarpSize * kWarpSize;
-    row_threads = static_cast<int>(rounded < kMaxRowThreads ? rounded : kMaxRowThreads);
-    rows_per_block = 1;
-  }
-  const int64_t blocks = unit_per_block ? units : (units + rows_per_block - 1) / rows_per_block;
-  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  launch->grid = dim3(static_cast<unsigned>(blocks));
-  launch->block = dim3(row_threads, rows_per_block);
-  return cudaSuccess;
-}
-
-// True when every row starts 16-byte aligned in every buffer (null is aligned).
-template <typename T>
-bool can_vectorize(int64_t cols, std::initializer_list<const void*> buffers) {
-  if (cols % (kVectorBytes / sizeof(T)) != 0) return false;
-  for (const void* p : buffers) {
-    if (reinterpret_cast<uintptr_t>(p) % kVectorBytes != 0) return false;
-  }
-  return true;
-}
-
-// Calls body with the pack width as a compile-time constant.
-template <typename T, typename Body>
-cudaError_t with_pack_width(bool vectorize, Body&& body) {
-  if (vectorize) {
-    return body(std::integral_constant<int, kVectorBytes / static_cast<int>(sizeof(T))>());
-  }
-  return body(std::integral_constant<int, 1>());
-}
-
 bool valid_shape(NormShape shape) {
   return shape.rows >= 0 && shape.cols > 0 && shape.cols <= kMaxCols;
 }
 
-// Launches a kernel with a row per row group (the forward's layout) over the
-// rows of `shape`, with the widest packs that every buffer allows:
-// launch_with(pack width as a std::integral_constant, the launch shape).
-template <typename T, typename LaunchWith>
+// Launches over the rows of `shape` in the forward's layout (launch_row_groups).
+template <typename T, int kElements, typename LaunchWith>
 cudaError_t launch_rows(NormShape shape, std::initializer_list<const void*> buffers,
                         LaunchWith&& launch_with) {
   if (!valid_shape(shape)) return cudaErrorInvalidValue;
-  if (shape.rows == 0) return cudaSuccess;
-  const int cols = static_cast<int>(shape.cols);
-  return with_pack_width<T>(can_vectorize<T>(cols, buffers), [&](auto pack_width) {
-    RowLaunch launch;
-    const cudaError_t shaped = row_launch<decltype(pack_width)::value>(
-        cols, shape.rows, false, kFwdRowsPerWarpBlock, &launch);
-    if (shaped != cudaSuccess) return shaped;
-    return launch_with(pack_width, launch);
-  });
+  return launch_row_groups<T, kElements>(shape.rows, shape.cols, buffers,
+                                         kFwdRowsPerWarpBlock, kMaxRowThreads, launch_with);
 }
 
 bool valid_layout(NormShape shape, WeightGradLayout layout) {
@@ -680,7 +536,8 @@ cudaError_t norm_bwd(cudaStream_t stream, const T* dy, const T* x, const T* weig
   const cudaError_t status = with_pack_width<T>(vectorize, [&](auto pack_width) {
     constexpr int kVec = decltype(pack_width)::value;
     RowLaunch launch;
-    const cudaError_t shaped = row_launch<kVec>(cols, parts, true, kBwdWarpsPerPart, &launch);
+    const cudaError_t shaped = row_launch<kVec, kBwdCount<kVec>>(
+        cols, parts, true, kBwdWarpsPerPart, kMaxBwdRowThreads, &launch);
     if (shaped != cudaSuccess) return shaped;
     return launch_kernel(norm_bwd_kernel<T, kVec, kCentered>, launch.grid, launch.block, stream,
                          dy, x, weight, mean, rstd, dresidual, dx, workspace, shape.rows, cols,
@@ -700,8 +557,8 @@ template <typename T>
 cudaError_t rms_norm_fwd_launch(cudaStream_t stream, const T* x, const T* residual,
                                 const T* weight, T* y, T* h, float* rstd, NormShape shape,
                                 float epsilon) {
-  return launch_rows<T>(shape, {x, residual, weight, y, h},
-                        [&](auto pack_width, RowLaunch launch) {
+  return launch_rows<T, kFwdElements>(shape, {x, residual, weight, y, h},
+                                   [&](auto pack_width, RowLaunch launch) {
     return launch_kernel(rms_norm_fwd_kernel<T, decltype(pack_width)::value>, launch.grid,
                          launch.block, stream, x, residual, weight, y, h, rstd, shape.rows,
                          static_cast<int>(shape.cols), 1.f / static_cast<float>(shape.cols),
@@ -713,8 +570,8 @@ template <typename T, bool kCentered>
 cudaError_t norm_jvp(cudaStream_t stream, const T* x, const T* weight, const float* mean,
                      const float* rstd, const T* dx, const T* dweight, const T* dbias, T* dy,
                      NormShape shape) {
-  return launch_rows<T>(shape, {x, weight, dx, dweight, dbias, dy},
-                        [&](auto pack_width, RowLaunch launch) {
+  return launch_rows<T, kJvpElements>(shape, {x, weight, dx, dweight, dbias, dy},
+                                   [&](auto pack_width, RowLaunch launch) {
     return launch_kernel(norm_jvp_kernel<T, decltype(pack_width)::value, kCentered>,
                          launch.grid, launch.block, stream, x, weight, mean, rstd, dx, dweight,
                          dbias, dy, shape.rows, static_cast<int>(shape.cols),
@@ -727,7 +584,8 @@ cudaError_t norm_jvp(cudaStream_t stream, const T* x, const T* weight, const flo
 template <typename T>
 cudaError_t layer_norm_fwd(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
                            float* mean, float* rstd, NormShape shape, float epsilon) {
-  return launch_rows<T>(shape, {x, weight, bias, y}, [&](auto pack_width, RowLaunch launch) {
+  return launch_rows<T, kFwdElements>(shape, {x, weight, bias, y},
+                                   [&](auto pack_width, RowLaunch launch) {
     return launch_kernel(layer_norm_fwd_kernel<T, decltype(pack_width)::value>, launch.grid,
                          launch.block, stream, x, weight, bias, y, mean, rstd, shape.rows,
                          static_cast<int>(shape.cols), 1.f / static_cast<float>(shape.cols),

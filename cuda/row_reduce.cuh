@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <math_constants.h>
 
+#include "cuda/fast_math.cuh"
 #include "cuda/float_convert.cuh"
 
 namespace jaxops::cuda::row_reduce {
@@ -51,6 +52,13 @@ __device__ __forceinline__ float block_sum(float value) {
   return block_reduce(Sum{value}, [](Sum a, Sum b) { return Sum{a.sum + b.sum}; }, scratch).sum;
 }
 
+// exp(a - b) in three instructions: the difference, its product with log2(e),
+// fast_exp2. The difference is taken first so that the error stays relative to
+// it: folding b * log2(e) into an FMA would add b's rounding, large for large b.
+__device__ __forceinline__ float exp_of_difference(float a, float b) {
+  return fast_exp2((a - b) * kLog2e);
+}
+
 // A running maximum m and sum s of exp(v - m) over a set of values: the
 // online softmax normaliser. -inf values leave it unchanged; a NaN value makes s
 // NaN, and NaN then survives every combination.
@@ -72,6 +80,27 @@ struct MaxSum {
     return {__shfl_xor_sync(kFullWarp, max, offset), __shfl_xor_sync(kFullWarp, sum, offset)};
   }
 };
+
+// The normaliser of the values a thread holds: their max (NaN ignored) and the
+// sum of exp(v - shift), one ex2 per value, shift = the max (or 0 when the max
+// is -inf, which would give -inf - -inf = NaN). -inf adds nothing; NaN or +inf
+// make the sum NaN. kReplace: v becomes exp(v - shift), which a softmax scales
+// by exp(shift - row max) / row sum instead of taking a second ex2.
+template <bool kReplace = false, int N>
+__device__ __forceinline__ MaxSum max_sum_of(float (&v)[N]) {
+  float max = -CUDART_INF_F;
+#pragma unroll
+  for (int e = 0; e < N; ++e) max = fmaxf(max, v[e]);
+  const float shift = max == -CUDART_INF_F ? 0.f : max;
+  float sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    const float term = exp_of_difference(v[e], shift);
+    if (kReplace) v[e] = term;
+    sum += term;
+  }
+  return {max, sum};
+}
 
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.max, b.max);

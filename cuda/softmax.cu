@@ -1,74 +1,167 @@
 #include "cuda/softmax.h"
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cuda/launch.cuh"
 #include "cuda/row_reduce.cuh"
+#include "cuda/row_tile.cuh"
 
 namespace jaxops::cuda {
 namespace {
 
-using namespace row_reduce;
+using namespace row_tile;
+using row_reduce::MaxSum;
 
+// Layout (cuda/row_tile.cuh): a row per warp up to 32 * kElements columns,
+// else a row per block of up to kMaxRowThreads threads; longer rows go chunk by
+// chunk, the last chunk kept in registers. At most 64 registers a thread
+// (kMinBlocksPerSm blocks of kMaxRowThreads), so that an SM holds 1024 threads
+// and with them 64 KiB (float32) or 32 KiB (16-bit) of rows in registers:
+// docs/cuda.md, "Bandwidth-bound kernels", has the plan.
 constexpr int kMaxRowThreads = 512;
-// Rows beyond the grid are taken by the same blocks in turn.
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+constexpr int kMinBlocksPerSm = 2;
+constexpr int kWarpRowsPerBlock = 4;
+// Column indices are int.
+constexpr int64_t kMaxCols = int64_t{1} << 30;
 
-__device__ __forceinline__ int64_t visible_prefix(int64_t row, int64_t cols, CausalLimit causal) {
+// Elements a thread holds per chunk: the forward 16 of x (4 float32 or 2
+// 16-bit packs: 32 16-bit elements would need more than 64 registers), the
+// linear maps 8 of y and of g.
+constexpr int kFwdElements = 16;
+constexpr int kMapElements = 8;
+
+__device__ __forceinline__ int visible_prefix(int64_t row, int cols, CausalLimit causal) {
   if (causal.queries == 0) return cols;
   const int64_t limit = row % causal.queries + causal.query_offset + 1;
-  return limit < 0 ? 0 : (limit > cols ? cols : limit);
+  return static_cast<int>(limit < 0 ? 0 : (limit > cols ? cols : limit));
 }
 
-// x + bias, or -inf where the mask hides the column; an absent x or bias is 0.
+// A broadcast operand's elements along one row: at[c] = data[c * col_stride];
+// null when the operand is absent.
 template <typename T>
-struct MaskedRow {
-  const T* x;
-  const uint8_t* where;
-  int64_t where_stride;
-  const T* bias;
-  int64_t bias_stride;
+struct BroadcastRow {
+  const T* data;
+  int64_t col_stride;
 
-  __device__ __forceinline__ float operator()(int64_t c) const {
-    float v = x != nullptr ? to_float(x[c]) : 0.f;
-    if (bias != nullptr) v += to_float(bias[c * bias_stride]);
-    if (where != nullptr && !where[c * where_stride]) v = -CUDART_INF_F;
-    return v;
-  }
+  __device__ BroadcastRow(const BroadcastOperand<T>& operand, int64_t row)
+      : data(operand.data ? operand.data + operand.row_offset(row) : nullptr),
+        col_stride(operand.col_stride) {}
+  __device__ __forceinline__ const T& at(int c) const { return data[c * col_stride]; }
 };
 
-template <typename T>
-__global__ void __launch_bounds__(kMaxRowThreads)
+// Loads this thread's part of a chunk of z = x + bias (an absent bias is 0),
+// -inf where the mask hides a column and from the visible prefix `n` on (those
+// columns are not read); packs entirely past n are not loaded. !kBroadcast:
+// neither a mask nor a bias (the common case, without their per-element code).
+template <typename T, int kVec, int kCount, bool kBroadcast>
+__device__ __forceinline__ void load_visible(const T* x, const BroadcastRow<uint8_t>& where,
+                                             const BroadcastRow<T>& bias, int base, int n,
+                                             float (&z)[kCount * kVec]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int col = item_col<kVec>(base, i);
+    if (col < n) {
+      load_pack<T, kVec>(x + col, &z[i * kVec]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) z[i * kVec + j] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int col = item_col<kVec>(base, i);
+    // Whole packs inside the prefix (every pack without a causal limit) skip
+    // the per-element test.
+    if (!kBroadcast && col + kVec <= n) continue;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float& v = z[i * kVec + j];
+      if (col + j < n) {
+        if (kBroadcast && bias.data != nullptr) v += to_float(bias.at(col + j));
+        if (kBroadcast && where.data != nullptr && !where.at(col + j)) v = -CUDART_INF_F;
+      } else {
+        v = -CUDART_INF_F;
+      }
+    }
+  }
+}
+
+template <typename T, int kVec, bool kBroadcast>
+__global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
     softmax_fwd_kernel(const T* __restrict__ x, BroadcastOperand<uint8_t> where,
-                       BroadcastOperand<T> bias, T* __restrict__ y, int64_t rows, int64_t cols,
+                       BroadcastOperand<T> bias, T* __restrict__ y, int64_t rows, int cols,
                        bool log_output, CausalLimit causal) {
+  constexpr int kItemCount = kItems<kVec, kFwdElements>;
+  constexpr int kElems = kItemCount * kVec;
+  const int64_t row = group_row();
+  if (row >= rows) return;
+  const int n = visible_prefix(row, cols, causal);
+  const T* x_row = x + row * cols;
+  T* y_row = y + row * cols;
+  const BroadcastRow<uint8_t> where_row(where, row);
+  const BroadcastRow<T> bias_row(bias, row);
+  const int chunk = blockDim.x * kElems;
+  const int chunks = (cols + chunk - 1) / chunk;
+
+  // A softmax keeps the last chunk's exp(z - the thread's shift) in z.
+  float z[kElems];
+  MaxSum stats = MaxSum::empty(), last;
+  for (int c = 0; c < chunks; ++c) {
+    load_visible<T, kVec, kItemCount, kBroadcast>(x_row, where_row, bias_row, c * chunk, n, z);
+    const MaxSum part = c == chunks - 1 && !log_output ? row_reduce::max_sum_of<true>(z)
+                                                       : row_reduce::max_sum_of(z);
+    stats = row_reduce::combine(stats, part);
+    last = part;
+  }
+  stats = row_reduce::block_max_sum(stats);
+
   const float invisible = log_output ? -CUDART_INF_F : 0.f;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const int64_t n = visible_prefix(row, cols, causal);
-    const MaskedRow<T> z{x + row * cols,
-                         where.data ? where.data + where.row_offset(row) : nullptr,
-                         where.col_stride,
-                         bias.data ? bias.data + bias.row_offset(row) : nullptr,
-                         bias.col_stride};
-    MaxSum stats = MaxSum::empty();
-    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) stats.add(z(c));
-    stats = block_max_sum(stats);
-    T* out = y + row * cols;
-    if (stats.max == -CUDART_INF_F) {
-      // No visible column; a NaN among the columns still poisons the row.
-      const float fill = stats.sum != stats.sum ? CUDART_NAN_F : invisible;
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = from_float<T>(fill);
-      continue;
+  if (stats.max == -CUDART_INF_F) {
+    // No visible column; a NaN among the columns still poisons the row.
+    float fill[kElems];
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) fill[e] = stats.sum != stats.sum ? CUDART_NAN_F : invisible;
+    for (int c = 0; c < chunks; ++c) store_chunk<T, kVec, kItemCount>(y_row, c * chunk, cols, fill);
+    return;
+  }
+  const float inv_sum = 1.f / stats.sum;
+  // Past the visible prefix: -inf, or 0 * inv_sum, so that a NaN row is NaN there too.
+  const float hidden = log_output ? invisible : 0.f * inv_sum;
+  const auto store_out = [&](int c, auto visible_value) {
+#pragma unroll
+    for (int i = 0; i < kItemCount; ++i) {
+      const int col = item_col<kVec>(c * chunk, i);
+      float* v = &z[i * kVec];
+      if (col + kVec <= n) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j] = visible_value(v[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j] = col + j < n ? visible_value(v[j]) : hidden;
+      }
     }
-    const float inv_sum = 1.f / stats.sum;
+    store_chunk<T, kVec, kItemCount>(y_row, c * chunk, cols, z);
+  };
+  // The last chunk is still in registers: write it first, re-read the others.
+  if (log_output) {
     const float lse = stats.max + logf(stats.sum);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      // 0 * inv_sum: a NaN row is NaN in its causally invisible columns too.
-      float v = log_output ? invisible : 0.f * inv_sum;
-      if (c < n) v = log_output ? z(c) - lse : expf(z(c) - stats.max) * inv_sum;
-      out[c] = from_float<T>(v);
+    for (int c = chunks - 1; c >= 0; --c) {
+      if (c != chunks - 1) {
+        load_visible<T, kVec, kItemCount, kBroadcast>(x_row, where_row, bias_row, c * chunk, n, z);
+      }
+      store_out(c, [&](float v) { return v - lse; });
     }
+    return;
+  }
+  // z holds exp(z - shift) with the last chunk's shift (its max, or 0 when that
+  // is -inf and every term is 0: then the scale is 0, or NaN in a NaN row).
+  const float scale = last.max == -CUDART_INF_F
+                          ? 0.f * inv_sum
+                          : row_reduce::exp_of_difference(last.max, stats.max) * inv_sum;
+  store_out(chunks - 1, [&](float e) { return e * scale; });
+  for (int c = chunks - 2; c >= 0; --c) {
+    load_visible<T, kVec, kItemCount, kBroadcast>(x_row, where_row, bias_row, c * chunk, n, z);
+    store_out(c, [&](float v) { return row_reduce::exp_of_difference(v, stats.max) * inv_sum; });
   }
 }
 
@@ -89,45 +182,95 @@ struct SoftmaxLinearMap {
 struct LogSoftmaxVjp {
   __device__ static float term(float y, float g) { return y != -CUDART_INF_F ? g : 0.f; }
   __device__ static float out(float y, float g, float s) {
-    return y != -CUDART_INF_F ? g - expf(y) * s : 0.f;  // NaN y: NaN
+    return y != -CUDART_INF_F ? g - row_reduce::exp_of_difference(y, 0.f) * s : 0.f;  // NaN y: NaN
   }
 };
 
 struct LogSoftmaxJvp {
-  __device__ static float term(float y, float g) { return y != -CUDART_INF_F ? expf(y) * g : 0.f; }
+  __device__ static float term(float y, float g) {
+    return y != -CUDART_INF_F ? row_reduce::exp_of_difference(y, 0.f) * g : 0.f;
+  }
   __device__ static float out(float y, float g, float s) { return y != -CUDART_INF_F ? g - s : 0.f; }
 };
 
-// out = Map(y, g + g_broadcast), either term of g absent (0); past a row's
-// causal prefix (if any) out = 0: in a NaN row y is NaN there, so the guard on y
-// cannot hide those columns.
-template <typename T, typename Map>
-__global__ void __launch_bounds__(kMaxRowThreads)
-    softmax_linear_map_kernel(const T* __restrict__ y, const T* __restrict__ g,
-                              BroadcastOperand<T> g_broadcast, T* __restrict__ out, int64_t rows,
-                              int64_t cols, CausalLimit causal) {
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* y_row = y + row * cols;
-    const MaskedRow<T> g_row{
-        g != nullptr ? g + row * cols : nullptr, nullptr, 0,
-        g_broadcast.data ? g_broadcast.data + g_broadcast.row_offset(row) : nullptr,
-        g_broadcast.col_stride};
-    const int64_t n = visible_prefix(row, cols, causal);
-    float partial = 0.f;
-    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-      partial += Map::term(to_float(y_row[c]), g_row(c));
+// Loads this thread's part of a chunk of y and of g = g + g_broadcast (either
+// absent: 0); packs entirely past the visible prefix n are not loaded (y = g = 0).
+// kBroadcast: g_broadcast is present.
+template <typename T, int kVec, int kCount, bool kBroadcast>
+__device__ __forceinline__ void load_map_operands(const T* y, const T* g,
+                                                  const BroadcastRow<T>& g_broadcast, int base,
+                                                  int n, float (&y_v)[kCount * kVec],
+                                                  float (&g_v)[kCount * kVec]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int col = item_col<kVec>(base, i);
+    const bool loaded = col < n;
+    if (loaded) load_pack<T, kVec>(y + col, &y_v[i * kVec]);
+    if (loaded && g != nullptr) load_pack<T, kVec>(g + col, &g_v[i * kVec]);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (!loaded) y_v[i * kVec + j] = 0.f;
+      if (!loaded || g == nullptr) g_v[i * kVec + j] = 0.f;
     }
-    const float s = block_sum(partial);
-    T* out_row = out + row * cols;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      out_row[c] = from_float<T>(c < n ? Map::out(to_float(y_row[c]), g_row(c), s) : 0.f);
+  }
+  if constexpr (kBroadcast) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+      const int col = item_col<kVec>(base, i);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (col + j < n) g_v[i * kVec + j] += to_float(g_broadcast.at(col + j));
+      }
     }
   }
 }
 
-dim3 grid_for(int64_t rows) { return dim3(static_cast<unsigned>(std::min(rows, kMaxBlocks))); }
+// out = Map(y, g + g_broadcast), either term of g absent (0); past a row's
+// causal prefix (if any) out = 0: in a NaN row y is NaN there, so the guard on y
+// cannot hide those columns.
+template <typename T, int kVec, typename Map, bool kBroadcast>
+__global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
+    softmax_linear_map_kernel(const T* __restrict__ y, const T* __restrict__ g,
+                              BroadcastOperand<T> g_broadcast, T* __restrict__ out, int64_t rows,
+                              int cols, CausalLimit causal) {
+  constexpr int kItemCount = kItems<kVec, kMapElements>;
+  constexpr int kElems = kItemCount * kVec;
+  const int64_t row = group_row();
+  if (row >= rows) return;
+  const int n = visible_prefix(row, cols, causal);
+  const T* y_row = y + row * cols;
+  const T* g_row = g != nullptr ? g + row * cols : nullptr;
+  const BroadcastRow<T> g_broadcast_row(g_broadcast, row);
+  T* out_row = out + row * cols;
+  const int chunk = blockDim.x * kElems;
+  const int chunks = (cols + chunk - 1) / chunk;
 
-dim3 block_for(int64_t cols) { return dim3(threads_for_row(cols, kMaxRowThreads)); }
+  float y_v[kElems], g_v[kElems];
+  float sum[1] = {0.f};
+  for (int c = 0; c < chunks; ++c) {
+    load_map_operands<T, kVec, kItemCount, kBroadcast>(y_row, g_row, g_broadcast_row, c * chunk,
+                                                        n, y_v, g_v);
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) sum[0] += Map::term(y_v[e], g_v[e]);
+  }
+  row_sum(sum);
+  for (int c = chunks - 1; c >= 0; --c) {
+    if (c != chunks - 1) {
+      load_map_operands<T, kVec, kItemCount, kBroadcast>(y_row, g_row, g_broadcast_row,
+                                                          c * chunk, n, y_v, g_v);
+    }
+#pragma unroll
+    for (int i = 0; i < kItemCount; ++i) {
+      const int col = item_col<kVec>(c * chunk, i);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const int e = i * kVec + j;
+        y_v[e] = col + j < n ? Map::out(y_v[e], g_v[e], sum[0]) : 0.f;
+      }
+    }
+    store_chunk<T, kVec, kItemCount>(out_row, c * chunk, cols, y_v);
+  }
+}
 
 template <typename T>
 bool valid_broadcast(const BroadcastOperand<T>& operand) {
@@ -139,17 +282,32 @@ bool valid_broadcast(const BroadcastOperand<T>& operand) {
   return true;
 }
 
+bool valid_shape(SoftmaxShape shape, CausalLimit causal) {
+  return shape.cols >= 1 && shape.cols <= kMaxCols && shape.rows >= 0 && causal.queries >= 0;
+}
+
+// Launches over the rows of `shape`: launch_row_groups, the broadcast operands
+// read element by element.
+template <typename T, int kElements, typename LaunchWith>
+cudaError_t launch_rows(SoftmaxShape shape, std::initializer_list<const void*> buffers,
+                        LaunchWith&& launch_with) {
+  return launch_row_groups<T, kElements>(shape.rows, shape.cols, buffers, kWarpRowsPerBlock,
+                                         kMaxRowThreads, launch_with);
+}
+
 template <typename Map, typename T>
 cudaError_t softmax_linear_map(cudaStream_t stream, const T* y, const T* g,
                                BroadcastOperand<T> g_broadcast, T* out, SoftmaxShape shape,
                                CausalLimit causal = {}) {
-  if (shape.cols < 1 || shape.rows < 0 || causal.queries < 0 || !valid_broadcast(g_broadcast)) {
-    return cudaErrorInvalidValue;
-  }
-  if (shape.rows == 0) return cudaSuccess;
-  return launch_kernel(softmax_linear_map_kernel<T, Map>, grid_for(shape.rows),
-                       block_for(shape.cols), stream, y, g, g_broadcast, out, shape.rows,
-                       shape.cols, causal);
+  if (!valid_shape(shape, causal) || !valid_broadcast(g_broadcast)) return cudaErrorInvalidValue;
+  return launch_rows<T, kMapElements>(shape, {y, g, out}, [&](auto pack_width, RowLaunch launch) {
+    constexpr int kVec = decltype(pack_width)::value;
+    return launch_kernel(g_broadcast.data != nullptr
+                             ? softmax_linear_map_kernel<T, kVec, Map, true>
+                             : softmax_linear_map_kernel<T, kVec, Map, false>,
+                         launch.grid, launch.block, stream, y, g, g_broadcast, out, shape.rows,
+                         static_cast<int>(shape.cols), causal);
+  });
 }
 
 }  // namespace
@@ -158,14 +316,18 @@ template <typename T>
 cudaError_t softmax_fwd(cudaStream_t stream, const T* x, BroadcastOperand<uint8_t> where,
                         BroadcastOperand<T> bias, T* y, SoftmaxShape shape, SoftmaxOutput output,
                         CausalLimit causal) {
-  if (shape.cols < 1 || shape.rows < 0 || causal.queries < 0 || !valid_broadcast(where) ||
-      !valid_broadcast(bias)) {
+  if (!valid_shape(shape, causal) || !valid_broadcast(where) || !valid_broadcast(bias)) {
     return cudaErrorInvalidValue;
   }
-  if (shape.rows == 0) return cudaSuccess;
-  return launch_kernel(softmax_fwd_kernel<T>, grid_for(shape.rows), block_for(shape.cols), stream,
-                       x, where, bias, y, shape.rows, shape.cols,
-                       output == SoftmaxOutput::kLogProbabilities, causal);
+  return launch_rows<T, kFwdElements>(shape, {x, y}, [&](auto pack_width, RowLaunch launch) {
+    constexpr int kVec = decltype(pack_width)::value;
+    const bool broadcast = where.data != nullptr || bias.data != nullptr;
+    return launch_kernel(broadcast ? softmax_fwd_kernel<T, kVec, true>
+                                   : softmax_fwd_kernel<T, kVec, false>,
+                         launch.grid, launch.block, stream, x, where, bias, y, shape.rows,
+                         static_cast<int>(shape.cols),
+                         output == SoftmaxOutput::kLogProbabilities, causal);
+  });
 }
 
 template <typename T>

@@ -6,7 +6,8 @@
 // = the last axis, row-major; T is float, __half or __nv_bfloat16; float32
 // arithmetic. Invisible columns (masked out, beyond the causal limit, or -inf
 // after the bias) give 0 / -inf and no gradient; a row with no visible column
-// is all 0 / all -inf. One block handles a row.
+// is all 0 / all -inf. A warp or a block handles a row, held in registers
+// (cuda/row_tile.cuh); rows of more than 2^30 columns are refused.
 //
 // Every function launches on `stream` and returns cudaGetLastError() after its
 // launch (cudaErrorInvalidValue for layouts it cannot handle).

@@ -35,9 +35,10 @@ from jaxops.testing import (
 
 # (logits shape): size-1 axes, primes, a vocabulary longer than any vector tile.
 SHAPES = [(1,), (1, 1), (7, 13), (2, 3, 5), (13, 127), (3, 4099)]
-# CUDA: one-warp blocks, wider blocks, vocab = 1, primes, a vocabulary longer
-# than a block's threads * 8.
-HARNESS_SHAPES = [(1,), (1, 1), (7, 13), (13, 127), (3, 4099)]
+# CUDA: one-warp rows, block rows, vocab = 1, primes, vocabularies longer than
+# a block's registers hold (512 threads of 8 elements on the scalar path: 4099;
+# of 16 on the 16-byte path: 8200).
+HARNESS_SHAPES = [(1,), (1, 1), (7, 13), (13, 127), (3, 4099), (2, 8200)]
 REDUCTIONS = ["mean", "sum", "none"]
 # "sum" is "mean"'s code but for the final scale: the costlier checks
 # (check_grads, every transformation) take these two.
@@ -99,7 +100,8 @@ def test_options_vjp_matches_reference(options, backend, reduction):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @backends.parametrize("shape,reduction", {
     backends.CPU: [((1, 1), "mean"), ((5, 3), "none"), ((11, 257), "mean"), ((3, 4099), "none")],
-    backends.HARNESS: [((5, 3), "none"), ((11, 257), "mean"), ((2, 1030), "none")]})
+    backends.HARNESS: [((5, 3), "none"), ((11, 257), "mean"), ((2, 1030), "none"),
+                       ((2, 8200), "none")]})
 def test_vjp_matches_reference(backend, shape, reduction, dtype):
   check_vjp(shape, reduction, dtype)
 

@@ -18,7 +18,10 @@ from support.sanitizers import (LAUNCH_FAILED, RIGHT, WRONG, check_driver, drive
 # Shapes for the sanitizers: one-warp rows (several per block), block rows with
 # shared-memory reductions, scalar and vector paths, rows longer than a chunk,
 # and weight-gradient groups.
-ASAN_SHAPES = ["3x5", "8x64/2", "13x1", "2x1000", "1x9001", "2x8200/2"]
+# Parts of several rows (each row's x and dy loaded while the previous one
+# reduces): 2 parts of 20 one-warp rows, 3 parts of 4 block rows (ROWSxCOLS/GROUPS/PARTS).
+ASAN_SHAPES = ["3x5", "8x64/2", "13x1", "2x1000", "1x9001", "2x8200/2", "40x40/1/2",
+               "12x600/1/3"]
 TSAN_SHAPES = ["2x5", "2x40/2", "1x1000"]
 
 

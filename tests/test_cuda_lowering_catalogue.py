@@ -98,7 +98,9 @@ def test_embedding_lowers_with_its_sort_workspace(dtype):
   _check_binding(forward, dtype)
   _check_binding(backward, dtype)
   assert forward[2][0][0] == (2, 7, 6)
-  assert backward[2] == [((11, 6), DTYPES[dtype]), ((11 + 1 + 14,), "i32")]
+  # The sort's 14 keys padded to one 2048-key tile (two int32 each), then each
+  # of the 11 rows' first and end position.
+  assert backward[2] == [((11, 6), DTYPES[dtype]), ((2 * 2048 + 2 * 11,), "i32")]
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

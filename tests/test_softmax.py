@@ -33,9 +33,10 @@ from jaxops.testing import (
 
 # Size-1 axes, primes, and a row longer than any vector tile.
 SHAPES = [(1,), (7,), (3, 1), (2, 3, 5), (13, 127), (5, 4099), (2, 1, 64)]
-# CUDA: one-warp blocks (cols <= 256), wider blocks, cols = 1, primes, rows
-# longer than a block's threads * 8.
-HARNESS_SHAPES = [(1,), (3, 1), (2, 3, 5), (13, 127), (3, 700), (2, 4099)]
+# CUDA: one-warp rows, block rows, cols = 1, primes, rows longer than a block's
+# registers hold (512 threads of 8 elements on the scalar path: 4099; of 16
+# on the 16-byte path: 8200).
+HARNESS_SHAPES = [(1,), (3, 1), (2, 3, 5), (13, 127), (3, 700), (2, 4099), (2, 8200)]
 MASKED = [("softmax", jaxops.softmax, reference.softmax),
           ("log_softmax", jaxops.log_softmax, reference.log_softmax)]
 MASKED_IDS = [m[0] for m in MASKED]
@@ -105,8 +106,10 @@ def test_where_and_bias_broadcast(name, fn, ref, x_shape, where_shape, bias_shap
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @backends.parametrize("mode,shape", {
     backends.CPU: [(m, s) for m in ("vjp", "jvp") for s in [(1, 1), (11, 257), (3, 2, 4099)]],
-    # The masked forward mode with a bias tangent runs the CUDA linear-map kernel.
-    backends.HARNESS: [(m, s) for m in ("vjp", "jvp") for s in [(1, 1), (11, 257), (2, 1030)]]})
+    # The masked forward mode with a bias tangent runs the CUDA linear-map kernel;
+    # 4104 columns are two chunks of its 16-byte path.
+    backends.HARNESS: [(m, s) for m in ("vjp", "jvp") for s in [(1, 1), (11, 257), (2, 1030)]]
+                      + [("vjp", (2, 4104))]})
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
 def test_derivatives_match_reference(name, fn, ref, backend, mode, shape, dtype):
   check_derivatives(fn, ref, mode, shape, dtype)

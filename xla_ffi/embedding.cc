@@ -36,7 +36,8 @@ ffi::Error EmbeddingBwd(ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> ids,
                         ffi::Result<ffi::Buffer<ffi::S32>> workspace, int64_t vocab) {
   const std::string op = kEmbeddingBwd.name;
   EmbeddingShape d;
-  JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab, &d));
+  JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab,
+                                             contract::Platform::kCpu, &d));
   return dispatch(op, dout.element_type(), [&](auto tag) {
     using T = decltype(tag);
     cpu::embedding_bwd<T>(data<const T>(dout), ids.typed_data(), data<T>(*dtable),

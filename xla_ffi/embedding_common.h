@@ -19,6 +19,7 @@ namespace jaxops::embedding_common {
 namespace ffi = xla::ffi;
 using namespace ::jaxops::ffi_common;
 
+using ::jaxops::params::embedding_bwd_cuda_workspace_ints;
 using ::jaxops::params::embedding_bwd_workspace_ints;
 using ::jaxops::params::EmbeddingShape;
 
@@ -26,13 +27,19 @@ using ::jaxops::params::EmbeddingShape;
 
 inline constexpr contract::Attribute<int64_t> kVocab{"vocab"};
 
+// int32s of the backward's sort workspace on `platform`.
+inline int64_t embedding_bwd_workspace_size(const EmbeddingShape& s, contract::Platform platform) {
+  return platform == contract::Platform::kCuda ? embedding_bwd_cuda_workspace_ints(s)
+                                               : embedding_bwd_workspace_ints(s);
+}
+
 // The backward's sort workspace for ids (operand 1) and the vocab attribute.
 inline contract::Workspace embedding_bwd_workspace(const contract::WorkspaceQuery& call) {
   EmbeddingShape s{};
   s.vocab = call.attribute(kVocab);
   s.tokens = 1;
   for (int64_t d : call.operand(1)) s.tokens *= d;
-  return {{embedding_bwd_workspace_ints(s)}, "int32"};
+  return {{embedding_bwd_workspace_size(s, call.platform)}, "int32"};
 }
 
 inline constexpr auto kEmbeddingFwd = contract::target("jaxops_embedding_fwd");
@@ -88,7 +95,7 @@ inline ffi::Error check_embedding_bwd(const ffi::AnyBuffer& dout,
                                       const ffi::Buffer<ffi::S32>& ids,
                                       const ffi::AnyBuffer& dtable,
                                       const ffi::Buffer<ffi::S32>& workspace, int64_t vocab,
-                                      EmbeddingShape* d) {
+                                      contract::Platform platform, EmbeddingShape* d) {
   const std::string op = kEmbeddingBwd.name;
   JAXOPS_RETURN_IF_ERROR(check_table_and_ids(op, "dtable", dtable, ids, d));
   if (d->vocab != vocab) {
@@ -97,7 +104,8 @@ inline ffi::Error check_embedding_bwd(const ffi::AnyBuffer& dout,
   }
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "dout", dout, ids, d->dim));
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "dout", dout, "dtable", dtable));
-  return element_count_is(op, "workspace", workspace, embedding_bwd_workspace_ints(*d));
+  return element_count_is(op, "workspace", workspace,
+                          embedding_bwd_workspace_size(*d, platform));
 }
 
 template <typename Binding>

@@ -9,7 +9,8 @@
 // is caught.
 //
 // usage: catalogue_driver CASE ...     exit status 0 when all agree
-//   act=N            gelu tanh/erf and silu, plain and gated, forward and backward
+//   act=N            gelu tanh/erf and silu, plain and gated, forward and backward,
+//                    in place, and on misaligned buffers
 //   rope=BxSxHxDxR/P neox and gptj, forward and inverse (P: position rows, 1 or B)
 //   emb=VxDxT        lookup (with out-of-range ids) and the gradient
 //   adamw=N          update and fused step, weight decay, Nesterov, float32,
@@ -147,6 +148,17 @@ void run_activations(int64_t n, std::mt19937& rng) {
     check(cuda::activation_fwd<T>(nullptr, act, in_place.data, in_place.data, n),
           "in-place fwd " + name);
     compare("in-place fwd " + name, in_place.data, y_ref, tol);
+    if (n < 2) continue;
+    // Buffers that are not 16-byte aligned take the element-by-element path:
+    // the gated backward from the second element on (dgate and dup written
+    // over the first n - 1 elements of y and dx).
+    check(cuda::gated_activation_bwd<T>(nullptr, act, dy.data + 1, x.data + 1, up.data + 1,
+                                        y.data, dx.data, n - 1),
+          "misaligned gated bwd " + name);
+    const std::vector<double> dgate_tail(dgate_ref.begin() + 1, dgate_ref.end());
+    const std::vector<double> dup_tail(dup_ref.begin() + 1, dup_ref.end());
+    compare("misaligned gated bwd dgate " + name, y.data, dgate_tail, tol);
+    compare("misaligned gated bwd dup " + name, dx.data, dup_tail, tol);
   }
 }
 
@@ -214,7 +226,7 @@ void run_embedding(const params::EmbeddingShape& s, std::mt19937& rng) {
   const size_t out_size = static_cast<size_t>(s.tokens * s.dim);
   Buffer<T> table(table_size), out(out_size), dout(out_size), dtable(table_size);
   Buffer<int32_t> ids(static_cast<size_t>(s.tokens));
-  Buffer<int32_t> workspace(static_cast<size_t>(s.vocab + 1 + s.tokens));
+  Buffer<int32_t> workspace(static_cast<size_t>(params::embedding_bwd_cuda_workspace_ints(s)));
   std::vector<double> tr, dr;
   fill(table, tr, rng, 1.f);
   fill(dout, dr, rng, 1.f);

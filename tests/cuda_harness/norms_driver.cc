@@ -6,7 +6,9 @@
 // where what matters most is that the sanitizers stay silent; each buffer is its
 // own exact-size allocation, so a read past any row end is caught.
 //
-// usage: norms_driver ROWSxCOLS[/GROUPS] ...     exit status 0 when all agree
+// usage: norms_driver ROWSxCOLS[/GROUPS[/PARTS]] ...     exit status 0 when all agree
+// PARTS: the backward's parts per group (default: as the contract sizes them for
+// CUDA, 256 in all); fewer give each part several rows on small shapes.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -125,14 +127,14 @@ void check_jvp(const Buffer<T>& x, const std::vector<double>& xr, const Buffer<T
 }
 
 template <typename T>
-void run(int64_t rows, int64_t cols, int64_t groups, std::mt19937& rng) {
+void run(int64_t rows, int64_t cols, int64_t groups, int64_t parts, std::mt19937& rng) {
   const std::string name = std::string(type_name<T>()) + " " + std::to_string(rows) + "x" +
-                           std::to_string(cols) + "/" + std::to_string(groups);
+                           std::to_string(cols) + "/" + std::to_string(groups) + "/" +
+                           std::to_string(parts);
   const size_t n = static_cast<size_t>(rows * cols);
   const double tol = tolerance<T>();
   const float eps = 1e-5f;
   const NormShape shape{rows, cols};
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(rows / groups, 256 / groups));
   const WeightGradLayout layout{groups, parts};
   const double rows_scale = std::sqrt(static_cast<double>(rows / groups)) + 1.0;
 
@@ -235,15 +237,16 @@ void run(int64_t rows, int64_t cols, int64_t groups, std::mt19937& rng) {
 int main(int argc, char** argv) {
   std::mt19937 rng(0);
   for (int i = 1; i < argc; ++i) {
-    long long rows = 0, cols = 0, groups = 1;
-    if (std::sscanf(argv[i], "%lldx%lld/%lld", &rows, &cols, &groups) < 2 || groups < 1 ||
-        rows % groups != 0) {
-      std::fprintf(stderr, "bad shape %s (ROWSxCOLS[/GROUPS])\n", argv[i]);
+    long long rows = 0, cols = 0, groups = 1, parts = 0;
+    if (std::sscanf(argv[i], "%lldx%lld/%lld/%lld", &rows, &cols, &groups, &parts) < 2 ||
+        groups < 1 || rows % groups != 0 || parts < 0) {
+      std::fprintf(stderr, "bad shape %s (ROWSxCOLS[/GROUPS[/PARTS]])\n", argv[i]);
       return 2;
     }
-    run<float>(rows, cols, groups, rng);
-    run<__nv_bfloat16>(rows, cols, groups, rng);
-    run<__half>(rows, cols, groups, rng);
+    if (parts == 0) parts = std::max<int64_t>(1, std::min<int64_t>(rows / groups, 256 / groups));
+    run<float>(rows, cols, groups, parts, rng);
+    run<__nv_bfloat16>(rows, cols, groups, parts, rng);
+    run<__half>(rows, cols, groups, parts, rng);
   }
   std::printf("%s: %d failure(s)\n", argv[0], g_failures);
   return g_failures == 0 ? 0 : 1;

@@ -41,7 +41,8 @@ ffi::Error EmbeddingBwd(cudaStream_t stream, ffi::AnyBuffer dout, ffi::Buffer<ff
                         ffi::Result<ffi::Buffer<ffi::S32>> workspace, int64_t vocab) {
   const std::string op = kEmbeddingBwd.name;
   EmbeddingShape d;
-  JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab, &d));
+  JAXOPS_RETURN_IF_ERROR(check_embedding_bwd(dout, ids, *dtable, *workspace, vocab,
+                                             contract::Platform::kCuda, &d));
   return dispatch(op, dout.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(op, cuda::embedding_bwd<T>(stream, data<const T>(dout),
