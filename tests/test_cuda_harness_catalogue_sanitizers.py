@@ -8,7 +8,8 @@ launcher in cuda/*.h, in float32, bfloat16 and float16, against a
 double-precision reference, on tiny shapes: sizes that are odd or not a multiple
 of anything, one block and several (kThreads is 256), partial rotary and
 per-batch positions, out-of-range ids, more tokens than a warp and a vocabulary
-longer than the scan's 1024 threads, aliased outputs.
+longer than the scan's 1024 threads, aliased outputs, AdamW's 16-byte packs
+(a full 2048-element tile) and more leaves than one launch's table holds.
 """
 
 from support.background import prestart
@@ -16,7 +17,7 @@ from support.sanitizers import check_driver, driver_job
 
 ASAN_CASES = ["act=1", "act=37", "act=600", "rope=2x3x3x10x6/2", "rope=1x5x2x8x8/1",
               "rope=3x2x1x6x2/1", "emb=7x5x37", "emb=1500x1x70", "emb=4x3x0", "adamw=1",
-              "adamw=37", "adamw=600"]
+              "adamw=37", "adamw=2049", "adamw_leaves=385"]
 # Every CUDA thread is an OS thread under TSan, so a launch costs ~0.1 s: the
 # elementwise kernels run in float32 only (their dtypes differ only in the
 # conversions ASan has covered), the embedding gradient in two dtypes.
