@@ -45,59 +45,69 @@ void adamw_block(const float* g, const float* p, const float* m, const float* v,
   }
 }
 
-using BlockFn = void (*)(const float*, const float*, const float*, const float*, float*, float*,
-                         float*, int64_t, const Scalars&);
-
-template <bool kApply, bool kDecay>
-BlockFn pick_nesterov(bool nesterov) {
-  return nesterov ? adamw_block<kApply, kDecay, true> : adamw_block<kApply, kDecay, false>;
-}
-
-// The block function with the options compiled in (no branch per element).
-BlockFn pick_block(AdamWOptions o, bool decay) {
-  if (o.apply_updates) {
-    return decay ? pick_nesterov<true, true>(o.nesterov) : pick_nesterov<true, false>(o.nesterov);
-  }
-  return decay ? pick_nesterov<false, true>(o.nesterov) : pick_nesterov<false, false>(o.nesterov);
-}
+// A thread's float32 copies of a block of the 16-bit arrays.
+struct BlockBuffers {
+  alignas(64) float g[kBlock];
+  alignas(64) float p[kBlock];
+  alignas(64) float m[kBlock];
+  alignas(64) float out[kBlock];
+  alignas(64) float m_out[kBlock];
+};
 
 // Elements [begin, begin + len) of a leaf whose grads/params/out are T and
-// first moment M, converted to float32 a block at a time.
-template <typename T, typename M>
-void adamw_range(const AdamWLeaf& leaf, int64_t begin, int64_t len, BlockFn block,
-                 bool reads_params, const Scalars& s) {
-  alignas(64) float g_buf[kBlock], p_buf[kBlock], m_buf[kBlock], out_buf[kBlock],
-      m_out_buf[kBlock];
+// first moment M, converted to float32 a block at a time; the options are
+// compiled in (no branch per element).
+template <typename T, typename M, bool kApply, bool kDecay, bool kNesterov>
+void adamw_range(const AdamWLeaf& leaf, int64_t begin, int64_t len, const Scalars& s,
+                 BlockBuffers& b) {
   T* out = static_cast<T*>(leaf.out) + begin;
   M* m_out = static_cast<M*>(leaf.m_out) + begin;
-  const float* g = read_as_float(static_cast<const T*>(leaf.grads) + begin, len, g_buf);
+  const float* g = read_as_float(static_cast<const T*>(leaf.grads) + begin, len, b.g);
   // The parameters are read only where the step uses them.
   const float* p =
-      reads_params ? read_as_float(static_cast<const T*>(leaf.params) + begin, len, p_buf) : g;
-  const float* m = read_as_float(static_cast<const M*>(leaf.m) + begin, len, m_buf);
-  float* o = result_target(out, out_buf);
-  float* mo = result_target(m_out, m_out_buf);
-  block(g, p, m, leaf.v + begin, o, mo, leaf.v_out + begin, len, s);
+      kApply || kDecay ? read_as_float(static_cast<const T*>(leaf.params) + begin, len, b.p) : g;
+  const float* m = read_as_float(static_cast<const M*>(leaf.m) + begin, len, b.m);
+  float* o = result_target(out, b.out);
+  float* mo = result_target(m_out, b.m_out);
+  adamw_block<kApply, kDecay, kNesterov>(g, p, m, leaf.v + begin, o, mo, leaf.v_out + begin, len,
+                                         s);
   commit_result(o, out, len);
   commit_result(mo, m_out, len);
 }
 
-using RangeFn = void (*)(const AdamWLeaf&, int64_t, int64_t, BlockFn, bool, const Scalars&);
+using RangeFn = void (*)(const AdamWLeaf&, int64_t, int64_t, const Scalars&, BlockBuffers&);
+
+template <typename T, typename M, bool kApply, bool kDecay>
+RangeFn pick_nesterov(bool nesterov) {
+  return nesterov ? adamw_range<T, M, kApply, kDecay, true>
+                  : adamw_range<T, M, kApply, kDecay, false>;
+}
+
+template <typename T, typename M>
+RangeFn pick_options(AdamWOptions o, bool decay) {
+  if (o.apply_updates) {
+    return decay ? pick_nesterov<T, M, true, true>(o.nesterov)
+                 : pick_nesterov<T, M, true, false>(o.nesterov);
+  }
+  return decay ? pick_nesterov<T, M, false, true>(o.nesterov)
+               : pick_nesterov<T, M, false, false>(o.nesterov);
+}
 
 template <typename T>
-RangeFn pick_moment(AdamWFloat moment) {
+RangeFn pick_moment(AdamWFloat moment, AdamWOptions o, bool decay) {
   switch (moment) {
-    case AdamWFloat::kBFloat16: return adamw_range<T, bfloat16>;
-    case AdamWFloat::kFloat16: return adamw_range<T, float16>;
-    default: return adamw_range<T, float>;
+    case AdamWFloat::kBFloat16: return pick_options<T, bfloat16>(o, decay);
+    case AdamWFloat::kFloat16: return pick_options<T, float16>(o, decay);
+    default: return pick_options<T, float>(o, decay);
   }
 }
 
-RangeFn pick_range(AdamWFloat type, AdamWFloat moment) {
-  switch (type) {
-    case AdamWFloat::kBFloat16: return pick_moment<bfloat16>(moment);
-    case AdamWFloat::kFloat16: return pick_moment<float16>(moment);
-    default: return pick_moment<float>(moment);
+// What runs a leaf's blocks: its types and the call's and leaf's options.
+RangeFn pick_range(const AdamWLeaf& leaf, AdamWOptions o) {
+  switch (leaf.type) {
+    case AdamWFloat::kBFloat16: return pick_moment<bfloat16>(leaf.moment, o, leaf.decay);
+    case AdamWFloat::kFloat16: return pick_moment<float16>(leaf.moment, o, leaf.decay);
+    default: return pick_moment<float>(leaf.moment, o, leaf.decay);
   }
 }
 
@@ -106,8 +116,6 @@ size_t element_bytes(AdamWFloat type) { return type == AdamWFloat::kFloat32 ? 4 
 // What a leaf's blocks run, chosen once per leaf.
 struct LeafPlan {
   RangeFn range;
-  BlockFn block;
-  bool reads_params;
   Scalars scalars;
   int64_t first_block;  // the leaf's first block among all the leaves'
 };
@@ -126,8 +134,7 @@ void adamw(const AdamWLeaf* leaves, int64_t count, const float* scalars, AdamWOp
                     scalars[hp::kAdamWC1],          scalars[hp::kAdamWC2],
                     scalars[hp::kAdamWC1Next],
                     scalars[hp::kAdamWB1Moment + static_cast<int>(leaf.moment)]};
-    plans[i] = LeafPlan{pick_range(leaf.type, leaf.moment), pick_block(options, leaf.decay),
-                        leaf.decay || options.apply_updates, s, blocks};
+    plans[i] = LeafPlan{pick_range(leaf, options), s, blocks};
     blocks += (leaf.size + kBlock - 1) / kBlock;
     elements += leaf.size;
     // Only fresh outputs gain from the advice; aliased ones are already mapped.
@@ -146,8 +153,9 @@ void adamw(const AdamWLeaf* leaves, int64_t count, const float* scalars, AdamWOp
     const int64_t i = (after - plans.begin()) - 1;
     const LeafPlan& plan = plans[i];
     const int64_t begin = (b - plan.first_block) * kBlock;
-    plan.range(leaves[i], begin, std::min(kBlock, leaves[i].size - begin), plan.block,
-               plan.reads_params, plan.scalars);
+    BlockBuffers buffers;
+    plan.range(leaves[i], begin, std::min(kBlock, leaves[i].size - begin), plan.scalars,
+               buffers);
   }
 }
 
