@@ -408,18 +408,23 @@ def test_one_call_updates_leaves_of_mixed_dtypes_and_masks(backend):
 def test_update_takes_the_fused_jnp_form_on_a_gpu(monkeypatch):
   """On a GPU, implementation=None runs ``update`` as jnp (XLA fuses it with
   optax.apply_updates: 7 array passes, where the kernel's update is 10) and
-  ``step`` on the kernel; implementation='ffi' keeps the kernel for both."""
+  ``step`` on the kernel; implementation='ffi' keeps the kernel for both.
+  The choice is made at trace time from the default backend: lowered for
+  cuda with that backend set to "cuda"."""
   from jaxops._src import primitive
+  from support.lowering import custom_calls
   params = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
 
-  def update_jaxpr():
-    tx = jaxops.optim.adamw(1e-3)  # a new one: make_jaxpr caches by function
-    return str(jax.make_jaxpr(tx.update)(params, tx.init(params), params))
+  def targets(implementation, method):
+    tx = jaxops.optim.adamw(1e-3, implementation=implementation)
+    fn = {"update": tx.update, "step": lambda g, s, p: tx.step(g, s, p)}[method]
+    return [call[0] for call in custom_calls(fn, params, tx.init(params), params)]
 
-  on_cpu = update_jaxpr()
+  assert targets(None, "update") == ["jaxops_adamw"]  # the CPU's default backend
   monkeypatch.setattr(primitive, "current_platform", lambda: "cuda")
-  on_gpu = update_jaxpr()
-  assert "jaxops_adamw_update" in on_cpu and "jaxops_adamw" not in on_gpu
+  assert targets(None, "update") == []
+  assert targets(None, "step") == ["jaxops_adamw"]
+  assert targets("ffi", "update") == ["jaxops_adamw"]
 
 
 def test_donated_state_and_params_are_updated_in_place():
