@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cpu/float_convert.h"
 #include "cpu/fresh_memory.h"
@@ -11,13 +12,14 @@ namespace jaxops::cpu {
 namespace {
 
 namespace hp = ::jaxops::params;
+using hp::AdamWFloat;
 
 // Elements converted to float32 at a time: a few streams of this fit in L1.
 constexpr int64_t kBlock = 2048;
-// Below this many elements a second thread costs more than it saves.
+// Below this many elements in all a second thread costs more than it saves.
 constexpr int64_t kMinParallel = int64_t{1} << 15;
 
-// The hyper-parameters read once from `scalars`.
+// The hyper-parameters read once from `scalars` (b1_moment: the leaf's).
 struct Scalars {
   float step, b1, one_minus_b1, b2, one_minus_b2, eps, eps_root, weight_decay, c1, c2, c1_next,
       b1_moment;
@@ -43,73 +45,118 @@ void adamw_block(const float* g, const float* p, const float* m, const float* v,
   }
 }
 
-using BlockFn = void (*)(const float*, const float*, const float*, const float*, float*, float*,
-                         float*, int64_t, const Scalars&);
+// A thread's float32 copies of a block of the 16-bit arrays.
+struct BlockBuffers {
+  alignas(64) float g[kBlock];
+  alignas(64) float p[kBlock];
+  alignas(64) float m[kBlock];
+  alignas(64) float out[kBlock];
+  alignas(64) float m_out[kBlock];
+};
 
-template <bool kApply, bool kDecay>
-BlockFn pick_nesterov(bool nesterov) {
-  return nesterov ? adamw_block<kApply, kDecay, true> : adamw_block<kApply, kDecay, false>;
+// Elements [begin, begin + len) of a leaf whose grads/params/out are T and
+// first moment M, converted to float32 a block at a time; the options are
+// compiled in (no branch per element).
+template <typename T, typename M, bool kApply, bool kDecay, bool kNesterov>
+void adamw_range(const AdamWLeaf& leaf, int64_t begin, int64_t len, const Scalars& s,
+                 BlockBuffers& b) {
+  T* out = static_cast<T*>(leaf.out) + begin;
+  M* m_out = static_cast<M*>(leaf.m_out) + begin;
+  const float* g = read_as_float(static_cast<const T*>(leaf.grads) + begin, len, b.g);
+  // The parameters are read only where the step uses them.
+  const float* p =
+      kApply || kDecay ? read_as_float(static_cast<const T*>(leaf.params) + begin, len, b.p) : g;
+  const float* m = read_as_float(static_cast<const M*>(leaf.m) + begin, len, b.m);
+  float* o = result_target(out, b.out);
+  float* mo = result_target(m_out, b.m_out);
+  adamw_block<kApply, kDecay, kNesterov>(g, p, m, leaf.v + begin, o, mo, leaf.v_out + begin, len,
+                                         s);
+  commit_result(o, out, len);
+  commit_result(mo, m_out, len);
 }
 
-// The block function with the options compiled in (no branch per element).
-BlockFn pick_block(AdamWOptions o) {
+using RangeFn = void (*)(const AdamWLeaf&, int64_t, int64_t, const Scalars&, BlockBuffers&);
+
+template <typename T, typename M, bool kApply, bool kDecay>
+RangeFn pick_nesterov(bool nesterov) {
+  return nesterov ? adamw_range<T, M, kApply, kDecay, true>
+                  : adamw_range<T, M, kApply, kDecay, false>;
+}
+
+template <typename T, typename M>
+RangeFn pick_options(AdamWOptions o, bool decay) {
   if (o.apply_updates) {
-    return o.decay ? pick_nesterov<true, true>(o.nesterov) : pick_nesterov<true, false>(o.nesterov);
+    return decay ? pick_nesterov<T, M, true, true>(o.nesterov)
+                 : pick_nesterov<T, M, true, false>(o.nesterov);
   }
-  return o.decay ? pick_nesterov<false, true>(o.nesterov) : pick_nesterov<false, false>(o.nesterov);
+  return decay ? pick_nesterov<T, M, false, true>(o.nesterov)
+               : pick_nesterov<T, M, false, false>(o.nesterov);
 }
+
+template <typename T>
+RangeFn pick_moment(AdamWFloat moment, AdamWOptions o, bool decay) {
+  switch (moment) {
+    case AdamWFloat::kBFloat16: return pick_options<T, bfloat16>(o, decay);
+    case AdamWFloat::kFloat16: return pick_options<T, float16>(o, decay);
+    default: return pick_options<T, float>(o, decay);
+  }
+}
+
+// What runs a leaf's blocks: its types and the call's and leaf's options.
+RangeFn pick_range(const AdamWLeaf& leaf, AdamWOptions o) {
+  switch (leaf.type) {
+    case AdamWFloat::kBFloat16: return pick_moment<bfloat16>(leaf.moment, o, leaf.decay);
+    case AdamWFloat::kFloat16: return pick_moment<float16>(leaf.moment, o, leaf.decay);
+    default: return pick_moment<float>(leaf.moment, o, leaf.decay);
+  }
+}
+
+size_t element_bytes(AdamWFloat type) { return type == AdamWFloat::kFloat32 ? 4 : 2; }
+
+// What a leaf's blocks run, chosen once per leaf.
+struct LeafPlan {
+  RangeFn range;
+  Scalars scalars;
+  int64_t first_block;  // the leaf's first block among all the leaves'
+};
 
 }  // namespace
 
-template <typename T, typename M>
-void adamw(const T* grads, const T* params, const M* m, const float* v, const float* scalars,
-           T* out, M* m_out, float* v_out, int64_t n, AdamWOptions options) {
-  const Scalars s{scalars[hp::kAdamWStepSize],    scalars[hp::kAdamWB1],
-                  scalars[hp::kAdamWOneMinusB1],  scalars[hp::kAdamWB2],
-                  scalars[hp::kAdamWOneMinusB2],  scalars[hp::kAdamWEps],
-                  scalars[hp::kAdamWEpsRoot],     scalars[hp::kAdamWWeightDecay],
-                  scalars[hp::kAdamWC1],          scalars[hp::kAdamWC2],
-                  scalars[hp::kAdamWC1Next],      scalars[hp::kAdamWB1Moment]};
-  const BlockFn block = pick_block(options);
-  // Only fresh outputs gain from the advice; aliased ones are already mapped.
-  if (static_cast<const void*>(out) != static_cast<const void*>(params) &&
-      static_cast<const void*>(out) != static_cast<const void*>(grads)) {
-    advise_huge_pages(out, sizeof(T) * n);
+void adamw(const AdamWLeaf* leaves, int64_t count, const float* scalars, AdamWOptions options) {
+  std::vector<LeafPlan> plans(static_cast<size_t>(count));
+  int64_t blocks = 0, elements = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const AdamWLeaf& leaf = leaves[i];
+    const Scalars s{scalars[hp::kAdamWStepSize],    scalars[hp::kAdamWB1],
+                    scalars[hp::kAdamWOneMinusB1],  scalars[hp::kAdamWB2],
+                    scalars[hp::kAdamWOneMinusB2],  scalars[hp::kAdamWEps],
+                    scalars[hp::kAdamWEpsRoot],     scalars[hp::kAdamWWeightDecay],
+                    scalars[hp::kAdamWC1],          scalars[hp::kAdamWC2],
+                    scalars[hp::kAdamWC1Next],
+                    scalars[hp::kAdamWB1Moment + static_cast<int>(leaf.moment)]};
+    plans[i] = LeafPlan{pick_range(leaf, options), s, blocks};
+    blocks += (leaf.size + kBlock - 1) / kBlock;
+    elements += leaf.size;
+    // Only fresh outputs gain from the advice; aliased ones are already mapped.
+    if (leaf.out != leaf.params && leaf.out != leaf.grads) {
+      advise_huge_pages(leaf.out, element_bytes(leaf.type) * leaf.size);
+    }
+    if (leaf.m_out != leaf.m) advise_huge_pages(leaf.m_out, element_bytes(leaf.moment) * leaf.size);
+    if (leaf.v_out != leaf.v) advise_huge_pages(leaf.v_out, sizeof(float) * leaf.size);
   }
-  if (m_out != m) advise_huge_pages(m_out, sizeof(M) * n);
-  if (v_out != v) advise_huge_pages(v_out, sizeof(float) * n);
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n >= kMinParallel)
+#pragma omp parallel for schedule(static) if (elements >= kMinParallel)
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
-    alignas(64) float g_buf[kBlock], p_buf[kBlock], m_buf[kBlock], out_buf[kBlock],
-        m_out_buf[kBlock];
-    const float* g = read_as_float(grads + begin, len, g_buf);
-    // The parameters are read only where the step uses them.
-    const float* p = options.decay || options.apply_updates
-                         ? read_as_float(params + begin, len, p_buf)
-                         : g;
-    const float* mb = read_as_float(m + begin, len, m_buf);
-    float* o = result_target(out + begin, out_buf);
-    float* mo = result_target(m_out + begin, m_out_buf);
-    block(g, p, mb, v + begin, o, mo, v_out + begin, len, s);
-    commit_result(o, out + begin, len);
-    commit_result(mo, m_out + begin, len);
+    // The leaf of block b: the last whose first block is at most b (an empty
+    // leaf has no block and shares its first block with the next).
+    const auto after = std::upper_bound(plans.begin(), plans.end(), b,
+                                        [](int64_t x, const LeafPlan& p) { return x < p.first_block; });
+    const int64_t i = (after - plans.begin()) - 1;
+    const LeafPlan& plan = plans[i];
+    const int64_t begin = (b - plan.first_block) * kBlock;
+    BlockBuffers buffers;
+    plan.range(leaves[i], begin, std::min(kBlock, leaves[i].size - begin), plan.scalars,
+               buffers);
   }
 }
-
-#define JAXOPS_INSTANTIATE_ADAMW(T, M)                                                       \
-  template void adamw<T, M>(const T*, const T*, const M*, const float*, const float*, T*, M*, \
-                            float*, int64_t, AdamWOptions);
-
-JAXOPS_INSTANTIATE_ADAMW(float, float)
-JAXOPS_INSTANTIATE_ADAMW(bfloat16, float)
-JAXOPS_INSTANTIATE_ADAMW(float16, float)
-JAXOPS_INSTANTIATE_ADAMW(float, bfloat16)
-JAXOPS_INSTANTIATE_ADAMW(bfloat16, bfloat16)
-JAXOPS_INSTANTIATE_ADAMW(float16, bfloat16)
-JAXOPS_INSTANTIATE_ADAMW(float, float16)
-JAXOPS_INSTANTIATE_ADAMW(bfloat16, float16)
-JAXOPS_INSTANTIATE_ADAMW(float16, float16)
 
 }  // namespace jaxops::cpu

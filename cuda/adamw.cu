@@ -1,86 +1,263 @@
 #include "cuda/adamw.h"
 
-#include "cuda/elementwise.cuh"
+#include <climits>
+#include <type_traits>
+
+#include "cuda/float_convert.cuh"
 #include "cuda/launch.cuh"
 
 namespace jaxops::cuda {
 namespace {
 
-using namespace elementwise;
 namespace hp = ::jaxops::params;
+using hp::AdamWFloat;
 
-// The operation order follows optax.adamw (scale_by_adam, add_decayed_weights,
-// scale_by_learning_rate), as cpu/adamw.cc does. Each element is read before
-// its outputs are written, so outputs may alias inputs. The options are
-// template parameters: no branch per element.
-template <typename T, typename M, bool kApply, bool kDecay, bool kNesterov>
-__global__ void adamw_kernel(const T* grads, const T* params, const M* m, const float* v,
-                             const float* scalars, T* out, M* m_out, float* v_out, int64_t n) {
-  const float step = scalars[hp::kAdamWStepSize], b1 = scalars[hp::kAdamWB1],
-              one_minus_b1 = scalars[hp::kAdamWOneMinusB1], b2 = scalars[hp::kAdamWB2],
-              one_minus_b2 = scalars[hp::kAdamWOneMinusB2], eps = scalars[hp::kAdamWEps],
-              eps_root = scalars[hp::kAdamWEpsRoot],
-              weight_decay = scalars[hp::kAdamWWeightDecay], c1 = scalars[hp::kAdamWC1],
-              c2 = scalars[hp::kAdamWC2], c1_next = scalars[hp::kAdamWC1Next],
-              b1_moment = scalars[hp::kAdamWB1Moment];
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float g = to_float(grads[i]);
-    const float p = kDecay || kApply ? to_float(params[i]) : 0.0f;
-    const float mi = one_minus_b1 * g + b1_moment * to_float(m[i]);
-    const float vi = one_minus_b2 * (g * g) + b2 * v[i];
-    const float m_hat = kNesterov ? b1 * __fdiv_rn(mi, c1_next) + one_minus_b1 * __fdiv_rn(g, c1)
-                                  : __fdiv_rn(mi, c1);
-    float u = __fdiv_rn(m_hat, __fsqrt_rn(__fdiv_rn(vi, c2) + eps_root) + eps);
-    if (kDecay) u = u + weight_decay * p;
-    u = step * u;
-    out[i] = from_float<T>(kApply ? p + u : u);
-    m_out[i] = from_float<M>(mi);
-    v_out[i] = vi;
+// Work layout. The leaves of a launch are cut into tiles of kTile elements,
+// one tile per block (the last tile of a leaf may be short); a block finds its
+// leaf by a binary search of the table's first tiles (uniform across the
+// block, in the constant bank). A thread owns kPerThread elements of its tile
+// as 16-byte packs of the leaf's parameter type (two packs of 4 float32, one of
+// 8 bfloat16/float16), consecutive threads owning consecutive packs, so each
+// load or store instruction of a warp moves one contiguous 512-byte span (a
+// first moment or v wider than the parameters: two or one 16-byte accesses
+// per pack, 8 bytes for a 16-bit moment of float32 parameters). Every load of
+// a thread is issued before its first store: 64-128 bytes in flight per
+// thread (docs/cuda.md has the occupancy and bytes-in-flight plan). A leaf
+// whose buffers are not all 16-byte aligned, and the short last tile, take
+// the element-wise path over the same layout.
+constexpr int kThreads = 256;
+constexpr int kPerThread = 8;
+constexpr int64_t kTile = int64_t{kThreads} * kPerThread;
+
+// The kernel's parameter: one launch's leaves. Leaf i covers the tiles
+// [first_tile[i], first_tile[i + 1]) (the last leaf up to the grid's end).
+struct LeafTable {
+  hp::AdamWLeaf leaf[kAdamWLeavesPerLaunch];
+  int64_t first_tile[kAdamWLeavesPerLaunch];
+  bool packed[kAdamWLeavesPerLaunch];  // every buffer 16-byte aligned: 16-byte accesses
+  int count;
+};
+// The most a kernel's parameters may hold (CUDA 12.1 and later, sm_70 and
+// later, a driver of the R530 series or newer; 4 KiB before).
+static_assert(sizeof(LeafTable) + sizeof(const float*) <= 32764,
+              "the leaf table must fit in the kernel's parameters");
+
+struct Scalars {
+  float step, b1, one_minus_b1, b2, one_minus_b2, eps, eps_root, weight_decay, c1, c2, c1_next,
+      b1_moment;
+};
+
+__device__ __forceinline__ Scalars read_scalars(const float* s, AdamWFloat moment) {
+  return Scalars{s[hp::kAdamWStepSize],    s[hp::kAdamWB1],
+                 s[hp::kAdamWOneMinusB1],  s[hp::kAdamWB2],
+                 s[hp::kAdamWOneMinusB2],  s[hp::kAdamWEps],
+                 s[hp::kAdamWEpsRoot],     s[hp::kAdamWWeightDecay],
+                 s[hp::kAdamWC1],          s[hp::kAdamWC2],
+                 s[hp::kAdamWC1Next],      s[hp::kAdamWB1Moment + static_cast<int>(moment)]};
+}
+
+// One element, in optax.adamw's operation order (scale_by_adam,
+// add_decayed_weights, scale_by_learning_rate), as cpu/adamw.cc computes it;
+// IEEE division and square root (the CPU's rounding). `out` is the update or,
+// with kApply, the new parameter.
+template <bool kApply, bool kNesterov>
+__device__ __forceinline__ void adamw_element(float g, float p, float m, float v, bool decay,
+                                              const Scalars& s, float& out, float& m_out,
+                                              float& v_out) {
+  const float mi = s.one_minus_b1 * g + s.b1_moment * m;
+  const float vi = s.one_minus_b2 * (g * g) + s.b2 * v;
+  const float m_hat = kNesterov
+                          ? s.b1 * __fdiv_rn(mi, s.c1_next) + s.one_minus_b1 * __fdiv_rn(g, s.c1)
+                          : __fdiv_rn(mi, s.c1);
+  float u = __fdiv_rn(m_hat, __fsqrt_rn(__fdiv_rn(vi, s.c2) + s.eps_root) + s.eps);
+  if (decay) u = u + s.weight_decay * p;
+  u = s.step * u;
+  out = kApply ? p + u : u;
+  m_out = mi;
+  v_out = vi;
+}
+
+// kV consecutive elements of U, moved as whole 16-byte (or one 8-byte) accesses.
+template <typename U, int kV>
+struct Pack {
+  static constexpr int kBytes = kV * static_cast<int>(sizeof(U));
+  static_assert(kBytes == 8 || kBytes % 16 == 0, "packs are 8 bytes or whole 16-byte vectors");
+  using Raw = typename std::conditional<kBytes == 8, uint2, uint4>::type;
+  static constexpr int kRaws = kBytes == 8 ? 1 : kBytes / 16;
+  union {
+    Raw raw[kRaws];
+    U values[kV];
+  };
+
+  __device__ __forceinline__ void load(const U* p) {
+#pragma unroll
+    for (int r = 0; r < kRaws; ++r) raw[r] = reinterpret_cast<const Raw*>(p)[r];
+  }
+  __device__ __forceinline__ void store(U* p) const {
+#pragma unroll
+    for (int r = 0; r < kRaws; ++r) reinterpret_cast<Raw*>(p)[r] = raw[r];
+  }
+};
+
+template <typename U, int kV>
+__device__ __forceinline__ void load_floats(const U* p, float (&out)[kV]) {
+  Pack<U, kV> pack;
+  pack.load(p);
+#pragma unroll
+  for (int j = 0; j < kV; ++j) out[j] = to_float(pack.values[j]);
+}
+
+template <typename U, int kV>
+__device__ __forceinline__ void store_floats(U* p, const float (&in)[kV]) {
+  Pack<U, kV> pack;
+#pragma unroll
+  for (int j = 0; j < kV; ++j) pack.values[j] = from_float<U>(in[j]);
+  pack.store(p);
+}
+
+// This thread's elements of the tile at `begin` of a leaf whose grads, params
+// and out are T and first moment M.
+template <typename T, typename M, bool kApply, bool kNesterov>
+__device__ __forceinline__ void adamw_tile(const hp::AdamWLeaf& leaf, bool packed, int64_t begin,
+                                           const float* scalars) {
+  constexpr int kV = 16 / static_cast<int>(sizeof(T));
+  constexpr int kPacks = kPerThread / kV;
+  const Scalars s = read_scalars(scalars, leaf.moment);
+  const T* grads = static_cast<const T*>(leaf.grads);
+  const T* params = static_cast<const T*>(leaf.params);
+  const M* m = static_cast<const M*>(leaf.m);
+  T* out = static_cast<T*>(leaf.out);
+  M* m_out = static_cast<M*>(leaf.m_out);
+  const bool decay = leaf.decay;
+  // The parameters are read only where the step uses them.
+  const bool reads_params = kApply || decay;
+  if (packed && begin + kTile <= leaf.size) {
+    float g[kPacks][kV], p[kPacks][kV], mv[kPacks][kV], v[kPacks][kV];
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int64_t e = begin + (int64_t{i} * kThreads + threadIdx.x) * kV;
+      load_floats(grads + e, g[i]);
+      if (reads_params) {
+        load_floats(params + e, p[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) p[i][j] = 0.0f;
+      }
+      load_floats(m + e, mv[i]);
+      load_floats(leaf.v + e, v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int64_t e = begin + (int64_t{i} * kThreads + threadIdx.x) * kV;
+      float o[kV], mo[kV], vo[kV];
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        adamw_element<kApply, kNesterov>(g[i][j], p[i][j], mv[i][j], v[i][j], decay, s, o[j],
+                                         mo[j], vo[j]);
+      }
+      store_floats(out + e, o);
+      store_floats(m_out + e, mo);
+      store_floats(leaf.v_out + e, vo);
+    }
+    return;
+  }
+  for (int i = 0; i < kPacks; ++i) {
+    for (int j = 0; j < kV; ++j) {
+      const int64_t e = begin + (int64_t{i} * kThreads + threadIdx.x) * kV + j;
+      if (e >= leaf.size) continue;
+      float o, mo, vo;
+      adamw_element<kApply, kNesterov>(to_float(grads[e]), reads_params ? to_float(params[e]) : 0.0f,
+                                       to_float(m[e]), leaf.v[e], decay, s, o, mo, vo);
+      out[e] = from_float<T>(o);
+      m_out[e] = from_float<M>(mo);
+      leaf.v_out[e] = vo;
+    }
   }
 }
 
-template <typename T, typename M, bool kApply, bool kDecay>
-cudaError_t launch_nesterov(cudaStream_t stream, const T* grads, const T* params, const M* m,
-                            const float* v, const float* scalars, T* out, M* m_out,
-                            float* v_out, int64_t n, bool nesterov) {
-  auto kernel = nesterov ? adamw_kernel<T, M, kApply, kDecay, true>
-                         : adamw_kernel<T, M, kApply, kDecay, false>;
-  return launch_kernel(kernel, grid_for(n), kThreads, stream, grads, params, m, v, scalars, out,
-                       m_out, v_out, n);
+template <typename T, bool kApply, bool kNesterov>
+__device__ __forceinline__ void adamw_tile_of(const hp::AdamWLeaf& leaf, bool packed,
+                                              int64_t begin, const float* scalars) {
+  switch (leaf.moment) {
+    case AdamWFloat::kBFloat16:
+      return adamw_tile<T, __nv_bfloat16, kApply, kNesterov>(leaf, packed, begin, scalars);
+    case AdamWFloat::kFloat16:
+      return adamw_tile<T, __half, kApply, kNesterov>(leaf, packed, begin, scalars);
+    default:
+      return adamw_tile<T, float, kApply, kNesterov>(leaf, packed, begin, scalars);
+  }
+}
+
+// The storage types are per leaf, so a block switches on its leaf's (the
+// branch is uniform across the block); the options are template parameters.
+template <bool kApply, bool kNesterov>
+__global__ void __launch_bounds__(kThreads, 2)
+    adamw_kernel(const __grid_constant__ LeafTable table, const float* scalars) {
+  const int64_t tile = blockIdx.x;
+  int lo = 0, hi = table.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (table.first_tile[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const hp::AdamWLeaf& leaf = table.leaf[lo];
+  const bool packed = table.packed[lo];
+  const int64_t begin = (tile - table.first_tile[lo]) * kTile;
+  switch (leaf.type) {
+    case AdamWFloat::kBFloat16:
+      return adamw_tile_of<__nv_bfloat16, kApply, kNesterov>(leaf, packed, begin, scalars);
+    case AdamWFloat::kFloat16:
+      return adamw_tile_of<__half, kApply, kNesterov>(leaf, packed, begin, scalars);
+    default:
+      return adamw_tile_of<float, kApply, kNesterov>(leaf, packed, begin, scalars);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+cudaError_t launch(cudaStream_t stream, const LeafTable& table, int64_t tiles,
+                   const float* scalars, AdamWOptions o) {
+  if (tiles > INT_MAX) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(tiles));
+  if (o.apply_updates) {
+    return o.nesterov ? launch_kernel(adamw_kernel<true, true>, grid, kThreads, stream, table, scalars)
+                      : launch_kernel(adamw_kernel<true, false>, grid, kThreads, stream, table, scalars);
+  }
+  return o.nesterov ? launch_kernel(adamw_kernel<false, true>, grid, kThreads, stream, table, scalars)
+                    : launch_kernel(adamw_kernel<false, false>, grid, kThreads, stream, table, scalars);
 }
 
 }  // namespace
 
-template <typename T, typename M>
-cudaError_t adamw(cudaStream_t stream, const T* grads, const T* params, const M* m,
-                  const float* v, const float* scalars, T* out, M* m_out, float* v_out,
-                  int64_t n, AdamWOptions o) {
-  if (n == 0) return cudaGetLastError();
-  if (o.apply_updates) {
-    return o.decay ? launch_nesterov<T, M, true, true>(stream, grads, params, m, v, scalars, out,
-                                                       m_out, v_out, n, o.nesterov)
-                   : launch_nesterov<T, M, true, false>(stream, grads, params, m, v, scalars,
-                                                        out, m_out, v_out, n, o.nesterov);
+cudaError_t adamw(cudaStream_t stream, const AdamWLeaf* leaves, int64_t count,
+                  const float* scalars, AdamWOptions options) {
+  // Passed by value into the launch's parameters, so reused for every launch.
+  static thread_local LeafTable table;
+  table.count = 0;
+  int64_t tiles = 0;
+  for (int64_t i = 0; i <= count; ++i) {
+    const bool full = table.count == kAdamWLeavesPerLaunch;
+    if ((i == count || full) && table.count > 0) {
+      const cudaError_t status = launch(stream, table, tiles, scalars, options);
+      if (status != cudaSuccess) return status;
+      table.count = 0;
+      tiles = 0;
+    }
+    if (i == count) break;
+    const AdamWLeaf& leaf = leaves[i];
+    if (leaf.size == 0) continue;  // no tile
+    const int k = table.count++;
+    table.leaf[k] = leaf;
+    table.first_tile[k] = tiles;
+    table.packed[k] = aligned16(leaf.grads) && aligned16(leaf.params) && aligned16(leaf.m) &&
+                      aligned16(leaf.v) && aligned16(leaf.out) && aligned16(leaf.m_out) &&
+                      aligned16(leaf.v_out);
+    tiles += (leaf.size + kTile - 1) / kTile;
   }
-  return o.decay ? launch_nesterov<T, M, false, true>(stream, grads, params, m, v, scalars, out,
-                                                      m_out, v_out, n, o.nesterov)
-                 : launch_nesterov<T, M, false, false>(stream, grads, params, m, v, scalars, out,
-                                                       m_out, v_out, n, o.nesterov);
+  return cudaGetLastError();
 }
-
-#define JAXOPS_CUDA_ADAMW_INSTANTIATE(T, M)                                               \
-  template cudaError_t adamw<T, M>(cudaStream_t, const T*, const T*, const M*,            \
-                                   const float*, const float*, T*, M*, float*, int64_t,   \
-                                   AdamWOptions);
-
-JAXOPS_CUDA_ADAMW_INSTANTIATE(float, float)
-JAXOPS_CUDA_ADAMW_INSTANTIATE(__half, float)
-JAXOPS_CUDA_ADAMW_INSTANTIATE(__nv_bfloat16, float)
-JAXOPS_CUDA_ADAMW_INSTANTIATE(float, __nv_bfloat16)
-JAXOPS_CUDA_ADAMW_INSTANTIATE(__half, __nv_bfloat16)
-JAXOPS_CUDA_ADAMW_INSTANTIATE(__nv_bfloat16, __nv_bfloat16)
-JAXOPS_CUDA_ADAMW_INSTANTIATE(float, __half)
-JAXOPS_CUDA_ADAMW_INSTANTIATE(__nv_bfloat16, __half)
-JAXOPS_CUDA_ADAMW_INSTANTIATE(__half, __half)
 
 }  // namespace jaxops::cuda

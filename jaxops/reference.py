@@ -293,7 +293,9 @@ def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=N
       key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
       query_offset=query_offset)
   logits = jnp.where(allowed, logits, -jnp.inf)
-  row_max = lax.stop_gradient(jnp.max(jnp.real(logits), axis=-1, keepdims=True))
+  # initial=-inf: with S = 0 keys every row attends none (output 0, as jax.nn).
+  row_max = lax.stop_gradient(jnp.max(jnp.real(logits), axis=-1, keepdims=True,
+                                      initial=-jnp.inf))
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   unnormalized = jnp.exp(logits - row_max)
   total = jnp.sum(unnormalized, axis=-1, keepdims=True)

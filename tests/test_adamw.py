@@ -185,7 +185,8 @@ def test_low_precision_parameters_keep_optax_first_moment(backend, dtype):
       lambda m: m.dtype, theirs_mu) == jax.tree.map(lambda _: jnp.dtype(dtype), params)
   kernels = [e for e in jax.make_jaxpr(ours.update)(params, ours.init(params), params).jaxpr.eqns
              if e.primitive.name.startswith("jaxops_adamw")]
-  assert kernels and all(e.invars[2].aval.dtype == dtype for e in kernels)  # the kernel's m
+  # The kernel's m: operand 3 of every leaf's four after the scalars.
+  assert kernels and all(m.aval.dtype == dtype for e in kernels for m in e.invars[3::4])
   for (ours_path, theirs_path), (_, kwargs) in zip(_descend(pairs, params, steps=20), [
       (None, {}), (None, dict(nesterov=True))]):
     for step in (0, 4, 19):
@@ -368,6 +369,64 @@ def test_mixed_dtypes_and_mismatched_gradient_dtype():
     assert_close(updates[key], expected[key].astype(params[key].dtype), dtype=params[key].dtype)
 
 
+def _mixed_tree():
+  """Leaves of every kernel dtype (so first moments of every dtype), sizes
+  around the CUDA kernel's 2048-element tile (full tiles of 16-byte packs and
+  a short last one), a scalar and an empty leaf."""
+  w, u, b = random_inputs(3, [(67, 61), (4099,), (3, 5)], jnp.float32, scale=0.5)
+  return {"w": w, "u": u.astype(jnp.bfloat16), "b": b.astype(jnp.float16),
+          "scale": jnp.asarray(0.7, jnp.bfloat16), "empty": jnp.zeros((0, 3), jnp.float32)}
+
+
+def test_one_call_updates_leaves_of_mixed_dtypes_and_masks(backend):
+  """Every leaf in one kernel call, whatever its dtypes and whether the mask
+  decays it (the decayed leaves need not come first in the tree): update and
+  step against the jnp path."""
+  params = _mixed_tree()
+  grads = jax.tree.map(lambda p: (jnp.cos(p.astype(jnp.float32)) * 0.1).astype(p.dtype), params)
+  mask = {"w": False, "u": True, "b": False, "scale": True, "empty": True}
+  for nesterov in (False, True):
+    ours = jaxops.optim.adamw(1e-2, weight_decay=0.1, mask=mask, nesterov=nesterov)
+    xla = jaxops.optim.adamw(1e-2, weight_decay=0.1, mask=mask, nesterov=nesterov,
+                             implementation="xla")
+    state = ours.init(params)
+    state = state._replace(count=jnp.int32(2), mu=jax.tree.map(lambda m: m + 0.01, state.mu),
+                           nu=jax.tree.map(lambda v: v + 1e-4, state.nu))
+    for method in ("update", "step"):
+      call = lambda tx: getattr(tx, method)(grads, state, params)
+      eqns = jax.make_jaxpr(lambda: call(ours))().jaxpr.eqns
+      assert sum(e.primitive.name.startswith("jaxops_adamw") for e in eqns) == 1, method
+      got, expected = jax.jit(lambda: call(ours))(), jax.jit(lambda: call(xla))()
+      for key, p in params.items():
+        assert got[0][key].dtype == p.dtype and got[1].mu[key].dtype == p.dtype
+        assert_close(got[0][key], expected[0][key], dtype=p.dtype, name=f"{method} out {key}")
+        assert_close(got[1].mu[key], expected[1].mu[key], dtype=p.dtype, name=f"{method} mu {key}")
+        assert_close(got[1].nu[key], expected[1].nu[key], dtype=jnp.float32,
+                     name=f"{method} nu {key}")
+
+
+def test_update_takes_the_fused_jnp_form_on_a_gpu(monkeypatch):
+  """On a GPU, implementation=None runs ``update`` as jnp (XLA fuses it with
+  optax.apply_updates: 7 array passes, where the kernel's update is 10) and
+  ``step`` on the kernel; implementation='ffi' keeps the kernel for both.
+  The choice is made at trace time from the default backend: lowered for
+  cuda with that backend set to "cuda"."""
+  from jaxops._src import primitive
+  from support.lowering import custom_calls
+  params = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
+
+  def targets(implementation, method):
+    tx = jaxops.optim.adamw(1e-3, implementation=implementation)
+    fn = {"update": tx.update, "step": lambda g, s, p: tx.step(g, s, p)}[method]
+    return [call[0] for call in custom_calls(fn, params, tx.init(params), params)]
+
+  assert targets(None, "update") == ["jaxops_adamw"]  # the CPU's default backend
+  monkeypatch.setattr(primitive, "current_platform", lambda: "cuda")
+  assert targets(None, "update") == []
+  assert targets(None, "step") == ["jaxops_adamw"]
+  assert targets("ffi", "update") == ["jaxops_adamw"]
+
+
 def test_donated_state_and_params_are_updated_in_place():
   tx = jaxops.optim.adamw(1e-3)
   params = {"w": jnp.ones((64, 64)), "b": jnp.zeros((64,))}
@@ -380,7 +439,7 @@ def test_donated_state_and_params_are_updated_in_place():
 
   step = jax.jit(fused_step, donate_argnums=(1, 2))
   compiled = step.lower(grads, params, tx.init(params)).compile().as_text()
-  assert compiled.count("output_to_operand_aliasing") == 2  # one custom call per leaf
+  assert compiled.count("output_to_operand_aliasing") == 1  # one custom call for both leaves
   assert " copy(" not in compiled
   state = tx.init(params)
   new_params, new_state = step(grads, params, state)
@@ -412,7 +471,7 @@ def test_update_is_written_over_gradients_computed_in_the_same_jit():
   for fn, kernel in ((train_step, "jaxops_adamw_update_in_grads"),
                      (given_gradients, "jaxops_adamw_update[")):
     args = (params, tx.init(params), x if fn is train_step else params)
-    assert str(jax.make_jaxpr(fn)(*args)).count(kernel) == 2, kernel
+    assert str(jax.make_jaxpr(fn)(*args)).count(kernel) == 1, kernel  # both leaves
     compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(*args).compile().as_text()
     # (In the entry computation: a fusion's body may end in a copy of its own.)
     assert " copy(" not in compiled[compiled.index("ENTRY"):], kernel
@@ -436,9 +495,10 @@ def test_implementations_agree_and_kernel_is_used():
     out = jax.jit(tx.update)(grads, tx.init(params), params)
     if implementation == "ffi":
       kernel_out = out
-      jaxpr = str(jax.make_jaxpr(tx.update)(grads, tx.init(params), params))
-      # One kernel per non-empty leaf and per empty one too (a no-op).
-      assert jaxpr.count("jaxops_adamw_update") == len(jax.tree.leaves(params))
+      jaxpr = jax.make_jaxpr(tx.update)(grads, tx.init(params), params).jaxpr
+      # One kernel call for every leaf, the empty one included (a no-op).
+      (call,) = [e for e in jaxpr.eqns if e.primitive.name.startswith("jaxops_adamw")]
+      assert len(call.invars) == 1 + 4 * len(jax.tree.leaves(params))
   assert_tree_close(kernel_out, out, atol=1e-7, rtol=1e-6)
 
 
@@ -514,22 +574,26 @@ def test_bad_input_is_a_clear_error(call, error, match):
     call()
 
 
-_SCALARS = np.ones(12, np.float32)
+_SCALARS = np.ones(14, np.float32)
+_LEAF = [np.ones(3, np.float32)] * 4
 
 
-@pytest.mark.parametrize("operands,match", [
-    ([np.ones(4, np.float32)] + [np.ones(3, np.float32)] * 3 + [_SCALARS], "grads has shape"),
-    ([np.ones(3, np.float16)] + [np.ones(3, np.float32)] * 3 + [_SCALARS],
-     "grads must have the dtype of params"),
-    ([np.ones(3, np.float32)] * 2 + [np.ones(3, np.int32), np.ones(3, np.float32), _SCALARS],
-     "m must be float32, bfloat16 or float16"),
-    ([np.ones(3, np.float32)] * 4 + [np.ones(11, np.float32)], "scalars has 11 elements"),
+@pytest.mark.parametrize("operands,decayed,match", [
+    ([_SCALARS, np.ones(4, np.float32)] + [np.ones(3, np.float32)] * 3, 1,
+     r"grads\[0\] has shape"),
+    ([_SCALARS] + _LEAF + [np.ones(3, np.float16)] + [np.ones(3, np.float32)] * 3, 2,
+     r"grads\[1\] must have the dtype of params\[1\]"),
+    ([_SCALARS] + [np.ones(3, np.float32)] * 2 + [np.ones(3, np.int32), np.ones(3, np.float32)],
+     0, r"m\[0\] must be float32, bfloat16 or float16"),
+    ([np.ones(12, np.float32)] + _LEAF, 1, "scalars has 12 elements, expected 14"),
+    ([_SCALARS] + _LEAF, 2, "decayed_leaves is 2, expected 0..1"),
+    ([_SCALARS] + _LEAF[:3], 0, "expected 4 operands"),
 ])
-def test_handler_rejects_inconsistent_buffers(operands, match):
-  attrs = dict(apply_updates=False, nesterov=False, decay=True)
-  shape = operands[1].shape
-  call = jax.ffi.ffi_call("jaxops_adamw", [jax.ShapeDtypeStruct(shape, operands[1].dtype),
-                                           jax.ShapeDtypeStruct(shape, operands[2].dtype),
-                                           jax.ShapeDtypeStruct(shape, np.float32)])
+def test_handler_rejects_inconsistent_buffers(operands, decayed, match):
+  attrs = dict(apply_updates=False, nesterov=False, decayed_leaves=np.int64(decayed))
+  leaves = max(1, (len(operands) - 1) // 4)
+  shape = operands[2].shape
+  results = [jax.ShapeDtypeStruct(shape, np.float32)] * (3 * leaves)
+  call = jax.ffi.ffi_call("jaxops_adamw", results)
   with pytest.raises(Exception, match=match):
     jax.block_until_ready(call(*operands, **attrs))

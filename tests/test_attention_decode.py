@@ -134,3 +134,21 @@ def test_decode_lowers_with_the_planned_workspace():
   bias = jnp.zeros((1, 4, 1, 1024))
   assert _forward_workspace((1, 1, 4, 16), (1, 1024, 1, 16), bias=bias) == ((0,), "ui8")
   assert _forward_workspace((1, 5, 4, 16), (1, 1024, 1, 16)) == ((0,), "ui8")  # 20 rows
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, "float64", jnp.complex64],
+                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("implementation", [None, "xla"])
+def test_no_keys_at_all_give_zeros(dtype, implementation):
+  """S = 0: every row attends no key, so the output is 0 (as jax.nn's) on the
+  kernel and on the reference, float64 and complex included, with gradients."""
+  with jax.enable_x64(dtype == "float64"):
+    q = jnp.ones((2, 3, 4, 8), dtype)
+    k = v = jnp.ones((2, 0, 2, 8), dtype)
+    attend = lambda q, k, v: jaxops.attention(q, k, v, implementation=implementation)
+    out = attend(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype and not np.any(np.asarray(out))
+    if not jnp.issubdtype(q.dtype, jnp.complexfloating):
+      grads = jax.grad(lambda *a: attend(*a).sum(), argnums=(0, 1, 2))(q, k, v)
+      assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+      assert not np.any(np.asarray(grads[0]))

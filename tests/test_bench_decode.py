@@ -31,3 +31,25 @@ def test_a_step_time_per_call(monkeypatch):
   timing = decode.time_steps(lambda x: x * 2.0, (jnp.arange(4.0),), cache_bytes=500, runs=3)
   assert math.isfinite(timing.ms) and timing.ms > 0
   assert timing.method.startswith("host:") and "4 copies" in timing.method
+
+
+def test_steps_alternate_with_the_probe(monkeypatch):
+  """Each round reads the probe, then times the step; the step's time is the
+  median over the rounds and every round's probe rate is kept."""
+  monkeypatch.setattr(decode, "last_level_cache_bytes", lambda: 1000)
+  order = []
+  monkeypatch.setattr(decode, "cpp_stream_bandwidth",
+                      lambda runs: order.append("probe") or 10.0 * len(order))
+  real_time_steps = decode.time_steps
+
+  def time_steps(*args):
+    order.append("step")
+    return real_time_steps(*args)
+
+  monkeypatch.setattr(decode, "time_steps", time_steps)
+  probe_gbs = []
+  timer = decode.alternating_timer(cache_bytes=500, rounds=3, probe_gbs=probe_gbs)
+  timing = timer(lambda x: x * 2.0, jnp.arange(4.0), runs=2)
+  assert order == ["probe", "step"] * 3
+  assert probe_gbs == [10.0, 30.0, 50.0]
+  assert math.isfinite(timing.ms) and "median of 3 rounds alternated" in timing.method

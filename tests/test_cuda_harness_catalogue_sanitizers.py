@@ -10,7 +10,8 @@ of anything, one block and several (kThreads is 256), partial rotary and
 per-batch positions, the 16-byte and the element-by-element paths (rope's
 neox and gptj units, activations on misaligned buffers), out-of-range ids, more
 tokens than a warp and than one shared-memory tile of the gradient's sort
-(2100 tokens: two tiles and a global step), aliased outputs.
+(2100 tokens: two tiles and a global step), aliased outputs, AdamW's 16-byte
+packs (a full 2048-element tile) and more leaves than one launch's table holds.
 """
 
 from support.background import prestart
@@ -18,7 +19,8 @@ from support.sanitizers import check_driver, driver_job
 
 ASAN_CASES = ["act=1", "act=37", "act=600", "rope=2x3x3x10x6/2", "rope=1x5x2x8x8/1",
               "rope=3x2x1x6x2/1", "rope=2x3x2x32x16/2", "emb=7x5x37", "emb=1500x1x70",
-              "emb=4x3x0", "emb=50x1x2100", "adamw=1", "adamw=37", "adamw=600"]
+              "emb=4x3x0", "emb=50x1x2100", "adamw=1", "adamw=37", "adamw=2049",
+              "adamw_leaves=385"]
 # Every CUDA thread is an OS thread under TSan, so a launch costs ~0.1 s: the
 # elementwise kernels run in float32 only (their dtypes differ only in the
 # conversions ASan has covered), the embedding gradient in two dtypes.

@@ -32,8 +32,9 @@ BUFFERS = {
     "jaxops_rope": ((T, "i32"), (T, "f32")),
     "jaxops_embedding_fwd": ((T, "i32"), (T,)),
     "jaxops_embedding_bwd": ((T, "i32"), (T, "i32")),
-    # grads, params, m (optax's default: the parameters' dtype), v, scalars.
-    "jaxops_adamw": ((T, T, T, "f32", "f32"), (T, T, "f32")),
+    # scalars, then per leaf grads, params, m (optax's default: the
+    # parameters' dtype), v; the test below lowers two leaves in one call.
+    "jaxops_adamw": (("f32",) + (T, T, T, "f32") * 2, (T, T, "f32") * 2),
 }
 
 
@@ -105,23 +106,25 @@ def test_embedding_lowers_with_its_sort_workspace(dtype):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("fused", [False, True])
-def test_adamw_lowers_per_leaf_with_aliases(dtype, fused):
+def test_adamw_lowers_one_call_for_all_leaves_with_aliases(dtype, fused):
   tx = jaxops.optim.adamw(1e-3, weight_decay=0.1, implementation="ffi")
   params = {"a": jnp.ones((4, 3), dtype), "b": jnp.ones((5,), dtype)}
   if fused:
     fn = lambda g, s, p: tx.step(g, s, p)
   else:
     fn = tx.update
-  calls = custom_calls(fn, params, tx.init(params), params)
-  assert [c[0] for c in calls] == ["jaxops_adamw"] * 2
-  for call in calls:
-    _check_binding(call, dtype)
-    assert f"apply_updates = {'true' if fused else 'false'}" in call[4]
-    # m and v are written in place, and by step the new parameters over the old.
-    aliases = ((0, 1), (1, 2), (2, 3)) if fused else ((1, 2), (2, 3))
-    for output, operand in aliases:
-      assert (f"output_tuple_indices = [{output}], operand_index = {operand}," in call[4]), call[4]
-    assert call[4].count("output_operand_alias<") == len(aliases)
+  (call,) = custom_calls(fn, params, tx.init(params), params)
+  assert call[0] == "jaxops_adamw"
+  _check_binding(call, dtype)
+  assert f"apply_updates = {'true' if fused else 'false'}" in call[4]
+  assert call.integers["decayed_leaves"] == 2
+  # m and v are written in place, and by step the new parameters over the
+  # old: per leaf i, results 3i.. over operands 1 + 4i.. (after the scalars).
+  leaf_aliases = ((0, 2), (1, 3), (2, 4)) if fused else ((1, 3), (2, 4))
+  aliases = [(output + 3 * i, operand + 4 * i) for i in range(2) for output, operand in leaf_aliases]
+  for output, operand in aliases:
+    assert (f"output_tuple_indices = [{output}], operand_index = {operand}," in call[4]), call[4]
+  assert call[4].count("output_operand_alias<") == len(aliases)
 
 
 def _built_with_cuda():

@@ -370,6 +370,15 @@ def test_moe_aux_loss_is_coeff_for_a_balanced_router():
   assert_close(jaxops.moe_aux_loss(probs, jnp.full(4, 6), 2, 0.5), 0.5)
 
 
+def test_moe_aux_loss_over_no_tokens_is_zero():
+  """As cross_entropy's mean over no tokens: 0 with a zero gradient, not 0 / 0."""
+  counts = jnp.zeros(4, jnp.int32)
+  for probs in (jnp.zeros((0, 4)), jnp.zeros((3, 0, 4), jnp.bfloat16)):
+    loss, grad = jax.value_and_grad(lambda p: jaxops.moe_aux_loss(p, counts, 2, 0.01))(probs)
+    assert loss.dtype == jnp.float32 and float(loss) == 0.0
+    assert grad.shape == probs.shape
+
+
 @pytest.mark.parametrize("call,error,match", [
     (lambda: jaxops.moe_aux_loss(jnp.ones((4, 3)), jnp.ones(4), 1, 1.0), ValueError, "expert_counts must have shape"),
     (lambda: jaxops.moe_aux_loss(jnp.ones((4, 3)), jnp.ones(3, bool), 1, 1.0), TypeError, "expert_counts must have an integer or floating dtype"),

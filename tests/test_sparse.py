@@ -85,6 +85,16 @@ def test_compress_decompress_round_trip(out, in_features, dtype):
   np.testing.assert_array_equal(traced.metadata, packed.metadata)
 
 
+def test_a_weight_without_rows_compresses_to_empty_leaves():
+  """out = 0: empty values and metadata, concrete or traced, and a layer with
+  no outputs (the packing once failed in numpy's reshape of 0 rows)."""
+  w = jnp.zeros((0, 12), jnp.float32)
+  for packed in (sparse.compress(w), jax.jit(sparse.compress)(w)):
+    assert packed.values.shape == (0, 6) and packed.metadata.shape == (0, 2)
+    assert sparse.decompress(packed).shape == (0, 12)
+  assert sparse.linear(jnp.ones((3, 12)), sparse.compress(w)).shape == (3, 0)
+
+
 def test_sparse_weight_is_a_pytree():
   _, packed = _sparse_weight(1, 3, 8)
   leaves, treedef = jax.tree.flatten(packed)

@@ -1,17 +1,21 @@
-"""Fused AdamW: a drop-in for ``optax.adamw`` whose update is one kernel per
-parameter leaf.
+"""Fused AdamW: a drop-in for ``optax.adamw`` whose update is one kernel call
+for all the parameter leaves.
 
 Every hyper-parameter (learning rate, b1, b2, eps, eps_root, weight decay)
 reaches the kernel in a small float32 operand together with the per-step bias
 corrections, so Python floats, schedules and traced scalars
 (``optax.inject_hyperparams``) all run the same compiled kernel; only the
-options that change the arithmetic (apply the update, Nesterov, decay this
-leaf or not) are static attributes. The moments are aliased to their outputs,
-so a donated optimizer state is updated in place; the update is written over
-gradients computed in the same jit; :meth:`AdamW.step` also writes the new
-parameters over the old ones instead of returning updates (donate them too
-and a step allocates nothing). float64 and complex parameters, and moments of
-other dtypes, run the jnp reference (``jaxops.reference.adamw_leaf``).
+options that change the arithmetic (apply the update, Nesterov, how many
+leaves decay) are static attributes. One call takes every leaf (each with its
+own shape and dtypes: the kernels read a table of the leaves' buffers), so a
+step is one OpenMP region on the CPU and one launch on a GPU (per 384
+leaves). The moments are aliased to their outputs, so a donated optimizer
+state is updated in place; the update is written over gradients computed in
+the same jit; :meth:`AdamW.step` also writes the new parameters over the old
+ones instead of returning updates (donate them too and a step allocates
+nothing). float64 and complex parameters, and moments of other dtypes, run
+the jnp reference (``jaxops.reference.adamw_leaf``), and so does ``update``
+on a GPU under implementation=None (see :meth:`_AdamWUpdate._kernel_runs`).
 
 optax is not a separate runtime dependency of jaxops: flax, which is one,
 depends on it.
@@ -20,61 +24,170 @@ depends on it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Union
+from typing import Any, Callable, Mapping, NamedTuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.interpreters import mlir
 
 from jaxops import reference
 from jaxops._src import primitive, validation
-from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, batch_to_front
-from jaxops._src.sharding import leading_axes
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive
+from jaxops._src.sharding import (
+    devices_known, leading_axes, register_for_sharding, shard_locally, typed_results)
 
 _F32 = jnp.float32
 _OP = "jaxops.optim.adamw"
 # First-moment dtypes the kernels store: float32, and bfloat16/float16 (the
 # parameters' own, optax's default for them, or mu_dtype=jnp.bfloat16 to save memory).
+# In params/adamw.h's order (AdamWFloat), which indexes b1 for each in the scalars.
 _KERNEL_MOMENT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# Index of the first of those three b1 values (kAdamWB1Moment).
+_B1_MOMENT = 11
 
 Scalar = Union[float, jax.Array]
 ScalarOrSchedule = Union[float, jax.Array, Callable[[jax.Array], jax.Array]]
 
 
-def _abstract_eval(grads, params, m, v, scalars, **params_):
-  return (jax.core.ShapedArray(params.shape, params.dtype),
-          jax.core.ShapedArray(params.shape, m.dtype), jax.core.ShapedArray(params.shape, _F32))
+# -- the primitives: one call updates every leaf -----------------------------
+#
+# Operands: scalars (params/adamw.h), then per leaf grads, params, m, v;
+# results per leaf: out (the update, or with apply_updates the new params),
+# m, v. The first `decayed_leaves` leaves get the weight decay (the caller
+# orders them so). Leaves may differ in shape and dtype.
+_OPERANDS_PER_LEAF = 4
+_RESULTS_PER_LEAF = 3
+
+
+def _per_leaf(flat, size):
+  """Consecutive groups of ``size``: a call's operands after the scalars, or
+  its results, leaf by leaf."""
+  return [tuple(flat[k:k + size]) for k in range(0, len(flat), size)]
+
+
+def _result_avals(scalars, *leaf_avals, **params_):
+  out = []
+  for _, p, m, _ in _per_leaf(leaf_avals, _OPERANDS_PER_LEAF):
+    out += [jax.core.ShapedArray(p.shape, p.dtype), jax.core.ShapedArray(p.shape, m.dtype),
+            jax.core.ShapedArray(p.shape, _F32)]
+  return tuple(out)
+
+
+def _leaf_scalars(scalars, moment_dtype):
+  """A leaf's scalars in the per-leaf layout of reference.adamw_leaf: the
+  first kAdamWB1Moment entries and b1 for its first moment's dtype."""
+  moment = _KERNEL_MOMENT_DTYPES.index(jnp.dtype(moment_dtype))
+  return jnp.concatenate([scalars[:_B1_MOMENT], scalars[_B1_MOMENT + moment:][:1]])
+
+
+def _reference(scalars, *leaf_operands, apply_updates, nesterov, decayed_leaves):
+  out = []
+  for i, (g, p, m, v) in enumerate(_per_leaf(leaf_operands, _OPERANDS_PER_LEAF)):
+    out += reference.adamw_leaf(g, p, m, v, _leaf_scalars(scalars, m.dtype),
+                                apply_updates=apply_updates, nesterov=nesterov,
+                                decay=i < decayed_leaves)
+  return tuple(out)
 
 
 def _batch_rule(prim, args, dims, **params):
-  """Elementwise in the four tensors; a batched scalars operand (e.g. vmap over
-  learning rates) takes the reference."""
-  if dims[4] is not NOT_MAPPED:
+  """Elementwise in every leaf's tensors; a batched scalars operand (e.g. vmap
+  over learning rates) takes the reference."""
+  if dims[0] is not NOT_MAPPED:
     return None
-  args, _ = batch_to_front(args, dims, (0, 1, 2, 3))
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not NOT_MAPPED)
+  args = [args[0]] + [jnp.broadcast_to(a, (size, *a.shape)) if d is NOT_MAPPED
+                      else jnp.moveaxis(a, d, 0) for a, d in zip(args[1:], dims[1:])]
   outs = prim(*args, **params)
   return outs, (0,) * len(outs)
 
 
-def _make(name, aliases):
-  return FfiPrimitive(
-      name=name, target="jaxops_adamw", abstract_eval=_abstract_eval,
-      reference=reference.adamw_leaf, batch_rule=_batch_rule,
-      input_output_aliases=aliases,
-      # A parameter sharded over a mesh (FSDP, tensor parallel) updates in place
-      # on each shard: the update is elementwise; the scalars stay whole.
-      sharding=leading_axes("xxxxp -> xxx", whole_trailing=0))
+# One leaf's sharding (scalars, grads, params, m, v -> out, m, v): a parameter
+# sharded over a mesh (FSDP, tensor parallel) updates in place on each shard:
+# the update is elementwise; the scalars stay whole.
+_ONE_LEAF_SHARDING = leading_axes("pxxxx -> xxx", whole_trailing=0)
 
 
-# Operands (grads, params, m, v, scalars) -> (updates or new params, m, v).
-# The update is written over the gradients when those are temporaries of the
-# traced function (jax.grad in the same jit, the standard train step): no
-# fresh full-size buffer to fault in (update + apply_updates measured 1.2x and
-# 1.7x faster over a 25M-parameter train step, docs/benchmarks-log.md). When they are
-# its arguments, XLA would copy them into a
-# fresh buffer first, which costs more than the fresh output the kernel fills
-# (with huge pages): the update goes to a fresh output then.
+@dataclasses.dataclass(frozen=True)
+class _LeafTablePrimitive(FfiPrimitive):
+  """The mechanism's FfiPrimitive for a call over any number of leaves: its
+  input-output aliases are per leaf (``leaf_aliases``: {operand: result} of
+  one leaf), and on a mesh every leaf is partitioned on its own.
+
+  Shardy gives each mesh axis to one factor of an op, while every leaf of a
+  model is sharded over the same axes: so on a mesh of several devices the
+  lowering runs one call per leaf, each under its own sharding rule (the
+  one-leaf rule the per-leaf kernel had), and on one device one call for all.
+  """
+
+  leaf_aliases: Mapping[int, int] = dataclasses.field(default_factory=dict)
+
+  def _aliases(self, operand_count):
+    leaves = (operand_count - 1) // _OPERANDS_PER_LEAF
+    return {1 + _OPERANDS_PER_LEAF * i + operand: _RESULTS_PER_LEAF * i + result
+            for i in range(leaves) for operand, result in self.leaf_aliases.items()}
+
+  def ffi_lowering(self, platform, target=None):
+    target = self.target if target is None else target
+
+    def lowering(ctx, *operands, **params):
+      rule = jax.ffi.ffi_lowering(target, operand_output_aliases=self._aliases(len(operands)))
+      return rule(ctx, *operands, **self._kernel_attributes(params))
+
+    return lowering
+
+  def kernel_lowering(self, platform):
+    direct = self.ffi_lowering(platform)
+    if not register_for_sharding(self.primitive):
+      return direct
+
+    def lowering(ctx, *operands, **params):
+      several = getattr(ctx.module_context.axis_context, "num_devices", 1) > 1
+      if not (several and devices_known(ctx)):
+        return direct(ctx, *operands, **params)
+
+      def per_leaf(scalars, *leaf_operands):
+        outs = []
+        leaf_avals = _per_leaf(ctx.avals_in[1:], _OPERANDS_PER_LEAF)
+        for i, leaf in enumerate(_per_leaf(leaf_operands, _OPERANDS_PER_LEAF)):
+          one = dict(params, decayed_leaves=int(i < params["decayed_leaves"]))
+          avals = (ctx.avals_in[0], *leaf_avals[i])
+          outs += shard_locally(lambda *a, one=one: self.local_primitive.bind(*a, **one),
+                                _ONE_LEAF_SHARDING(avals, _result_avals(*avals)),
+                                (scalars, *leaf), _RESULTS_PER_LEAF)
+        return tuple(outs)
+
+      return mlir.lower_fun(per_leaf, multiple_results=True)(ctx, *operands)
+
+    return lowering
+
+  def _abstract_eval(self, *avals, **params):
+    """Per leaf, the results typed with the leaf's sharding under a mesh of
+    Explicit axes (typed_results of the one-leaf rule)."""
+    out = self.abstract_eval(*avals, **params)
+    typed = []
+    for leaf, leaf_out in zip(_per_leaf(avals[1:], _OPERANDS_PER_LEAF),
+                              _per_leaf(out, _RESULTS_PER_LEAF)):
+      leaf_in = (avals[0], *leaf)
+      typed += typed_results(self.name, _ONE_LEAF_SHARDING(leaf_in, leaf_out), leaf_in, leaf_out)
+    return tuple(typed)
+
+
+def _make(name, leaf_aliases):
+  return _LeafTablePrimitive(
+      name=name, target="jaxops_adamw", abstract_eval=_result_avals, reference=_reference,
+      batch_rule=_batch_rule, leaf_aliases=leaf_aliases)
+
+
+# Per leaf, (grads, params, m, v) -> (update or new params, m, v), m and v in
+# place. The update is written over the gradients when those are temporaries
+# of the traced function (jax.grad in the same jit, the standard train step):
+# no fresh full-size buffer to fault in (update + apply_updates measured 1.2x
+# and 1.7x faster over a 25M-parameter train step, docs/benchmarks-log.md).
+# When they are its arguments, XLA would copy them into a fresh buffer first,
+# which costs more than the fresh output the kernel fills (with huge pages):
+# the update goes to a fresh output then.
 adamw_update_p = _make("jaxops_adamw_update", {2: 1, 3: 2})
 adamw_update_in_grads_p = _make("jaxops_adamw_update_in_grads", {0: 0, 2: 1, 3: 2})
 adamw_step_p = _make("jaxops_adamw_step", {1: 0, 2: 1, 3: 2})
@@ -130,7 +243,9 @@ class _AdamWUpdate:
       mu, nu = _moment_dtypes(jnp.result_type(p), self.mu_dtype)
       return jnp.zeros(jnp.shape(p), mu), jnp.zeros(jnp.shape(p), nu)
 
-    mu, nu = _unzip(params, jax.tree_util.tree_map_with_path(moments, params), 2)
+    treedef = jax.tree.structure(params)
+    mu, nu = _unzip(treedef, treedef.flatten_up_to(
+        jax.tree_util.tree_map_with_path(moments, params)), 2)
     return AdamWState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
   def __call__(self, updates, state: AdamWState, params=None, **extra_args):
@@ -141,17 +256,17 @@ class _AdamWUpdate:
     return self._run(updates, state, params, apply_updates=False)
 
   def step(self, grads, state: AdamWState, params, **extra_args):
-    """(gradients, state, params) -> (new params, new state) in one kernel per
-    leaf: ``update`` followed by ``optax.apply_updates``, with the parameters
-    rounded once. Donate ``params`` and ``state`` to update them in place."""
+    """(gradients, state, params) -> (new params, new state) in one kernel call
+    for all leaves: ``update`` followed by ``optax.apply_updates``, with the
+    parameters rounded once. Donate ``params`` and ``state`` to update them in place."""
     del extra_args
     return self._run(grads, state, params, apply_updates=True)
 
   def _scalars(self, count):
-    """The kernel's scalars operand (layout: params/adamw.h) as a function of
-    the real dtype the step computes in, with optax's arithmetic: 1 - b1 in
-    Python double precision for a Python float, bias corrections from the
-    incremented count, schedules at the count before it."""
+    """The scalars operands (layout: params/adamw.h) as a function of the real
+    dtype the step computes in, with optax's arithmetic: 1 - b1 in Python
+    double precision for a Python float, bias corrections from the incremented
+    count, schedules at the count before it."""
     count_inc = _safe_increment(count)
     lr = self.learning_rate(count) if callable(self.learning_rate) else self.learning_rate
     wd = self.weight_decay(count) if callable(self.weight_decay) else self.weight_decay
@@ -160,16 +275,18 @@ class _AdamWUpdate:
               1 - b1 ** count_inc, 1 - b2 ** count_inc, 1 - b1 ** _safe_increment(count_inc))
     cache = {}
 
-    def scalars(dtype, moment_dtype):
-      """The operand for a step computing in ``dtype`` on a first moment of
-      ``moment_dtype``."""
-      key = (jnp.dtype(dtype), jnp.dtype(moment_dtype))
+    def scalars(dtype, moment_dtype=None):
+      """The operand for a step computing in ``dtype``: for one leaf with a first
+      moment of ``moment_dtype`` (reference.adamw_leaf's), or with None the
+      kernel's, which holds b1 for each of its first-moment dtypes."""
+      moments = _KERNEL_MOMENT_DTYPES if moment_dtype is None else (jnp.dtype(moment_dtype),)
+      key = (jnp.dtype(dtype), moments)
       if key not in cache:
         # optax multiplies the stored first moment by a Python float b1 in the
         # moment's dtype (b1 = 0.9 is 0.8984375 for a bfloat16 one).
-        b1_moment = (jnp.asarray(b1, jnp.finfo(moment_dtype).dtype) if isinstance(b1, float)
-                     else b1)
-        cache[key] = jnp.stack([jnp.asarray(x).astype(dtype) for x in (*values, b1_moment)])
+        b1_moment = [jnp.asarray(b1, jnp.finfo(m).dtype) if isinstance(b1, float) else b1
+                     for m in moments]
+        cache[key] = jnp.stack([jnp.asarray(x).astype(dtype) for x in (*values, *b1_moment)])
       return cache[key]
 
     return scalars
@@ -197,43 +314,88 @@ class _AdamWUpdate:
                                   validation.describe(state))
     scalars = self._scalars(state.count)
     options = dict(apply_updates=apply_updates, nesterov=self.nesterov)
+    kernel_leaves = []
 
     def leaf(path, g, p, m, v, decay):
       _check_leaf(path, p)
       where = jax.tree_util.keystr(path)
       validation.shape(_OP, f"grads{where}", g, jnp.shape(p), of=f"params{where}.shape")
       g, p = jnp.asarray(g), jnp.asarray(p)
-      if self._kernel_runs(where, g, p, m, v):
-        prim = (adamw_step_p if apply_updates else
-                adamw_update_in_grads_p if _is_temporary(g) else adamw_update_p)
-        return prim(g, p, m, v, scalars(_F32, m.dtype), decay=decay, **options)
+      if self._kernel_runs(where, g, p, m, v, apply_updates):
+        kernel_leaves.append(_KernelLeaf(g, p, m, v, decay))
+        return len(kernel_leaves) - 1  # where the kernel's results go
       real = jnp.finfo(jnp.promote_types(p.dtype, _F32)).dtype
       return reference.adamw_leaf(g, p, m, v, scalars(real, m.dtype), decay=decay, **options)
 
-    results = jax.tree_util.tree_map_with_path(leaf, grads, params, state.mu, state.nu,
-                                               self._decay_flags(grads))
-    out, mu, nu = _unzip(grads, results, 3)
+    placed = jax.tree_util.tree_map_with_path(leaf, grads, params, state.mu, state.nu,
+                                              self._decay_flags(grads))
+    treedef = jax.tree.structure(grads)
+    kernel_results = _run_kernel(kernel_leaves, scalars, options)
+    results = [kernel_results[r] if isinstance(r, int) else r
+               for r in treedef.flatten_up_to(placed)]
+    out, mu, nu = _unzip(treedef, results, 3)
     return out, AdamWState(count=_safe_increment(state.count), mu=mu, nu=nu)
 
-  def _kernel_runs(self, where, g, p, m, v) -> bool:
+  def _kernel_runs(self, where, g, p, m, v, apply_updates) -> bool:
     """The kernel takes float32, bfloat16 and float16 parameters (gradients of
     the same dtype) with a float32, bfloat16 or float16 first moment;
     everything else (float64, complex, a float64 moment) runs the jnp
-    reference, or is a clear error with implementation="ffi"."""
+    reference, or is a clear error with implementation="ffi".
+
+    On a GPU, ``update`` runs the jnp form under implementation=None: XLA
+    fuses it with what follows (``optax.apply_updates``: 7 array passes in
+    all), where a kernel must write the update for XLA to read back (10
+    passes); ``step`` is the kernel's 7 passes (docs/cuda.md)."""
     if self.implementation == "ffi" and jnp.dtype(m.dtype) not in _KERNEL_MOMENT_DTYPES:
       primitive.use_kernel(_OP, self.implementation, {f"params{where}": p.dtype})  # names a parameter dtype first
       raise validation.type_error(
           _OP, f"state.mu{where}",
           "be float32, bfloat16 or float16 for implementation='ffi' (mu_dtype)", str(m.dtype))
+    if (not apply_updates and self.implementation is None
+        and primitive.current_platform() == "cuda"):
+      return False
     return (g.dtype == p.dtype and jnp.dtype(m.dtype) in _KERNEL_MOMENT_DTYPES
             and jnp.dtype(v.dtype) == _F32
             and primitive.use_kernel(_OP, self.implementation, {f"params{where}": p.dtype}))
 
 
-def _unzip(like, results, count):
-  """A tree like ``like`` whose leaves are tuples of ``count`` -> ``count`` trees."""
-  treedef = jax.tree.structure(like)
-  columns = list(zip(*treedef.flatten_up_to(results))) or [()] * count
+class _KernelLeaf(NamedTuple):
+  grads: jax.Array
+  params: jax.Array
+  m: jax.Array
+  v: jax.Array
+  decay: bool
+
+
+def _run_kernel(leaves, scalars, options) -> list:
+  """(out, m, v) of every kernel leaf, in one call for all (``step``; for
+  ``update``, one for the gradients it may write over and one for the others);
+  ``scalars``: _AdamWUpdate._scalars' function."""
+  if not leaves:
+    return []
+  if options["apply_updates"]:
+    calls = [(adamw_step_p, list(range(len(leaves))))]
+  else:
+    temporary = [_is_temporary(leaf.grads) for leaf in leaves]
+    calls = [(adamw_update_in_grads_p, [i for i, t in enumerate(temporary) if t]),
+             (adamw_update_p, [i for i, t in enumerate(temporary) if not t])]
+  results = [None] * len(leaves)
+  for prim, chosen in calls:
+    if not chosen:
+      continue
+    # The decayed leaves first: the call names how many there are.
+    order = sorted(chosen, key=lambda i: not leaves[i].decay)
+    operands = [x for i in order for x in leaves[i][:_OPERANDS_PER_LEAF]]
+    outs = prim(scalars(_F32), *operands, decayed_leaves=sum(leaves[i].decay for i in order),
+                **options)
+    for i, leaf_outs in zip(order, _per_leaf(outs, _RESULTS_PER_LEAF)):
+      results[i] = leaf_outs
+  return results
+
+
+def _unzip(treedef, results, count):
+  """Leaves of ``treedef`` given as tuples of ``count`` -> ``count`` trees."""
+  columns = list(zip(*results)) or [()] * count
   return tuple(jax.tree.unflatten(treedef, list(column)) for column in columns)
 
 
@@ -297,8 +459,8 @@ class AdamW(optax.GradientTransformationExtraArgs):
   applies the update."""
 
   def step(self, grads, state: AdamWState, params, **extra_args):
-    """``update`` then ``optax.apply_updates`` in one kernel per leaf; returns
-    (new params, new state).
+    """``update`` then ``optax.apply_updates`` in one kernel call for all
+    leaves; returns (new params, new state).
 
     Donate params and state to update them in place. ``jax.jit`` pairs donated
     buffers with results of the same shape and dtype in order, so pass them in
@@ -315,16 +477,23 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
           weight_decay: ScalarOrSchedule = 1e-4, mask: Any = None, *, nesterov: bool = False,
           implementation: str | None = None) -> AdamW:
   """AdamW (decoupled weight decay): ``optax.adamw``'s signature, defaults and
-  math, one fused kernel per parameter leaf.
+  math, one fused kernel call for all the parameter leaves.
 
   Per leaf, at step t = 1, 2, ...: ``m = b1 m + (1 - b1) g``, ``v = b2 v +
   (1 - b2) |g|^2``, ``m^ = m / (1 - b1^t)`` (Nesterov: ``b1 m / (1 - b1^(t+1))
   + (1 - b1) g / (1 - b1^t)``), and the update is ``-lr * (m^ / (sqrt(v / (1 -
   b2^t) + eps_root) + eps) + weight_decay * params)``, the decay term only on
   the leaves ``mask`` selects; ``lr`` and a scheduled weight decay are taken at
-  t - 1 (as optax counts). Each leaf is one fused kernel: gradients, params, m
-  and v read once; the update, m and v written once (m and v in place when the
-  state is donated).
+  t - 1 (as optax counts). One fused kernel updates every leaf: gradients,
+  params, m and v read once; the update, m and v written once (m and v in
+  place when the state is donated).
+
+  Which runs where, under ``implementation=None``: on the CPU the kernel for
+  both ``update`` and :meth:`AdamW.step`; on a GPU the kernel for
+  :meth:`AdamW.step` (7 array passes in place) and the jnp form for
+  ``update``, which XLA fuses with ``optax.apply_updates`` into the same 7
+  passes where a kernel would write the update for XLA to read back (10
+  passes). Either way jaxops' AdamW moves no more bytes than optax's.
 
   A drop-in for ``optax.adamw``: the same arguments and defaults (including
   ``weight_decay=1e-4``), the same update to float32 rounding, the same state
@@ -365,7 +534,8 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
       optax): the weight decay applies where True.
     nesterov: NAdamW's Nesterov momentum (``optax.nadamw``).
     implementation: ``None`` (the kernel for float32, bfloat16 and float16
-      parameters, the jnp reference for float64 and complex ones), ``"ffi"``
+      parameters, the jnp reference for float64 and complex ones, and for
+      ``update`` on a GPU), ``"ffi"``
       (the kernel, a clear error for a dtype it lacks) or ``"xla"`` (the
       reference), as for the other ops.
 

@@ -227,6 +227,8 @@ def moe_aux_loss(probs, expert_counts, k: int, coeff: float, *, implementation=N
       is an error.
 
   Returns a float32 scalar (float64 for float64 probs), differentiable in probs.
+  With no tokens (a leading axis of size 0) it is 0, as cross_entropy's mean
+  over no tokens is (f_e and P_e are 0 / 0 there), with a zero gradient.
   """
   op = "jaxops.moe_aux_loss"
   implementation = validation.choice(op, "implementation", implementation,
@@ -246,4 +248,7 @@ def moe_aux_loss(probs, expert_counts, k: int, coeff: float, *, implementation=N
   validation.shape(op, "expert_counts", expert_counts, probs.shape[-1:], of="probs.shape[-1:]")
   k = validation.positive_int(op, "k", k)
   coeff = validation.static_float(op, "coeff", coeff)
+  if probs.size == 0:
+    # Every fraction would be 0 / 0: the mean over no tokens is 0 instead.
+    return jnp.zeros((), reference.compute_dtype(probs.dtype))
   return reference.moe_aux_loss(probs, expert_counts, k, coeff)

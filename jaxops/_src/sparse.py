@@ -140,7 +140,7 @@ def prune_2_4(w):
 def _first_dense_group(w) -> tuple[int, int, int] | None:
   """(row, group, nonzeros) of the first group with more than 2 nonzeros."""
   w = np.asarray(w)
-  counts = (w.reshape(w.shape[0], -1, _GROUP) != 0).sum(-1)
+  counts = (w.reshape(w.shape[0], w.shape[1] // _GROUP, _GROUP) != 0).sum(-1)
   bad = np.argwhere(counts > 2)
   if not len(bad):
     return None
@@ -176,15 +176,15 @@ def compress(w) -> SparseWeight:
   last = _GROUP - 1 - jnp.argmax(keep[..., ::-1], axis=-1)
   positions = jnp.stack([first, last], axis=-1)  # [out, groups, 2]
   values = jnp.take_along_axis(w.reshape(out, groups, _GROUP), positions, axis=-1)
-  return SparseWeight(values.reshape(out, in_features // 2), _pack(positions.reshape(out, -1)),
-                      in_features)
+  return SparseWeight(values.reshape(out, in_features // 2),
+                      _pack(positions.reshape(out, in_features // 2)), in_features)
 
 
 def _pack(positions):
   """2-bit positions [out, in / 2] -> uint8 [out, ceil(in / 8)], low bits first."""
   out, half = positions.shape
   padded = jnp.pad(positions.astype(jnp.uint8), ((0, 0), (0, -half % 4)))
-  quads = padded.reshape(out, -1, 4)
+  quads = padded.reshape(out, padded.shape[1] // 4, 4)
   shifts = jnp.arange(4, dtype=jnp.uint8) * 2
   return jnp.bitwise_or.reduce(quads << shifts, axis=-1).astype(jnp.uint8)
 

@@ -8,9 +8,10 @@ process:
 * ``optax`` (the peer): ``optax.adamw(...).update`` + ``optax.apply_updates``
   (XLA fuses them);
 * ``update``: ``jaxops.optim.adamw(...).update`` + ``optax.apply_updates``
-  (the drop-in pattern);
+  (the drop-in pattern: the kernel on the CPU; on a GPU the jnp form, which
+  XLA fuses with the application, as it does optax's);
 * ``step``: ``jaxops.optim.adamw(...).step`` (update and application in one
-  kernel per leaf, parameters and moments written in place).
+  kernel call for all leaves, parameters and moments written in place).
 
 First a real train step (``--train``, on by default): the gradients come from
 ``jax.grad`` of a small loss in the same jit (one linear map per leaf on a

@@ -13,12 +13,15 @@
 //                    in place, and on misaligned buffers
 //   rope=BxSxHxDxR/P neox and gptj, forward and inverse (P: position rows, 1 or B)
 //   emb=VxDxT        lookup (with out-of-range ids) and the gradient
-//   adamw=N          update and fused step, weight decay, Nesterov, float32,
-//                    bfloat16 and float16 first moments, aliased
+//   adamw=N          one launch over leaves of about N elements: update and fused
+//                    step, Nesterov, weight decay per leaf, float32, bfloat16 and
+//                    float16 first moments, unaligned and empty leaves, aliased
+//   adamw_leaves=L   L leaves of 1-3 float32 elements (several launches)
 //   types=LIST       float32,bfloat16,float16 (any of them) for the cases after it
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -266,79 +269,161 @@ void run_embedding(const params::EmbeddingShape& s, std::mt19937& rng) {
 
 // ---------------------------------------------------------------------- adamw
 
-// One step of cuda/adamw<T, M> against double precision, for every option
-// (update or fused step, weight decay, Nesterov) and both first-moment types,
-// plain and aliased (out over params, m_out over m, v_out over v).
+// cuda::adamw over a table of leaves in one launch, each leaf against double
+// precision: parameters T with float32, bfloat16 and float16 first moments,
+// with and without weight decay, in 16-byte packs and (a leaf whose buffers
+// are not 16-byte aligned) element by element, and an empty leaf; for every
+// call option (update or fused step, Nesterov), with fresh outputs and with
+// every output aliased to its input (out over params, m_out over m, v_out
+// over v).
+constexpr double kB1 = 0.9, kB2 = 0.999, kEps = 1e-8, kEpsRoot = 1e-10, kWeightDecay = 0.1,
+                 kLearningRate = 1e-2;
+constexpr int kStep = 3;
+
+template <typename U>
+params::AdamWFloat adamw_float() {
+  if (std::is_same<U, float>::value) return params::AdamWFloat::kFloat32;
+  if (std::is_same<U, __half>::value) return params::AdamWFloat::kFloat16;
+  return params::AdamWFloat::kBFloat16;
+}
+
+// b1 as it multiplies a stored first moment of type M (rounded to M, as optax's is).
+template <typename M>
+double b1_for_moment() {
+  return static_cast<float>(M(static_cast<float>(kB1)));
+}
+
+// The scalars operand (params/adamw.h) of step kStep.
+void fill_adamw_scalars(Buffer<float>& scalars) {
+  const double values[] = {-kLearningRate, kB1, 1.0 - kB1, kB2, 1.0 - kB2, kEps, kEpsRoot,
+                           kWeightDecay, 1.0 - std::pow(kB1, kStep), 1.0 - std::pow(kB2, kStep),
+                           1.0 - std::pow(kB1, kStep + 1), b1_for_moment<float>(),
+                           b1_for_moment<__nv_bfloat16>(), b1_for_moment<__half>()};
+  static_assert(sizeof(values) / sizeof(values[0]) == params::kAdamWScalarCount,
+                "one value per scalar");
+  for (int k = 0; k < params::kAdamWScalarCount; ++k) scalars.data[k] = static_cast<float>(values[k]);
+}
+
+class AdamWLeafData {
+ public:
+  virtual ~AdamWLeafData() = default;
+  // The leaf's table entry; aliased: its outputs are its inputs (reset first).
+  virtual params::AdamWLeaf leaf(bool aliased) = 0;
+  virtual void compare_results(const std::string& name, params::AdamWOptions o, bool aliased) = 0;
+};
+
 template <typename T, typename M>
-void run_adamw_moment(int64_t n, std::mt19937& rng) {
-  const size_t size = static_cast<size_t>(n);
-  const double b1 = 0.9, b2 = 0.999, eps = 1e-8, eps_root = 1e-10, weight_decay = 0.1;
-  const int step = 3;
-  Buffer<T> grads(size), params(size), out(size), aliased(size);
-  Buffer<M> m(size), m_out(size), m_alias(size);
-  Buffer<float> v(size), v_out(size), v_alias(size);
-  Buffer<float> scalars(jaxops::params::kAdamWScalarCount);
-  std::vector<double> gr, pr, mr;
-  fill(grads, gr, rng, 1.f);
-  fill(params, pr, rng, 1.f);
-  fill(m, mr, rng, 0.1f);
-  std::normal_distribution<float> normal(0.f, 0.1f);
-  for (size_t i = 0; i < size; ++i) v.data[i] = std::fabs(normal(rng)) * 0.01f;
-  const double c1 = 1.0 - std::pow(b1, step), c2 = 1.0 - std::pow(b2, step),
-               c1_next = 1.0 - std::pow(b1, step + 1);
-  // b1 as it multiplies the stored moment: in M's precision (optax's low-precision product).
-  const double b1_moment = static_cast<float>(M(static_cast<float>(b1)));
-  const double values[] = {-1e-2, b1, 1.0 - b1, b2, 1.0 - b2, eps, eps_root, weight_decay,
-                           c1, c2, c1_next, b1_moment};
-  for (int k = 0; k < jaxops::params::kAdamWScalarCount; ++k) {
-    scalars.data[k] = static_cast<float>(values[k]);
+class TypedAdamWLeaf : public AdamWLeafData {
+ public:
+  // `offset` elements before the leaf's data in every buffer (1: not 16-byte aligned).
+  TypedAdamWLeaf(int64_t n, int64_t offset, bool decay, std::mt19937& rng)
+      : n_(static_cast<size_t>(n)), offset_(static_cast<size_t>(offset)), decay_(decay),
+        grads_(n_ + offset_), params_(n_ + offset_), out_(n_ + offset_), m_(n_ + offset_),
+        m_out_(n_ + offset_), v_(n_ + offset_), v_out_(n_ + offset_) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (size_t i = 0; i < n_; ++i) {
+      grads_.data[offset_ + i] = T(normal(rng));
+      params_.data[offset_ + i] = T(normal(rng));
+      m_.data[offset_ + i] = M(0.1f * normal(rng));
+      v_.data[offset_ + i] = std::fabs(0.1f * normal(rng)) * 0.01f;
+    }
   }
-  for (int options = 0; options < 8; ++options) {
-    const jaxops::params::AdamWOptions o{(options & 1) != 0, (options & 2) != 0,
-                                         (options & 4) != 0};
-    const std::string name = std::string(type_name<T>()) + "/m " + type_name<M>() +
-                             " n=" + std::to_string(n) + (o.apply_updates ? " step" : " update") +
-                             (o.nesterov ? " nesterov" : "") + (o.decay ? " decay" : "");
-    std::vector<double> out_ref(size), m_ref(size), v_ref(size);
-    for (size_t i = 0; i < size; ++i) {
-      const double g = gr[i], p = pr[i];
-      const double mi = (1.0 - b1) * g + b1_moment * mr[i];
-      const double vi = (1.0 - b2) * g * g + b2 * v.data[i];
-      const double m_hat = o.nesterov ? b1 * mi / c1_next + (1.0 - b1) * g / c1 : mi / c1;
-      double u = m_hat / (std::sqrt(vi / c2 + eps_root) + eps);
-      if (o.decay) u += weight_decay * p;
-      u *= -1e-2;
+
+  params::AdamWLeaf leaf(bool aliased) override {
+    const size_t o = offset_;
+    if (aliased) {
+      for (size_t i = 0; i < n_; ++i) {
+        out_.data[o + i] = params_.data[o + i];
+        m_out_.data[o + i] = m_.data[o + i];
+        v_out_.data[o + i] = v_.data[o + i];
+      }
+    }
+    return params::AdamWLeaf{grads_.data + o,
+                             (aliased ? out_.data : params_.data) + o,
+                             (aliased ? m_out_.data : m_.data) + o,
+                             (aliased ? v_out_.data : v_.data) + o,
+                             out_.data + o, m_out_.data + o, v_out_.data + o,
+                             static_cast<int64_t>(n_), adamw_float<T>(), adamw_float<M>(), decay_};
+  }
+
+  void compare_results(const std::string& name, params::AdamWOptions o, bool aliased) override {
+    const double b1_moment = b1_for_moment<M>();
+    const double c1 = 1.0 - std::pow(kB1, kStep), c2 = 1.0 - std::pow(kB2, kStep),
+                 c1_next = 1.0 - std::pow(kB1, kStep + 1);
+    std::vector<double> out_ref(n_), m_ref(n_), v_ref(n_);
+    for (size_t i = 0; i < n_; ++i) {
+      const double g = static_cast<float>(grads_.data[offset_ + i]);
+      const double p = static_cast<float>(params_.data[offset_ + i]);
+      const double mi = (1.0 - kB1) * g + b1_moment * static_cast<float>(m_.data[offset_ + i]);
+      const double vi = (1.0 - kB2) * g * g + kB2 * v_.data[offset_ + i];
+      const double m_hat = o.nesterov ? kB1 * mi / c1_next + (1.0 - kB1) * g / c1 : mi / c1;
+      double u = m_hat / (std::sqrt(vi / c2 + kEpsRoot) + kEps);
+      if (decay_) u += kWeightDecay * p;
+      u *= -kLearningRate;
       out_ref[i] = o.apply_updates ? p + u : u;
       m_ref[i] = mi;
       v_ref[i] = vi;
     }
+    const std::string what = std::string(aliased ? "aliased " : "") + name + " " +
+                             type_name<T>() + "/m " + type_name<M>() + " n=" +
+                             std::to_string(n_) + (offset_ ? " unaligned" : "") +
+                             (decay_ ? " decay" : "");
     // A bfloat16 or float16 moment is rounded once where it is stored.
     const double m_tol = std::is_same<M, float>::value ? 2e-6 : tolerance<M>();
-    check(cuda::adamw<T, M>(nullptr, grads.data, params.data, m.data, v.data, scalars.data,
-                            out.data, m_out.data, v_out.data, n, o),
-          "adamw " + name);
-    compare("adamw out " + name, out.data, out_ref, tolerance<T>());
-    compare("adamw m " + name, m_out.data, m_ref, m_tol);
-    compare("adamw v " + name, v_out.data, v_ref, 2e-6);
-    for (size_t i = 0; i < size; ++i) {
-      aliased.data[i] = params.data[i];
-      m_alias.data[i] = m.data[i];
-      v_alias.data[i] = v.data[i];
-    }
-    check(cuda::adamw<T, M>(nullptr, grads.data, aliased.data, m_alias.data, v_alias.data,
-                            scalars.data, aliased.data, m_alias.data, v_alias.data, n, o),
-          "aliased adamw " + name);
-    compare("aliased adamw out " + name, aliased.data, out_ref, tolerance<T>());
-    compare("aliased adamw m " + name, m_alias.data, m_ref, m_tol);
-    compare("aliased adamw v " + name, v_alias.data, v_ref, 2e-6);
+    compare("adamw out " + what, out_.data + offset_, out_ref, tolerance<T>());
+    compare("adamw m " + what, m_out_.data + offset_, m_ref, m_tol);
+    compare("adamw v " + what, v_out_.data + offset_, v_ref, 2e-6);
   }
-}
+
+ private:
+  size_t n_, offset_;
+  bool decay_;
+  Buffer<T> grads_, params_, out_;
+  Buffer<M> m_, m_out_;
+  Buffer<float> v_, v_out_;
+};
 
 template <typename T>
 void run_adamw(int64_t n, std::mt19937& rng) {
-  run_adamw_moment<T, float>(n, rng);
-  run_adamw_moment<T, __nv_bfloat16>(n, rng);
-  run_adamw_moment<T, __half>(n, rng);
+  std::vector<std::unique_ptr<AdamWLeafData>> data;
+  data.emplace_back(new TypedAdamWLeaf<T, float>(n, 0, true, rng));
+  data.emplace_back(new TypedAdamWLeaf<T, __nv_bfloat16>(n, 0, false, rng));
+  data.emplace_back(new TypedAdamWLeaf<T, __half>(n, 0, true, rng));
+  data.emplace_back(new TypedAdamWLeaf<T, float>(0, 0, true, rng));
+  data.emplace_back(new TypedAdamWLeaf<T, float>(n, 1, false, rng));
+  data.emplace_back(new TypedAdamWLeaf<T, __nv_bfloat16>(n + 3, 0, true, rng));
+  Buffer<float> scalars(params::kAdamWScalarCount);
+  fill_adamw_scalars(scalars);
+  for (int options = 0; options < 4; ++options) {
+    const params::AdamWOptions o{(options & 1) != 0, (options & 2) != 0};
+    const std::string name = std::string(o.apply_updates ? "step" : "update") +
+                             (o.nesterov ? " nesterov" : "");
+    for (bool aliased : {false, true}) {
+      std::vector<params::AdamWLeaf> leaves;
+      for (auto& d : data) leaves.push_back(d->leaf(aliased));
+      check(cuda::adamw(nullptr, leaves.data(), static_cast<int64_t>(leaves.size()),
+                        scalars.data, o),
+            "adamw " + name);
+      for (auto& d : data) d->compare_results(name, o, aliased);
+    }
+  }
+}
+
+// More leaves than one launch's table holds (kAdamWLeavesPerLaunch): several
+// launches, every leaf updated once.
+void run_adamw_many_leaves(int64_t leaves_count, std::mt19937& rng) {
+  std::vector<std::unique_ptr<AdamWLeafData>> data;
+  for (int64_t i = 0; i < leaves_count; ++i) {
+    data.emplace_back(new TypedAdamWLeaf<float, float>(1 + i % 3, 0, i % 2 == 0, rng));
+  }
+  Buffer<float> scalars(params::kAdamWScalarCount);
+  fill_adamw_scalars(scalars);
+  const params::AdamWOptions o{true, false};
+  std::vector<params::AdamWLeaf> leaves;
+  for (auto& d : data) leaves.push_back(d->leaf(true));
+  check(cuda::adamw(nullptr, leaves.data(), static_cast<int64_t>(leaves.size()), scalars.data, o),
+        "adamw many leaves");
+  for (auto& d : data) d->compare_results("many leaves", o, true);
 }
 
 // The dtypes the following cases run in (types=LIST; all three by default).
@@ -382,6 +467,8 @@ bool run_case(const char* text, std::mt19937& rng) {
     all_types<Activations>(static_cast<int64_t>(a), rng);
   } else if (std::sscanf(text, "adamw=%lld", &a) == 1 && a >= 1) {
     all_types<AdamW>(static_cast<int64_t>(a), rng);
+  } else if (std::sscanf(text, "adamw_leaves=%lld", &a) == 1 && a >= 1) {
+    run_adamw_many_leaves(static_cast<int64_t>(a), rng);
   } else if (std::sscanf(text, "rope=%lldx%lldx%lldx%lldx%lld/%lld", &a, &b, &c, &d, &e, &f) == 6 &&
              a >= 1 && b >= 1 && c >= 1 && e >= 2 && e % 2 == 0 && e <= d &&
              (f == 1 || f == a)) {
@@ -402,7 +489,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!run_case(argv[i], rng)) {
       std::fprintf(stderr,
-                   "bad case %s (act=N, adamw=N, rope=BxSxHxDxR/P, emb=VxDxT, types=LIST)\n",
+                   "bad case %s (act=N, adamw=N, adamw_leaves=L, rope=BxSxHxDxR/P, emb=VxDxT, "
+                   "types=LIST)\n",
                    argv[i]);
       return 2;
     }

@@ -1,11 +1,11 @@
-// CUDA FFI handler of the fused AdamW step on one parameter leaf: the CPU
-// handler's target, binding and validation (xla_ffi/adamw_common.h), then a
-// launch of cuda/adamw on the stream XLA hands over.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+// CUDA FFI handler of the fused AdamW step over every leaf of a model: the CPU
+// handler's target, binding and validation (xla_ffi/adamw_common.h), then
+// cuda/adamw's launch (one per kAdamWLeavesPerLaunch leaves) on the stream
+// XLA hands over.
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <vector>
 
 #include "cuda/adamw.h"
 #include "xla_ffi/adamw_common.h"
@@ -16,29 +16,18 @@ namespace jaxops {
 namespace {
 
 namespace ffi = xla::ffi;
-using namespace ffi_common;
 using namespace adamw_common;
 using ffi_cuda::cuda_binding;
 using ffi_cuda::launch_status;
 
-ffi::Error AdamW(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer params,
-                 ffi::AnyBuffer m, ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> scalars,
-                 ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> m_out,
-                 ffi::Result<ffi::Buffer<ffi::F32>> v_out, bool apply_updates, bool nesterov,
-                 bool decay) {
-  const std::string op = kAdamW.name;
-  JAXOPS_RETURN_IF_ERROR(check_adamw(grads, params, m, v, scalars, *out, *m_out, *v_out));
-  return dispatch_adamw<float, __nv_bfloat16, __half>(
-      op, params.element_type(), m.element_type(), [&](auto t_tag, auto m_tag) {
-        using T = decltype(t_tag);
-        using M = decltype(m_tag);
-        return launch_status(
-            op, cuda::adamw<T, M>(stream, data<const T>(grads), data<const T>(params),
-                                  data<const M>(m), v.typed_data(), scalars.typed_data(),
-                                  data<T>(*out), data<M>(*m_out), v_out->typed_data(),
-                                  params.element_count(),
-                                  AdamWOptions{apply_updates, nesterov, decay}));
-      });
+ffi::Error AdamW(cudaStream_t stream, ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
+                 ffi::RemainingRets rets, bool apply_updates, bool nesterov,
+                 int64_t decayed_leaves) {
+  std::vector<AdamWLeaf> leaves;
+  JAXOPS_RETURN_IF_ERROR(collect_leaves(scalars, args, rets, decayed_leaves, &leaves));
+  return launch_status(kAdamW.name,
+                       cuda::adamw(stream, leaves.data(), static_cast<int64_t>(leaves.size()),
+                                   scalars.typed_data(), AdamWOptions{apply_updates, nesterov}));
 }
 
 }  // namespace
