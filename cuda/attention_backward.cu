@@ -40,8 +40,6 @@ using attention_tiles::HeadView;
 using attention_tiles::Range;
 using namespace attention_mma;
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // Tile sizes per element type and padded head dim (docs/cuda.md has the
 // registers and shared memory they come to). Where the accumulators of a whole
 // head vector would not fit the registers, a block takes kDv columns of dK and

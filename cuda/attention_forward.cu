@@ -44,8 +44,6 @@ using namespace attention_mma;
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kRows = 16 * kWarps;  // query rows of a block
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Tile sizes per element type and padded head dim (docs/cuda.md has the
 // registers and shared memory they come to): K and V tiles of kBc keys (two
@@ -162,10 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float tile_max = row_max[r];
-#pragma unroll
-        for (int j = 0; j < kBc / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-        tile_max = quad_max(tile_max);
+        const float tile_max = row_tile_max(s, r, row_max[r]);
         // A row that has seen no key yet keeps max -inf: subtract 0 then.
         const float base = tile_max == -CUDART_INF_F ? 0.0f : tile_max;
         const float alpha = exp2_approx(row_max[r] - base);

@@ -37,6 +37,9 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 // The dynamic shared memory a block may take on sm_80 (163 KiB; sm_90 has 227):
 // every tile configuration fits it.
 constexpr int kMaxSharedBytes = 163 * 1024;
+// The kernels keep logits in log2 units, for exp2 on the special-function unit.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // The tensor-core instruction of an element type: mma.sync m16n8k16 for
 // bfloat16/float16 (k-steps of 16 elements), m16n8k8 with TF32 operands for
@@ -312,6 +315,18 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(kFullWarp, v, 1);
   return v + __shfl_xor_sync(kFullWarp, v, 2);
+}
+
+// The max of `running` and the elements of half r of a warp's accumulator
+// tiles (r = 0: row g, r = 1: row g + 8), over the quad that holds the row.
+template <int kNTiles>
+__device__ __forceinline__ float row_tile_max(const float (&acc)[kNTiles][4], int r,
+                                              float running) {
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    running = fmaxf(running, fmaxf(acc[j][2 * r], acc[j][2 * r + 1]));
+  }
+  return quad_max(running);
 }
 
 }  // namespace jaxops::cuda::attention_mma

@@ -48,9 +48,6 @@ using attention_tiles::HeadView;
 using attention_tiles::Range;
 using namespace attention_mma;
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
 // The operands and results of one call; null tangents are zero.
 template <typename T>
 struct JvpTensors {
@@ -194,10 +191,7 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd>::kWarps, 1)
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float tile_max = row_max[r];
-#pragma unroll
-        for (int j = 0; j < kBc / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(e[j][2 * r], e[j][2 * r + 1]));
-        tile_max = quad_max(tile_max);
+        const float tile_max = row_tile_max(e, r, row_max[r]);
         const float base = tile_max == -CUDART_INF_F ? 0.0f : tile_max;
         const float alpha = exp2_approx(row_max[r] - base);
         // The row's first attended key is in this tile: its shift comes from it.
