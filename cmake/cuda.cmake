@@ -43,21 +43,29 @@ endif()
 # every kernel for every architecture, read back from the built library by
 # cuobjdump and printed after each (re)build of it. It is also installed as
 # jaxops/cuda_resource_usage.txt, which the test suite prints in its summary, so
-# the CI log shows it (pip shows build output only with -v). cuobjdump: the
-# toolkit's, else the one from PyPI's nvidia-cuda-cuobjdump (a build requirement).
-find_program(JAXOPS_CUOBJDUMP cuobjdump HINTS "${CUDAToolkit_BIN_DIR}" NO_CACHE)
-if(NOT JAXOPS_CUOBJDUMP)
-  execute_process(
-    COMMAND "${Python_EXECUTABLE}" -c [[
+# the CI log shows it (pip shows build output only with -v). cuobjdump and
+# nvdisasm: the toolkit's, else the ones from PyPI's nvidia-cuda-cuobjdump and
+# nvidia-cuda-nvdisasm (build requirements).
+# The toolkit's binary `name`, else the one the PyPI wheel `wheel` installed, in `out`.
+function(jaxops_find_cuda_tool out name wheel)
+  find_program(tool ${name} HINTS "${CUDAToolkit_BIN_DIR}" NO_CACHE)
+  if(NOT tool)
+    execute_process(
+      COMMAND "${Python_EXECUTABLE}" -c "
 import importlib.metadata as metadata
 try:
-    files = metadata.files("nvidia-cuda-cuobjdump") or []
+    files = metadata.files('${wheel}') or []
 except metadata.PackageNotFoundError:
     files = []
-print(next((str(f.locate()) for f in files if f.name == "cuobjdump"), ""), end="")
-]]
-    OUTPUT_VARIABLE JAXOPS_CUOBJDUMP ERROR_QUIET)
-endif()
+print(next((str(f.locate()) for f in files if f.name == '${name}'), ''), end='')
+"
+      OUTPUT_VARIABLE tool ERROR_QUIET)
+  endif()
+  set(${out} "${tool}" PARENT_SCOPE)
+endfunction()
+jaxops_find_cuda_tool(JAXOPS_CUOBJDUMP cuobjdump nvidia-cuda-cuobjdump)
+# cuobjdump -sass disassembles through nvdisasm (on PATH).
+jaxops_find_cuda_tool(JAXOPS_NVDISASM nvdisasm nvidia-cuda-nvdisasm)
 if(JAXOPS_CUOBJDUMP)
   message(STATUS "jaxops: CUDA resource table by ${JAXOPS_CUOBJDUMP}")
   set(JAXOPS_CUDA_RESOURCE_TABLE "${CMAKE_CURRENT_BINARY_DIR}/cuda_resource_usage.txt")
@@ -65,6 +73,19 @@ if(JAXOPS_CUOBJDUMP)
     COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_SOURCE_DIR}/cmake/cuda_resource_table.py"
             "${JAXOPS_CUOBJDUMP}" "$<TARGET_FILE:jaxops_cuda_kernels>" "${JAXOPS_CUDA_RESOURCE_TABLE}"
     VERBATIM)
+  # The SASS instruction summary (HMMA, LDSM, LDGSTS... per kernel), next to
+  # the table and installed with it; tests/test_cuda_sass.py gates on it.
+  if(JAXOPS_NVDISASM)
+    get_filename_component(JAXOPS_NVDISASM_DIR "${JAXOPS_NVDISASM}" DIRECTORY)
+    set(JAXOPS_CUDA_SASS_SUMMARY "${CMAKE_CURRENT_BINARY_DIR}/cuda_sass_summary.txt")
+    add_custom_command(TARGET jaxops_cuda_kernels POST_BUILD
+      COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_SOURCE_DIR}/cmake/cuda_sass_summary.py"
+              "${JAXOPS_CUOBJDUMP}" "${JAXOPS_NVDISASM_DIR}" "$<TARGET_FILE:jaxops_cuda_kernels>"
+              "${JAXOPS_CUDA_SASS_SUMMARY}"
+      VERBATIM)
+  else()
+    message(STATUS "jaxops: no nvdisasm (CUDA toolkit or pip nvidia-cuda-nvdisasm), no SASS summary")
+  endif()
 else()
   message(STATUS "jaxops: no cuobjdump (CUDA toolkit or pip nvidia-cuda-cuobjdump), no CUDA resource table")
 endif()
@@ -85,6 +106,9 @@ if(SKBUILD)
   if(JAXOPS_CUOBJDUMP)
     # OPTIONAL: a build directory whose library predates the table has none yet.
     install(FILES "${JAXOPS_CUDA_RESOURCE_TABLE}" DESTINATION jaxops OPTIONAL)
+  endif()
+  if(JAXOPS_CUDA_SASS_SUMMARY)
+    install(FILES "${JAXOPS_CUDA_SASS_SUMMARY}" DESTINATION jaxops OPTIONAL)
   endif()
 else()
   set_target_properties(_jaxops_cuda PROPERTIES

@@ -286,6 +286,46 @@ __device__ __forceinline__ Range key_range(const AttentionParams& p, const HeadV
   return lo < hi ? Range{lo, hi} : Range{0, 0};
 }
 
+// Whether every query row of [t0, t1) attends every key of [j0, j1) with no
+// bias: the tile needs no per-element masking (scale * dot is its logit).
+__device__ __forceinline__ bool tile_fully_visible(const AttentionParams& p, const HeadView& h,
+                                                   int64_t t0, int64_t t1, int64_t j0,
+                                                   int64_t j1) {
+  if (p.mask != nullptr || p.bias != nullptr || t1 > h.q_valid || j1 > h.kv_valid) return false;
+  const int64_t first = t0 + h.offset, last = t1 - 1 + h.offset;
+  if (p.is_causal && j1 - 1 > first) return false;
+  if (p.window_right >= 0 && j1 - 1 > first + p.window_right) return false;
+  return p.window_left < 0 || j0 >= last - p.window_left;
+}
+
+// The keys one query row may attend, or the query rows that may attend one
+// key, as int32 positions [begin, end) (sequence lengths stay below 2^31): the
+// causal limit, the window and the lengths, the mask and the bias aside. The
+// tensor-core kernels hold them for a lane's rows, so that masking an element
+// is two comparisons.
+struct Limits {
+  int begin;
+  int end;
+};
+
+// Whether query row t attends key j, given t's key limits or j's query limits.
+__device__ __forceinline__ bool within(const Limits& limits, int64_t position) {
+  return position >= limits.begin && position < limits.end;
+}
+
+// scale * dot + bias for query row t and key j, or -inf where (t, j) is not
+// `visible` (by Limits) or the mask hides it.
+__device__ __forceinline__ float visible_logit(const AttentionParams& p, const HeadView& h,
+                                               int64_t t, int64_t j, bool visible, float dot) {
+  if (!visible) return -CUDART_INF_F;
+  if (p.mask != nullptr && !p.mask[broadcast_offset(p.mask_strides, h, t, j)]) {
+    return -CUDART_INF_F;
+  }
+  float x = p.scale * dot;
+  if (p.bias != nullptr) x += p.bias[broadcast_offset(p.bias_strides, h, t, j)];
+  return x;
+}
+
 // The query rows that may attend keys [j0, j1).
 __device__ __forceinline__ Range query_range(const AttentionParams& p, const HeadView& h, int64_t j0, int64_t j1) {
   j1 = min64(j1, h.kv_valid);
@@ -295,6 +335,18 @@ __device__ __forceinline__ Range query_range(const AttentionParams& p, const Hea
   if (p.window_right >= 0) lo = max64(lo, j0 - p.window_right - h.offset);
   if (p.window_left >= 0) hi = min64(hi, j1 + p.window_left - h.offset);
   return lo < hi ? Range{lo, hi} : Range{0, 0};
+}
+
+__device__ __forceinline__ Limits keys_of_row(const AttentionParams& p, const HeadView& h,
+                                              int64_t t) {
+  const Range keys = key_range(p, h, t, t + 1);
+  return {static_cast<int>(keys.begin), static_cast<int>(keys.end)};
+}
+
+__device__ __forceinline__ Limits rows_of_key(const AttentionParams& p, const HeadView& h,
+                                              int64_t j) {
+  const Range rows = query_range(p, h, j, j + 1);
+  return {static_cast<int>(rows.begin), static_cast<int>(rows.end)};
 }
 
 // rows x [hp] of a [B, len, heads, H] tensor into a tile, zero beyond len and H

@@ -1,12 +1,14 @@
 """jaxops.attention against jax.nn.dot_product_attention and the jnp reference.
 
 Tests taking `backend` run on the CPU kernels and on the CUDA kernels
-(cuda/attention.cu, cuda/attention_jvp.cu) in the harness
-(tests/support/backends.py). In the harness float32 takes the SIMT path,
-bfloat16 and float16 the tensor-core path (nvcuda::wmma, emulated: the harness
-reports an sm_80); its cases are the shapes, head dims and masks that select
-each tile configuration of the CUDA dispatch. The last section calls the CUDA
-forward-mode kernel's harness target directly. The rest (rules, kernel
+(cuda/attention*.cu) in the harness (tests/support/backends.py). In the
+harness float32 takes the SIMT kernels (the suite runs at the "highest"
+matmul precision; TF32 is tests/test_matmul_precision_kernels.py's), bfloat16
+and float16 the tensor-core kernels (mma.sync, ldmatrix and cp.async,
+emulated with their PTX layouts: the harness reports an sm_80); its cases are
+the shapes, head dims and masks that select each configuration of the CUDA
+dispatch (the head dim padded to 64, 128 or 256). The last section calls the
+CUDA forward-mode kernel's harness target directly. The rest (rules, kernel
 selection, validation) are backend-independent.
 """
 
@@ -204,8 +206,10 @@ CPU_SHAPES = [
     (2, 5, 9, 3, 3, 7, False),
 ]
 # (B, T, S, N, K, H, is_causal), dtype on CUDA: decode (T = 1) with GQA; T > S;
-# head dims padded to 16 (80, 7); the head dims that select smaller tiles (128:
-# 32x32 for the float32 forward and the backward; 256: 32x32 forward, 16x16 backward).
+# head dims that are not multiples of 8 (7: plain loads instead of cp.async)
+# or of 64 (80); every padded head dim of the tensor-core kernels (64, 128,
+# 256) and the SIMT kernels' tile sizes (float32 128: 32x32 forward and
+# backward; 256: 32x32 forward, 16x16 backward).
 HARNESS_SHAPES = [
     ((1, 1, 67, 8, 2, 64, True), jnp.float32),
     ((2, 70, 33, 3, 3, 7, True), jnp.float32),
@@ -490,21 +494,50 @@ def _gradients_fn():
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
 
 
-def _gradients():
-  q, k, v = qkv(21, 1, 37, 29, 4, 2, 16)
-  bias = random_inputs(22, [(1, 4, 37, 29)])[0]
+def _gradients(dtype):
+  q, k, v = qkv(21, 1, 37, 29, 4, 2, 16, dtype)
+  bias = random_inputs(22, [(1, 4, 37, 29)], dtype)[0]
   return _gradients_fn()(q, k, v, bias)
 
 
 @pytest.mark.backends(backends.HARNESS)
-@pytest.mark.parametrize("mode,seed", [("fibers", 3), ("threads", 0)])
-def test_thread_order_does_not_change_gradients(harness, mode, seed):
+@pytest.mark.parametrize("mode,seed,dtype", [("fibers", 3, jnp.float32),
+                                             ("threads", 0, jnp.float32),
+                                             ("fibers", 5, jnp.bfloat16)], ids=str)
+def test_thread_order_does_not_change_gradients(harness, mode, seed, dtype):
   """Random thread and block orders, and OS threads: dq, dk, dv and a full
-  bias's gradient are bitwise the same (no atomics on them; a race would show)."""
-  expected = _gradients()
+  bias's gradient are bitwise the same (no atomics on them; a race would show),
+  on the SIMT kernels (float32) and the tensor-core kernels (bfloat16)."""
+  expected = _gradients(dtype)
   with harness.scheduled(mode, seed=seed):
-    for got, want in zip(_gradients(), expected):
+    for got, want in zip(_gradients(dtype), expected):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def _instructions(harness):
+  """The emulated sm_80 instructions and wmma products run so far."""
+  return {"mma.sync bf16": harness.mma_syncs("bfloat16"),
+          "mma.sync other": harness.mma_syncs("half") + harness.mma_syncs("tf32"),
+          "ldmatrix": harness.ldmatrices(), "cp.async": harness.cp_asyncs(),
+          "wmma": sum(harness.wmma_mmas(o) for o in ("half", "bfloat16", "tf32"))}
+
+
+@pytest.mark.backends(backends.HARNESS)
+@pytest.mark.parametrize("kernel", ["forward", "backward", "forward_mode"])
+def test_tensor_core_kernels_take_the_sm80_instructions(harness, kernel):
+  """bfloat16: each of the forward, backward and forward-mode kernels runs its
+  products on mma.sync m16n8k16, its operands loaded by ldmatrix from tiles
+  that cp.async filled; no wmma."""
+  q, k, v = qkv(50, 1, 20, 24, 2, 1, 32, jnp.bfloat16)
+  f = jax.jit(lambda q, k, v: jaxops.attention(q, k, v, is_causal=True))
+  vjp = jax.vjp(f, q, k, v)[1]
+  run = {"forward": lambda: f(q, k, v), "backward": lambda: vjp(q),
+         "forward_mode": lambda: jax.jvp(f, (q, k, v), (q, k, v))}[kernel]
+  before = _instructions(harness)
+  jax.block_until_ready(run())
+  ran = {name: n - before[name] for name, n in _instructions(harness).items()}
+  assert ran["mma.sync bf16"] > 0 and ran["ldmatrix"] > 0 and ran["cp.async"] > 0, ran
+  assert ran["mma.sync other"] == 0 and ran["wmma"] == 0, ran
 
 
 def test_implementations_agree():

@@ -81,7 +81,7 @@ def test_bench_and_optional_stages():
   lines = _dry_run("--arch", "90", "--profile", "default", "--sanitize")
   for family in ("roofline", "attention", "decode", "paged_attention", "norms", "adamw"):
     assert family in lines["bench"]
-  assert "attention_fwd_kernel" in lines["profile"] and "memcheck" in lines["sanitize"]
+  assert "attention_fwd_mma_kernel" in lines["profile"] and "memcheck" in lines["sanitize"]
   quick = _dry_run("--arch", "90", "--quick")
   assert "norms --quick" in quick["bench"] and "profile" not in quick
 

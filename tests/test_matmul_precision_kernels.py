@@ -2,11 +2,12 @@
 precision setting (docs/precision.md), against a float64 reference.
 
 At the default precision the float32 products of attention (forward, backward,
-forward mode) and patch_embed run on the TF32 tensor cores (wmma m16n16k8,
-operands rounded by ``wmma::__float_to_tf32``); at "highest" on the CUDA cores
-in full float32. The harness counts the emulated wmma instructions by operand
-type, so a test sees which path ran; on a GPU (JAXOPS_TEST_GPU=1) the same
-tests compare the results alone. The test session runs at "highest"
+forward mode) run on the TF32 tensor cores (mma.sync m16n8k8, operands rounded
+to nearest, cuda/attention_fragments.cuh) and patch_embed's too (wmma
+m16n16k8, operands rounded by ``wmma::__float_to_tf32``); at "highest" on the
+CUDA cores in full float32. The harness counts the emulated tensor-core
+instructions (mma.sync and wmma) by operand type, so a test sees which path
+ran; on a GPU (JAXOPS_TEST_GPU=1) the same tests compare the results alone. The test session runs at "highest"
 (tests/conftest.py): each test sets both contexts itself.
 
 Tolerances. "highest" is float32: the suite's float32 tolerance for a
@@ -47,15 +48,20 @@ def _float64(tree):
   return jax.tree.map(lambda x: np.asarray(x, np.float64), tree)
 
 
+def _tensor_core_instructions(harness):
+  """{operand type: emulated mma.sync and wmma instructions so far}."""
+  return {o: harness.mma_syncs(o) + harness.wmma_mmas(o) for o in ("tf32", "half", "bfloat16")}
+
+
 def _run(fn, setting, backend, *args):
-  """(fn(*args) under the precision ``setting``, {operand type: wmma instructions}
-  it ran in the harness; None on a GPU)."""
+  """(fn(*args) under the precision ``setting``, {operand type: tensor-core
+  instructions} it ran in the harness; None on a GPU)."""
   harness = backends.harness() if backend == backends.HARNESS else None
-  operands = ("tf32", "half", "bfloat16")
-  before = {o: harness.wmma_mmas(o) for o in operands} if harness else None
+  before = _tensor_core_instructions(harness) if harness else None
   with jax.default_matmul_precision(setting):
     result = jax.block_until_ready(jax.jit(fn)(*args))
-  counts = {o: harness.wmma_mmas(o) - before[o] for o in operands} if harness else None
+  counts = ({o: n - before[o] for o, n in _tensor_core_instructions(harness).items()}
+            if harness else None)
   return result, counts
 
 
@@ -92,9 +98,10 @@ def _names(tree):
 
 # -- attention ---------------------------------------------------------------------------------
 
-# Head dims that select every float32 tile configuration of the CUDA dispatch:
-# 32 (64x64 tiles throughout), 80 (forward 64x64, backward and forward mode
-# 32x32), 192 (forward 32x32, backward and forward mode 16x16).
+# Head dims that select every float32 configuration of the tensor-core kernels
+# (cuda/attention_forward.cu, _backward.cu, _jvp.cu pad the head dim to 64, 128
+# or 256): 32, 80, 192; at "highest" the SIMT kernels' tile sizes (64x64
+# throughout, 64x64 and 32x32, 32x32 and 16x16).
 HEAD_DIMS = [32, 80, 192]
 B, T, S, N, K = 1, 40, 56, 2, 1
 
@@ -120,9 +127,11 @@ def test_attention_forward(backend, head_dim):
     expected = _reference(*_float64((q, k, v)))
   tf32_instructions = None
   if head_dim == 32:
-    # One block per head, 64x64 tiles: S = Q K^T is 4 x 4 output tiles of 16x16
-    # over 32 / 8 steps, O += P V is 4 x 2 tiles over 64 / 8 steps.
-    tf32_instructions = N * (4 * 4 * 4 + 4 * 2 * 8)
+    # One block of 4 warps per head (64 query rows, the head dim padded to 64),
+    # one tile of 64 keys; the 3 warps with rows below T = 40 each run
+    # S = Q K^T (8 key tiles of 8 over 64 / 8 k-steps) and O += P V (8
+    # column tiles of 8 over 64 / 8 k-steps) on mma.sync m16n8k8.
+    tf32_instructions = N * 3 * (8 * 8 + 8 * 8)
   _check_both_settings(_attention, (q, k, v), expected, backend, S, tf32_instructions)
 
 
@@ -143,8 +152,9 @@ def test_attention_vjp(backend, head_dim):
 @pytest.mark.backends(*KERNEL_BACKENDS)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_attention_jvp(backend, head_dim):
-  """Every tangent present: the fused kernel's [dQ | Q] [K | dK]^T and
-  [e (ds - c) | e] [V ; dV] products over their full widths."""
+  """Every tangent present: the fused kernel's tangent products dQ K^T + Q dK^T
+  and e (ds - c) V + e dV all run (at "highest", the SIMT kernel's
+  [dQ | Q] [K | dK]^T and [e (ds - c) | e] [V ; dV] over their full widths)."""
   q, k, v, dq = _attention_inputs(2, head_dim)
   dk, dv = random_inputs(3, [k.shape, v.shape])
 

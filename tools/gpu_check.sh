@@ -38,7 +38,7 @@ WHEELS="" PROFILE="" ARCH="" JOBS="" BUDGET=""
 OUT_DIR="gpu-check-results"
 SCRATCH="${TMPDIR:-/tmp}/jaxops-gpu-check"
 PYTHON="python3"
-DEFAULT_PROFILE="attention_fwd_kernel,attention_bwd_dkdv_kernel,attention_decode_kernel,paged_attention_kernel,layer_norm_fwd_kernel,softmax_fwd_kernel,cross_entropy_kernel,adamw_kernel"
+DEFAULT_PROFILE="attention_fwd_mma_kernel,attention_bwd_dkdv_mma_kernel,attention_decode_kernel,paged_attention_kernel,layer_norm_fwd_kernel,softmax_fwd_kernel,cross_entropy_kernel,adamw_kernel"
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 

@@ -295,17 +295,30 @@ FAMILIES = {f.__name__: f for f in (
     norms, paged_attention, patch_embed, rope, routing, sampling, softmax, sparse)}
 
 
+# Kernel files that belong to another file's family: cuda/attention.cu's entry
+# points launch the tensor-core kernels (forward, backward) and the SIMT ones,
+# which the attention family checks.
+PART_OF = {"attention_forward": "attention", "attention_backward": "attention",
+           "attention_simt": "attention"}
+
+
+def _kernel_sources() -> list[pathlib.Path]:
+  return sorted(p for p in CUDA_SOURCES.glob("*.cu") if "__global__" in p.read_text())
+
+
 def kernel_files() -> list[str]:
-  """The families the CUDA sources define: every cuda/*.cu holding a kernel."""
-  return sorted(p.stem for p in CUDA_SOURCES.glob("*.cu") if "__global__" in p.read_text())
+  """The families the CUDA sources define: every cuda/*.cu holding a kernel
+  (those of PART_OF under their family's name)."""
+  return sorted({PART_OF.get(p.stem, p.stem) for p in _kernel_sources()})
 
 
 def family_of_kernel(kernel: str) -> str | None:
-  """The family (the file) that defines the CUDA kernel ``kernel``."""
-  for stem in kernel_files():
-    text = (CUDA_SOURCES / f"{stem}.cu").read_text()
+  """The family (the file, or the family it is PART_OF) that defines the CUDA
+  kernel ``kernel``."""
+  for source in _kernel_sources():
+    text = source.read_text()
     if f" {kernel}(" in text or f"\n{kernel}(" in text:
-      return stem
+      return PART_OF.get(source.stem, source.stem)
   return None
 
 

@@ -27,8 +27,10 @@ from . import build
 
 PREFIX = "jaxops_harness_"
 _MODES = {"fibers": 0, "threads": 1}
-# jaxops_harness::WmmaOperand (include/cuda_on_cpu.h), in its order.
+# jaxops_harness::WmmaOperand (include/cuda_on_cpu.h) and MmaOperand
+# (include/mma_emulation.h), in their order.
 _WMMA_OPERANDS = ("half", "bfloat16", "tf32")
+_MMA_OPERANDS = ("half", "bfloat16", "tf32")
 
 
 def harness_target(target: str) -> str:
@@ -47,6 +49,10 @@ class Harness:
     self._lib.jaxops_harness_sparse_mmas.restype = ctypes.c_ulonglong
     self._lib.jaxops_harness_wmma_mmas.argtypes = (ctypes.c_int,)
     self._lib.jaxops_harness_wmma_mmas.restype = ctypes.c_ulonglong
+    self._lib.jaxops_harness_mma_syncs.argtypes = (ctypes.c_int,)
+    self._lib.jaxops_harness_mma_syncs.restype = ctypes.c_ulonglong
+    self._lib.jaxops_harness_ldmatrices.restype = ctypes.c_ulonglong
+    self._lib.jaxops_harness_cp_asyncs.restype = ctypes.c_ulonglong
     self._lib.jaxops_harness_float_to_tf32.argtypes = (ctypes.c_float,)
     self._lib.jaxops_harness_float_to_tf32.restype = ctypes.c_float
     self._lib.jaxops_harness_configure.argtypes = (ctypes.c_int, ctypes.c_ulonglong)
@@ -70,6 +76,19 @@ class Harness:
     """Emulated wmma::mma_sync instructions run so far on ``operands``: "half",
     "bfloat16" or "tf32" (the float32 products that took the TF32 tensor cores)."""
     return self._lib.jaxops_harness_wmma_mmas(_WMMA_OPERANDS.index(operands))
+
+  def mma_syncs(self, operands: str) -> int:
+    """Emulated mma.sync instructions (cuda/mma.cuh) run so far on ``operands``:
+    "half", "bfloat16" (m16n8k16) or "tf32" (m16n8k8)."""
+    return self._lib.jaxops_harness_mma_syncs(_MMA_OPERANDS.index(operands))
+
+  def ldmatrices(self) -> int:
+    """Emulated ldmatrix instructions run so far."""
+    return self._lib.jaxops_harness_ldmatrices()
+
+  def cp_asyncs(self) -> int:
+    """Emulated cp.async copies issued so far."""
+    return self._lib.jaxops_harness_cp_asyncs()
 
   def float_to_tf32(self, x: float) -> float:
     """The harness's ``nvcuda::wmma::__float_to_tf32`` (cvt.rna.tf32.f32)."""

@@ -1,7 +1,8 @@
-// Test-only: runs the CUDA attention kernels (cuda/attention.cu and
-// cuda/attention_jvp.cu, compiled by the harness) on the shapes given on the
-// command line, in float32 (twice: in full float32, and with allow_tf32, its
-// products on the emulated TF32 tensor cores), bfloat16 and float16, with a
+// Test-only: runs the CUDA attention kernels (cuda/attention*.cu, compiled by
+// the harness) on the shapes given on the command line, in float32 (twice: in
+// full float32 on the SIMT kernels, and with allow_tf32 on the tensor-core
+// kernels, mma.sync m16n8k8 emulated), bfloat16 and float16 (the tensor-core
+// kernels, mma.sync m16n8k16, ldmatrix and cp.async emulated), with a
 // broadcast [T, S] mask that empties query row 1, sequence lengths and, for
 // shapes ending in "c", the causal mask with query_offset S - T, and checks
 // every result against a double-precision reference:
@@ -13,7 +14,9 @@
 // Built under AddressSanitizer and ThreadSanitizer by
 // tests/test_cuda_harness_attention_sanitizers.py, where what matters most is
 // that the sanitizers stay silent: each buffer is its own exact-size
-// allocation, so a read past any tile edge is caught.
+// allocation, so a read past any tile edge is caught, and under
+// ThreadSanitizer a shared-memory stage reloaded before every warp is done
+// with it is a race (the emulated cp.async writes at its wait).
 //
 // usage: attention_driver BxTxSxNxKxH[c] ...     exit status 0 when all agree
 #include <algorithm>

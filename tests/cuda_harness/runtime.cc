@@ -14,12 +14,14 @@
 // that do not exist or have exited, and deadlock (every live thread waiting,
 // which is also how lanes that never meet at a collective end).
 #include "cuda_on_cpu.h"
+#include "mma_emulation.h"
 
 #include <sys/mman.h>
 #include <ucontext.h>
 
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -27,6 +29,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -100,6 +103,12 @@ thread_local std::string tls_last_report;
 // Thrown into a waiting thread when its block failed, to unwind its kernel.
 struct Aborted {};
 
+// A cp.async in flight: its destination and the 16 bytes it will write there.
+struct AsyncCopy {
+  void* dst;
+  unsigned char bytes[16];
+};
+
 struct Thread {
   ThreadContext ctx;
   int index = 0;
@@ -113,6 +122,10 @@ struct Thread {
   Site wait_site{};
   ucontext_t context;
   void* fake_stack = nullptr;
+  // cp.async: the copies issued since the last commit, and the committed
+  // groups not yet waited for, oldest first.
+  std::vector<AsyncCopy> uncommitted;
+  std::deque<std::vector<AsyncCopy>> copy_groups;
   // Threads mode: signalled when this thread is released. One per thread, not one
   // per block: a block-wide notify_all at every barrier woke all 256 threads to
   // re-check, and the futex traffic was most of a TSan driver's time.
@@ -162,6 +175,14 @@ struct Block {
   size_t scheduler_stack_size = 0;
   const std::function<void()>* kernel = nullptr;
   void* dynamic_shared = nullptr;
+  size_t dynamic_shared_bytes = 0;
+  // The 16-byte destinations of cp.async copies not yet waited for, with the
+  // thread that issued each.
+  struct PendingCopy {
+    int count;
+    int thread;
+  };
+  std::unordered_map<uintptr_t, PendingCopy> pending_copies;
 };
 
 thread_local Thread* tls_thread = nullptr;
@@ -563,6 +584,7 @@ std::string run_block(const Settings& s, uint3 block_idx, dim3 grid, dim3 block_
   poison_static_shared();
   // Exactly the requested bytes, so AddressSanitizer sees reads past the end.
   b.dynamic_shared = std::malloc(shared_bytes == 0 ? 1 : shared_bytes);
+  b.dynamic_shared_bytes = shared_bytes;
   poison(b.dynamic_shared, shared_bytes);
   Block* saved_block = tls_block;
   Thread* saved_thread = tls_thread;
@@ -617,6 +639,87 @@ ThreadContext& this_thread() {
 }
 
 void* dynamic_shared_memory() { return current_block().dynamic_shared; }
+
+// -- cp.async (include/mma_emulation.h) -------------------------------------------------------
+
+namespace {
+std::atomic<unsigned long long> g_cp_asyncs{0};
+
+// A shared-memory address as the report names it: an offset into the
+// block's dynamic shared memory when it is there.
+std::string shared_location(const Block& b, uintptr_t address) {
+  const auto base = reinterpret_cast<uintptr_t>(b.dynamic_shared);
+  std::ostringstream out;
+  if (address >= base && address - base < b.dynamic_shared_bytes) {
+    out << "dynamic shared byte " << address - base;
+  } else {
+    out << "shared address 0x" << std::hex << address;
+  }
+  return out.str();
+}
+}  // namespace
+
+void fail_launch(const std::string& message) { misuse(current_block(), message); }
+
+void cp_async_16(void* dst, const void* src, int src_bytes, Site site) {
+  Block& b = current_block();
+  Thread& t = *tls_thread;
+  const auto dst_address = reinterpret_cast<uintptr_t>(dst);
+  if (dst_address % 16 != 0 || src_bytes < 0 || src_bytes > 16 ||
+      (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % 16 != 0)) {
+    misuse(b, site_name("cp.async.cg", site) + ": " + thread_name(b, t.index) +
+                  " copies " + std::to_string(src_bytes) +
+                  " bytes with a destination or source not 16-byte aligned (or more than 16)");
+  }
+  AsyncCopy copy{dst, {}};
+  if (src_bytes > 0) std::memcpy(copy.bytes, src, static_cast<size_t>(src_bytes));
+  poison(dst, sizeof copy.bytes);
+  {
+    Guard guard(b);
+    Block::PendingCopy& pending = b.pending_copies[dst_address];
+    ++pending.count;
+    pending.thread = t.index;
+  }
+  t.uncommitted.push_back(copy);
+  ++g_cp_asyncs;
+}
+
+void cp_async_commit() {
+  Thread& t = *tls_thread;
+  t.copy_groups.push_back(std::move(t.uncommitted));
+  t.uncommitted.clear();
+}
+
+void cp_async_wait(int pending, Site) {
+  Block& b = current_block();
+  Thread& t = *tls_thread;
+  while (static_cast<int>(t.copy_groups.size()) > pending) {
+    const std::vector<AsyncCopy> group = std::move(t.copy_groups.front());
+    t.copy_groups.pop_front();
+    for (const AsyncCopy& copy : group) std::memcpy(copy.dst, copy.bytes, sizeof copy.bytes);
+    Guard guard(b);
+    for (const AsyncCopy& copy : group) {
+      const auto it = b.pending_copies.find(reinterpret_cast<uintptr_t>(copy.dst));
+      if (--it->second.count == 0) b.pending_copies.erase(it);
+    }
+  }
+}
+
+void check_not_pending(const void* row, const char* op, Site site) {
+  Block& b = current_block();
+  std::string message;
+  {
+    Guard guard(b);
+    const auto it = b.pending_copies.find(reinterpret_cast<uintptr_t>(row));
+    if (it != b.pending_copies.end()) {
+      message = site_name(op, site) + ": " + thread_name(b, tls_thread->index) + " reads " +
+                shared_location(b, it->first) + ", the destination of a cp.async of " +
+                thread_name(b, it->second.thread) +
+                " that no cp.async.wait_group has covered yet";
+    }
+  }
+  if (!message.empty()) misuse(b, message);
+}
 
 unsigned live_lanes() {
   Block& b = current_block();
@@ -832,3 +935,27 @@ extern "C" unsigned long long jaxops_harness_wmma_mmas(int operand) {
 
 // wmma::__float_to_tf32 as the kernels call it, for a test against its definition.
 extern "C" float jaxops_harness_float_to_tf32(float x) { return nvcuda::wmma::__float_to_tf32(x); }
+
+// -- the sm_80 instruction emulation (include/mma_emulation.h) ----------------------------------
+
+namespace jaxops_harness {
+namespace {
+std::atomic<unsigned long long> g_mma_syncs[3];
+std::atomic<unsigned long long> g_ldmatrices{0};
+}  // namespace
+void count_mma_sync(MmaOperand operand) { ++g_mma_syncs[static_cast<int>(operand)]; }
+void count_ldmatrix() { ++g_ldmatrices; }
+}  // namespace jaxops_harness
+
+// Emulated mma.sync instructions so far on operands of one type (MmaOperand:
+// 0 half, 1 bfloat16, 2 tf32), ldmatrix and cp.async instructions so far: a
+// test checks which instructions a kernel's path took.
+extern "C" unsigned long long jaxops_harness_mma_syncs(int operand) {
+  return jaxops_harness::g_mma_syncs[operand].load();
+}
+extern "C" unsigned long long jaxops_harness_ldmatrices() {
+  return jaxops_harness::g_ldmatrices.load();
+}
+extern "C" unsigned long long jaxops_harness_cp_asyncs() {
+  return jaxops_harness::g_cp_asyncs.load();
+}
