@@ -71,6 +71,10 @@
 #include "cuda/launch.cuh"
 #include "params/decode_plan.h"
 
+#ifdef JAXOPS_CUDA_HARNESS
+#include "mma_emulation.h"  // the asynchronous copies' emulation
+#endif
+
 namespace jaxops::cuda::kv_decode {
 
 using params::DecodePlan;
@@ -164,11 +168,14 @@ struct DecodeSharedLayout {
 // -- asynchronous copies ------------------------------------------------------------
 
 // Global to shared memory without registers (cp.async, sm_80+): `bytes` of 4,
-// 8 or 16 (16: .cg, cached in L2 only, as a stream read once wants). The CPU
-// harness copies at once, which the protocol below tolerates: a copy is
-// waited for (copy_async_wait) and the warp synchronised before its data is
-// read, and a buffer is refilled only after a __syncwarp that follows its last
-// read. Only the asynchrony itself is not exercised there.
+// 8 or 16 (16: .cg, cached in L2 only, as a stream read once wants). The
+// protocol below: a copy is waited for (copy_async_wait) and the warp
+// synchronised before its data is read, and a buffer is refilled only after a
+// __syncwarp that follows its last read. The CPU harness keeps the 16-byte
+// copies (the key and value rows) asynchronous at the strictest legal timing
+// (include/mma_emulation.h: the destination is poisoned at issue and written
+// at the issuing lane's covering wait), so a missing wait or __syncwarp reads
+// poison in the tests; the 4-byte scale copies it makes at once.
 template <int kBytes>
 __device__ __forceinline__ void copy_async(void* shared_dst, const void* global_src) {
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
@@ -183,7 +190,11 @@ __device__ __forceinline__ void copy_async(void* shared_dst, const void* global_
                  : "memory");
   }
 #else
-  std::memcpy(shared_dst, global_src, kBytes);
+  if constexpr (kBytes == 16) {
+    jaxops_harness::cp_async_16(shared_dst, global_src, 16);
+  } else {
+    std::memcpy(shared_dst, global_src, kBytes);
+  }
 #endif
 }
 
@@ -191,6 +202,8 @@ __device__ __forceinline__ void copy_async(void* shared_dst, const void* global_
 __device__ __forceinline__ void copy_async_commit() {
 #ifndef JAXOPS_CUDA_HARNESS
   asm volatile("cp.async.commit_group;\n" ::: "memory");
+#else
+  jaxops_harness::cp_async_commit();
 #endif
 }
 
@@ -199,6 +212,8 @@ template <int kPending>
 __device__ __forceinline__ void copy_async_wait() {
 #ifndef JAXOPS_CUDA_HARNESS
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#else
+  jaxops_harness::cp_async_wait(kPending);
 #endif
 }
 
