@@ -15,6 +15,7 @@ import pytest
 
 import jaxops
 from support import backends
+from jaxops._src import ffi_targets
 from jaxops.testing import assert_close, assert_tree_close, random_inputs
 
 
@@ -405,6 +406,8 @@ def test_one_call_updates_leaves_of_mixed_dtypes_and_masks(backend):
                      name=f"{method} nu {key}")
 
 
+@pytest.mark.skipif(not ffi_targets.available("cuda"),
+                    reason="jaxops was built without nvcc: no CUDA kernel to choose")
 def test_update_takes_the_fused_jnp_form_on_a_gpu(monkeypatch):
   """On a GPU, implementation=None runs ``update`` as jnp (XLA fuses it with
   optax.apply_updates: 7 array passes, where the kernel's update is 10) and

@@ -79,6 +79,8 @@ def test_cpu_lowering_has_an_empty_workspace():
   assert len(bwd) == 1 and "tensor<0xui8>" in bwd[0].split("->")[-1]
 
 
+@pytest.mark.skipif(not ffi_targets.available("cuda"),
+                    reason="jaxops was built without nvcc: no CUDA kernel to choose")
 def test_head_dims_above_the_cuda_limit_take_the_reference_on_cuda(monkeypatch):
   from jaxops._src import primitive
 
