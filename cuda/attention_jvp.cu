@@ -48,22 +48,6 @@ using attention_tiles::HeadView;
 using attention_tiles::Range;
 using namespace attention_mma;
 
-// The operands and results of one call; null tangents are zero.
-template <typename T>
-struct JvpTensors {
-  const T* query;
-  const T* key;
-  const T* value;
-  const T* dquery;
-  const T* dkey;
-  const T* dvalue;
-  const float* dbias;
-  T* out;
-  float* logsumexp;
-  T* dout;
-  float* dlogsumexp;
-};
-
 // Tile sizes per element type and padded head dim (docs/cuda.md has the
 // registers and shared memory they come to).
 template <typename T, int kHd>

@@ -19,6 +19,23 @@
 
 namespace jaxops::cuda::attention_kernels {
 
+// The operands and results of one forward-mode call, as both forward-mode
+// kernels (tensor-core and SIMT) take them; null tangents are zero.
+template <typename T>
+struct JvpTensors {
+  const T* query;
+  const T* key;
+  const T* value;
+  const T* dquery;
+  const T* dkey;
+  const T* dvalue;
+  const float* dbias;
+  T* out;
+  float* logsumexp;
+  T* dout;
+  float* dlogsumexp;
+};
+
 // Whether the current device has the tensor cores and cp.async of sm_80.
 bool device_has_tensor_cores();
 

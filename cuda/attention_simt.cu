@@ -382,22 +382,6 @@ cudaError_t launch_bwd(cudaStream_t stream, const AttentionParams& p, int hp, co
                                       stream, p, hp, q, k, v, lse, dout, d, dq, dbias);
 }
 
-// The operands and results of one call; null tangents are zero.
-template <typename T>
-struct JvpTensors {
-  const T* query;
-  const T* key;
-  const T* value;
-  const T* dquery;
-  const T* dkey;
-  const T* dvalue;
-  const float* dbias;
-  T* out;
-  float* logsumexp;
-  T* dout;
-  float* dlogsumexp;
-};
-
 // Leading dimensions beyond the forward's: the side-by-side pairs over the
 // head dim ([dQ | Q], [K | dK]) and over the keys ([e (ds - c) | e]).
 struct JvpStrides : Strides {
