@@ -212,7 +212,7 @@ def test_adamw_updates_sharded_parameters_in_place(mesh):
   """FSDP-style: parameters and moments sharded, each shard updated locally;
   two leaves sharded over the same mesh axes (the kernel's one call for all
   leaves is then partitioned leaf by leaf)."""
-  tx = jaxops.optim.adamw(1e-2, weight_decay=0.1)
+  tx = jaxops.optim.adamw(1e-2, weight_decay=0.1, implementation="ffi")
   params = {"w": _normal(13, (16, 32)), "u": _normal(15, (8, 32))}
   grads = {"w": _normal(14, (16, 32)), "u": _normal(16, (8, 32))}
 

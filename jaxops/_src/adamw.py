@@ -15,7 +15,8 @@ the same jit; :meth:`AdamW.step` also writes the new parameters over the old
 ones instead of returning updates (donate them too and a step allocates
 nothing). float64 and complex parameters, and moments of other dtypes, run
 the jnp reference (``jaxops.reference.adamw_leaf``), and so does ``update``
-on a GPU under implementation=None (see :meth:`_AdamWUpdate._kernel_runs`).
+under implementation=None, where XLA fuses it with ``optax.apply_updates``
+(see :meth:`_AdamWUpdate._kernel_runs`).
 
 optax is not a separate runtime dependency of jaxops: flax, which is one,
 depends on it.
@@ -342,17 +343,18 @@ class _AdamWUpdate:
     everything else (float64, complex, a float64 moment) runs the jnp
     reference, or is a clear error with implementation="ffi".
 
-    On a GPU, ``update`` runs the jnp form under implementation=None: XLA
-    fuses it with what follows (``optax.apply_updates``: 7 array passes in
-    all), where a kernel must write the update for XLA to read back (10
-    passes); ``step`` is the kernel's 7 passes (docs/cuda.md)."""
+    ``update`` runs the jnp form under implementation=None, on every
+    backend: XLA fuses it with what follows (``optax.apply_updates``: 7 array
+    passes in all), where a kernel must write the update for XLA to read
+    back (10 passes), which measured 0.64-0.99x optax on the CPU
+    (BENCHMARKS.md) and cannot beat it on a GPU. ``step`` is the kernel's 7
+    passes in place; implementation="ffi" runs ``update`` on the kernel too."""
     if self.implementation == "ffi" and jnp.dtype(m.dtype) not in _KERNEL_MOMENT_DTYPES:
       primitive.use_kernel(_OP, self.implementation, {f"params{where}": p.dtype})  # names a parameter dtype first
       raise validation.type_error(
           _OP, f"state.mu{where}",
           "be float32, bfloat16 or float16 for implementation='ffi' (mu_dtype)", str(m.dtype))
-    if (not apply_updates and self.implementation is None
-        and primitive.current_platform() == "cuda"):
+    if not apply_updates and self.implementation is None:
       return False
     return (g.dtype == p.dtype and jnp.dtype(m.dtype) in _KERNEL_MOMENT_DTYPES
             and jnp.dtype(v.dtype) == _F32
@@ -488,12 +490,13 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
   params, m and v read once; the update, m and v written once (m and v in
   place when the state is donated).
 
-  Which runs where, under ``implementation=None``: on the CPU the kernel for
-  both ``update`` and :meth:`AdamW.step`; on a GPU the kernel for
-  :meth:`AdamW.step` (7 array passes in place) and the jnp form for
-  ``update``, which XLA fuses with ``optax.apply_updates`` into the same 7
-  passes where a kernel would write the update for XLA to read back (10
-  passes). Either way jaxops' AdamW moves no more bytes than optax's.
+  Which runs where, under ``implementation=None`` (CPU and GPU alike): the
+  kernel for :meth:`AdamW.step` (7 array passes, in place), and the jnp form
+  for ``update``, which XLA fuses with ``optax.apply_updates`` into the same
+  7 passes, where a kernel would write the update for XLA to read back (10
+  passes: measured 0.64x optax on the CPU). Either way jaxops' AdamW moves no
+  more bytes than optax's; ``step`` is the fast path (1.45x optax on the CPU,
+  BENCHMARKS.md). ``implementation="ffi"`` runs ``update`` on the kernel too.
 
   A drop-in for ``optax.adamw``: the same arguments and defaults (including
   ``weight_decay=1e-4``), the same update to float32 rounding, the same state
@@ -533,9 +536,9 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
       prefix of it), or a callable returning one given the updates (as in
       optax): the weight decay applies where True.
     nesterov: NAdamW's Nesterov momentum (``optax.nadamw``).
-    implementation: ``None`` (the kernel for float32, bfloat16 and float16
-      parameters, the jnp reference for float64 and complex ones, and for
-      ``update`` on a GPU), ``"ffi"``
+    implementation: ``None`` (``step`` on the kernel for float32, bfloat16
+      and float16 parameters; ``update``, and float64 and complex
+      parameters, on the jnp reference), ``"ffi"``
       (the kernel, a clear error for a dtype it lacks) or ``"xla"`` (the
       reference), as for the other ops.
 

@@ -8,8 +8,8 @@ process:
 * ``optax`` (the peer): ``optax.adamw(...).update`` + ``optax.apply_updates``
   (XLA fuses them);
 * ``update``: ``jaxops.optim.adamw(...).update`` + ``optax.apply_updates``
-  (the drop-in pattern: the kernel on the CPU; on a GPU the jnp form, which
-  XLA fuses with the application, as it does optax's);
+  (the drop-in pattern: the jnp form under implementation=None, which XLA
+  fuses with the application as it does optax's, so it should tie optax);
 * ``step``: ``jaxops.optim.adamw(...).step`` (update and application in one
   kernel call for all leaves, parameters and moments written in place).
 
