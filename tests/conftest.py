@@ -70,13 +70,18 @@ os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = _MATMUL_PRECISION  # for the subpro
 
 import jax  # noqa: E402
 
-from support import background, backends  # noqa: E402
+from support import background, backends, parallel  # noqa: E402
 from support.backends import GPU_VARIABLE, gpu_requested  # noqa: E402
 
 # For this process, whether or not jax was imported before the variable was set.
 jax.config.update("jax_default_matmul_precision", _MATMUL_PRECISION)
 # Before any test module starts a backend.
 xla_flags.add_to_environment(_test_flags_probe.known())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+  parallel.configure(config, gpu_requested())
 
 
 def pytest_configure(config):

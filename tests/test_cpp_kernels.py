@@ -27,7 +27,7 @@ import threading
 
 import pytest
 
-from support import background
+from support import background, file_lock
 from support.background import prestart
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -78,14 +78,16 @@ def _build_dir() -> pathlib.Path:
 
 def _compile(source: pathlib.Path) -> pathlib.Path:
   out = _build_dir() / f"{source.stem}.o"
-  if not out.exists():
+
+  def compile_it() -> None:
     tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
     command = [_compiler(), *FLAGS, f"-I{REPO}", "-isystem", _eigen_include(), "-c",
                str(source), "-o", str(tmp)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
     tmp.replace(out)
-  return out
+
+  return file_lock.produce(out, compile_it)
 
 
 def _kernel_sources(test_source: pathlib.Path) -> list[pathlib.Path]:
@@ -104,26 +106,35 @@ def _kernel_objects(test_source: pathlib.Path) -> list[pathlib.Path]:
 
 def _executable(test_source: pathlib.Path) -> pathlib.Path:
   out = _build_dir() / test_source.stem
-  if not out.exists():
+
+  def link() -> None:
     objects = [_compile(test_source), *_kernel_objects(test_source)]
     tmp = out.with_name(f"{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     command = [_compiler(), "-fopenmp", "-o", str(tmp), *map(str, objects)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
     tmp.replace(out)
-  return out
+
+  return file_lock.produce(out, link)
 
 
 def test_there_are_cpp_kernel_tests():
   assert CPP_TESTS, "tests/cpp holds no *_test.cc"
 
 
-def _build_and_run(source: pathlib.Path) -> subprocess.CompletedProcess:
-  return subprocess.run([str(_executable(source))], capture_output=True, text=True, timeout=600,
+def _run_built(build: background.Job) -> subprocess.CompletedProcess:
+  return subprocess.run([str(build.result())], capture_output=True, text=True, timeout=600,
                         env={**os.environ, "OMP_NUM_THREADS": "2"})
 
 
-RUNS = {source: background.Job(_build_and_run, source) for source in CPP_TESTS}
+def _run_job(source: pathlib.Path) -> background.Job:
+  build = background.SharedJob(_executable, source)  # cached: shared by pytest-xdist workers
+  job = background.Job(_run_built, build)
+  job.needs = [build]
+  return job
+
+
+RUNS = {source: _run_job(source) for source in CPP_TESTS}
 
 
 @pytest.mark.parametrize("source", [pytest.param(s, marks=prestart(RUNS[s])) for s in CPP_TESTS],

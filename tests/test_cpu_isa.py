@@ -20,7 +20,7 @@ import pytest
 
 import jaxops
 from jaxops import _jaxops_cpu
-from support import background
+from support import background, parallel
 from support.background import prestart
 
 VARIABLE = "JAXOPS_CPU_ISA"
@@ -86,6 +86,7 @@ SUBSET = [
 def _env(isa):
   env = dict(os.environ)
   env[VARIABLE] = isa
+  env[parallel.WORKERS_VARIABLE] = "1"  # the subset's run: one process
   return env
 
 

@@ -5,6 +5,8 @@ read from the checkout this file lives in, unchanged, so the tests also work
 when jaxops itself is installed from a wheel. Products are cached under
 $JAXOPS_HARNESS_CACHE (default ~/.cache/jaxops/cuda_harness) in a directory named
 by a hash of every input, so a second session only links nothing and loads.
+Each product is made under a file lock (support/file_lock.py): pytest-xdist
+workers asking for the same one at once build it once.
 
 Flavors: "plain" (-O2), "asan" (AddressSanitizer), "tsan" (ThreadSanitizer;
 the runtime then makes each CUDA thread's fiber a TSan fiber).
@@ -21,6 +23,8 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
+
+from support import file_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO / "tests" / "cuda_harness"
@@ -98,8 +102,10 @@ def _move_shared_statics(obj: Path) -> None:
 
 def _compile(source: Path, flavor: str, kind: str) -> Path:
   out = _build_dir() / f"{source.stem}.{kind}.{flavor}.o"
-  if out.exists():
-    return out
+  return file_lock.produce(out, lambda: _compile_to(source, flavor, kind, out))
+
+
+def _compile_to(source: Path, flavor: str, kind: str, out: Path) -> None:
   flags = ["-std=c++17", "-g", "-fPIC", *_FLAVOR_FLAGS[flavor], f"-I{INCLUDE}", f"-I{REPO}"]
   if kind == "kernel":
     flags += ["-fdata-sections", "-include", "cuda_on_cpu.h", "-x", "c++"]
@@ -114,7 +120,6 @@ def _compile(source: Path, flavor: str, kind: str) -> Path:
   if kind in ("kernel", "driver"):
     _move_shared_statics(tmp)
   tmp.replace(out)
-  return out
 
 
 def _compile_all(units: list[tuple[Path, str, str]]) -> list[Path]:
@@ -125,14 +130,15 @@ def _compile_all(units: list[tuple[Path, str, str]]) -> list[Path]:
 
 def _link(name: str, objects: list[Path], flavor: str, shared: bool) -> Path:
   out = _build_dir() / name
-  if out.exists():
-    return out
-  tmp = out.with_name(f"{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-  sanitizer = [f for f in _FLAVOR_FLAGS[flavor] if f.startswith("-fsanitize")]
-  _run([compiler(), *(["-shared"] if shared else []), *sanitizer, "-o", str(tmp),
-        *map(str, objects), "-lpthread"])
-  tmp.replace(out)
-  return out
+
+  def link() -> None:
+    tmp = out.with_name(f"{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    sanitizer = [f for f in _FLAVOR_FLAGS[flavor] if f.startswith("-fsanitize")]
+    _run([compiler(), *(["-shared"] if shared else []), *sanitizer, "-o", str(tmp),
+          *map(str, objects), "-lpthread"])
+    tmp.replace(out)
+
+  return file_lock.produce(out, link)
 
 
 def library(flavor: str = "plain") -> Path:

@@ -116,7 +116,7 @@ def _build_harness_library():
 # Built in the background from the start of the session (conftest.py) when a
 # test on the harness backend is selected: a minute of g++ otherwise spent
 # while the first such test waits.
-HARNESS_LIBRARY = background.Job(_build_harness_library)
+HARNESS_LIBRARY = background.SharedJob(_build_harness_library)
 
 
 def harness():

@@ -13,12 +13,22 @@ result and asserts on it. A job that raises (a failed build, pytest.skip)
 raises in its test. A job whose test is not selected or is skipped outright
 (the harness's tests on a GPU) never runs, nor does any with --collect-only;
 a job not started by then (a test run without this conftest) runs in its test.
+
+Under pytest-xdist (support/parallel.py) the workers are the parallelism, and
+a worker cannot know ahead which files it will be given. So a job that runs a
+test's check (a sanitizer driver, a subprocess) is not started ahead: it runs
+in its test, in the worker that has it, while the other workers run tests.
+Builds (:class:`SharedJob`: products cached on disk under a file lock, the
+same for every process) still start ahead, in the first worker only; another
+worker that needs one waits for that worker's files instead of compiling them
+again (support/file_lock.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
+import os
 import threading
 from typing import Callable, Iterable
 
@@ -28,12 +38,16 @@ MARKER = "background"
 
 
 class Job:
-  """A call to make once, ahead of the test that needs its result."""
+  """A call to make once, ahead of the test that needs its result. ``needs``:
+  jobs it calls (``result()``) itself, started before it."""
+
+  shared = False
 
   def __init__(self, fn: Callable, *args, **kwargs):
     self._call = functools.partial(fn, *args, **kwargs)
     self._future: concurrent.futures.Future | None = None
     self._lock = threading.Lock()
+    self.needs: list[Job] = []
 
   def start(self, pool: concurrent.futures.Executor) -> None:
     with self._lock:
@@ -49,6 +63,13 @@ class Job:
         except BaseException as e:  # pytest.skip's exception is a BaseException
           self._future.set_exception(e)
     return self._future.result()
+
+
+class SharedJob(Job):
+  """A build whose products are cached on disk under a file lock: whichever
+  process makes them, every process reuses them."""
+
+  shared = True
 
 
 def prestart(*jobs: Job):
@@ -67,7 +88,11 @@ def start(items: Iterable[pytest.Item]) -> None:
     if item.get_closest_marker("skip") is not None:
       continue  # a test skipped unconditionally (the harness's on a GPU) needs no job
     for mark in item.iter_markers(MARKER):
-      jobs += [job for job in mark.args if job not in jobs]
+      for job in mark.args:
+        jobs += [j for j in (*job.needs, job) if j not in jobs]
+  worker = os.environ.get("PYTEST_XDIST_WORKER")
+  if worker is not None:
+    jobs = [job for job in jobs if job.shared] if worker == "gw0" else []
   if not jobs:
     return
   _Worker.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,

@@ -33,14 +33,22 @@ def run(path, *args, seed: int = 0, **env) -> subprocess.CompletedProcess:
                              **env})
 
 
-def _build_and_run(driver: str, flavor: str, args: tuple[str, ...], seed: int):
-  return flavor, run(executable(driver, flavor, with_kernels=True), *args, seed=seed)
+def _run_built(build: background.Job, flavor: str, args: tuple[str, ...], seed: int):
+  return flavor, run(build.result(), *args, seed=seed)
+
+
+_DRIVER_BUILDS: dict[tuple[str, str], background.SharedJob] = {}
 
 
 def driver_job(driver: str, flavor: str, *args: str, seed: int = 0) -> background.Job:
   """A kernel driver built under ASan or TSan and run on ``args``: a job to
-  prestart (support/background.py) and give to check_driver."""
-  return background.Job(_build_and_run, driver, flavor, tuple(args), seed)
+  prestart (support/background.py) and give to check_driver. The build is a
+  job of its own (one per driver and flavor), which pytest-xdist workers share."""
+  build = _DRIVER_BUILDS.setdefault(
+      (driver, flavor), background.SharedJob(executable, driver, flavor, with_kernels=True))
+  job = background.Job(_run_built, build, flavor, tuple(args), seed)
+  job.needs = [build]
+  return job
 
 
 def check_driver(job: background.Job) -> None:
