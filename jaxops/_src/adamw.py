@@ -495,8 +495,9 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
   for ``update``, which XLA fuses with ``optax.apply_updates`` into the same
   7 passes, where a kernel would write the update for XLA to read back (10
   passes: measured 0.64x optax on the CPU). Either way jaxops' AdamW moves no
-  more bytes than optax's; ``step`` is the fast path (1.45x optax on the CPU,
-  BENCHMARKS.md). ``implementation="ffi"`` runs ``update`` on the kernel too.
+  more bytes than optax's; ``step`` is the fast path (1.60x optax on the CPU
+  with the gradients given, BENCHMARKS.md). ``implementation="ffi"`` runs
+  ``update`` on the kernel too.
 
   A drop-in for ``optax.adamw``: the same arguments and defaults (including
   ``weight_decay=1e-4``), the same update to float32 rounding, the same state
