@@ -10,9 +10,10 @@ Files are distributed whole (``--dist loadfile``): a worker enters the CUDA
 harness backend once per file (which clears JAX's caches, tests/conftest.py),
 and a file's module-level fixtures are made once. The choice is made only
 when the command line makes none: ``-n N`` (``-n 0``: one process) or
-JAXOPS_TEST_WORKERS=N override it, and it is off for --collect-only, --pdb,
-the GPU run (JAXOPS_TEST_GPU=1, where tools/gpu_check.sh sets its own -n) and
-inside a worker or a nested pytest started by a test (which sets
+JAXOPS_TEST_WORKERS=N override it, and it is off for a run of one test file
+(the file would go to one worker whole), --collect-only, --pdb, the GPU run
+(JAXOPS_TEST_GPU=1, where tools/gpu_check.sh sets its own -n) and inside a
+worker or a nested pytest started by a test (which sets
 JAXOPS_TEST_WORKERS=1).
 """
 
@@ -43,6 +44,9 @@ def configure(config, gpu_requested: bool) -> None:
       or hasattr(config, "workerinput") or option.collectonly or option.usepdb
       or gpu_requested):
     return
+  files = {str(arg).split("::")[0] for arg in config.args}
+  if len(files) == 1 and files.pop().endswith(".py"):
+    return  # one file goes to one worker whole anyway: run it here, without the workers' start-up
   workers = default_workers()
   if workers < 2:
     return
