@@ -23,7 +23,6 @@ import pathlib
 import re
 import shutil
 import subprocess
-import threading
 
 import pytest
 
@@ -79,13 +78,11 @@ def _build_dir() -> pathlib.Path:
 def _compile(source: pathlib.Path) -> pathlib.Path:
   out = _build_dir() / f"{source.stem}.o"
 
-  def compile_it() -> None:
-    tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
+  def compile_it(tmp: pathlib.Path) -> None:
     command = [_compiler(), *FLAGS, f"-I{REPO}", "-isystem", _eigen_include(), "-c",
                str(source), "-o", str(tmp)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
-    tmp.replace(out)
 
   return file_lock.produce(out, compile_it)
 
@@ -107,13 +104,11 @@ def _kernel_objects(test_source: pathlib.Path) -> list[pathlib.Path]:
 def _executable(test_source: pathlib.Path) -> pathlib.Path:
   out = _build_dir() / test_source.stem
 
-  def link() -> None:
+  def link(tmp: pathlib.Path) -> None:
     objects = [_compile(test_source), *_kernel_objects(test_source)]
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     command = [_compiler(), "-fopenmp", "-o", str(tmp), *map(str, objects)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
-    tmp.replace(out)
 
   return file_lock.produce(out, link)
 
@@ -127,14 +122,9 @@ def _run_built(build: background.Job) -> subprocess.CompletedProcess:
                         env={**os.environ, "OMP_NUM_THREADS": "2"})
 
 
-def _run_job(source: pathlib.Path) -> background.Job:
-  build = background.SharedJob(_executable, source)  # cached: shared by pytest-xdist workers
-  job = background.Job(_run_built, build)
-  job.needs = [build]
-  return job
-
-
-RUNS = {source: _run_job(source) for source in CPP_TESTS}
+# The build is a job of its own: cached, so pytest-xdist workers share it.
+RUNS = {source: background.Job(_run_built, background.SharedJob(_executable, source))
+        for source in CPP_TESTS}
 
 
 @pytest.mark.parametrize("source", [pytest.param(s, marks=prestart(RUNS[s])) for s in CPP_TESTS],

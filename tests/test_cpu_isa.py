@@ -86,7 +86,9 @@ SUBSET = [
 def _env(isa):
   env = dict(os.environ)
   env[VARIABLE] = isa
-  env[parallel.WORKERS_VARIABLE] = "1"  # the subset's run: one process
+  # The subset's run: one process, not a worker of this session's.
+  env[parallel.WORKERS_VARIABLE] = "1"
+  env.pop("PYTEST_XDIST_WORKER", None)
   return env
 
 

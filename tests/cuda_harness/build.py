@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 
 from support import file_lock
@@ -102,10 +101,10 @@ def _move_shared_statics(obj: Path) -> None:
 
 def _compile(source: Path, flavor: str, kind: str) -> Path:
   out = _build_dir() / f"{source.stem}.{kind}.{flavor}.o"
-  return file_lock.produce(out, lambda: _compile_to(source, flavor, kind, out))
+  return file_lock.produce(out, lambda tmp: _compile_to(source, flavor, kind, tmp))
 
 
-def _compile_to(source: Path, flavor: str, kind: str, out: Path) -> None:
+def _compile_to(source: Path, flavor: str, kind: str, tmp: Path) -> None:
   flags = ["-std=c++17", "-g", "-fPIC", *_FLAVOR_FLAGS[flavor], f"-I{INCLUDE}", f"-I{REPO}"]
   if kind == "kernel":
     flags += ["-fdata-sections", "-include", "cuda_on_cpu.h", "-x", "c++"]
@@ -115,11 +114,9 @@ def _compile_to(source: Path, flavor: str, kind: str, out: Path) -> None:
              "-isystem", _ffi_include(), "-include", str(HARNESS / "ffi_host_stream.h")]
   elif kind == "driver":
     flags += ["-fdata-sections", "-include", "cuda_on_cpu.h", "-x", "c++"]
-  tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.o")
   _run([compiler(), *flags, "-c", str(source), "-o", str(tmp)])
   if kind in ("kernel", "driver"):
     _move_shared_statics(tmp)
-  tmp.replace(out)
 
 
 def _compile_all(units: list[tuple[Path, str, str]]) -> list[Path]:
@@ -131,12 +128,10 @@ def _compile_all(units: list[tuple[Path, str, str]]) -> list[Path]:
 def _link(name: str, objects: list[Path], flavor: str, shared: bool) -> Path:
   out = _build_dir() / name
 
-  def link() -> None:
-    tmp = out.with_name(f"{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+  def link(tmp: Path) -> None:
     sanitizer = [f for f in _FLAVOR_FLAGS[flavor] if f.startswith("-fsanitize")]
     _run([compiler(), *(["-shared"] if shared else []), *sanitizer, "-o", str(tmp),
           *map(str, objects), "-lpthread"])
-    tmp.replace(out)
 
   return file_lock.produce(out, link)
 

@@ -38,8 +38,8 @@ MARKER = "background"
 
 
 class Job:
-  """A call to make once, ahead of the test that needs its result. ``needs``:
-  jobs it calls (``result()``) itself, started before it."""
+  """A call to make once, ahead of the test that needs its result. Jobs among
+  its arguments are ones it waits for (``result()``): they start before it."""
 
   shared = False
 
@@ -47,7 +47,7 @@ class Job:
     self._call = functools.partial(fn, *args, **kwargs)
     self._future: concurrent.futures.Future | None = None
     self._lock = threading.Lock()
-    self.needs: list[Job] = []
+    self.needs = [arg for arg in args if isinstance(arg, Job)]
 
   def start(self, pool: concurrent.futures.Executor) -> None:
     with self._lock:

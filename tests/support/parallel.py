@@ -41,7 +41,7 @@ def configure(config, gpu_requested: bool) -> None:
   option = config.option
   if (importlib.util.find_spec("xdist") is None or not hasattr(option, "numprocesses")
       or option.numprocesses is not None or os.environ.get("PYTEST_XDIST_WORKER")
-      or hasattr(config, "workerinput") or option.collectonly or option.usepdb
+      or option.collectonly or option.usepdb
       or gpu_requested):
     return
   files = {str(arg).split("::")[0] for arg in config.args}

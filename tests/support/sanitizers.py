@@ -46,9 +46,7 @@ def driver_job(driver: str, flavor: str, *args: str, seed: int = 0) -> backgroun
   job of its own (one per driver and flavor), which pytest-xdist workers share."""
   build = _DRIVER_BUILDS.setdefault(
       (driver, flavor), background.SharedJob(executable, driver, flavor, with_kernels=True))
-  job = background.Job(_run_built, build, flavor, tuple(args), seed)
-  job.needs = [build]
-  return job
+  return background.Job(_run_built, build, flavor, tuple(args), seed)
 
 
 def check_driver(job: background.Job) -> None:
