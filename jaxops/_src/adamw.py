@@ -11,9 +11,9 @@ own shape and dtypes: the kernels read a table of the leaves' buffers), so a
 step is one OpenMP region on the CPU and one launch on a GPU (per 384
 leaves). The moments are aliased to their outputs, so a donated optimizer
 state is updated in place; the kernel's update (implementation="ffi") is
-written over gradients computed in the same jit; :meth:`AdamW.step` also writes the new parameters over the old
-ones instead of returning updates (donate them too and a step allocates
-nothing). float64 and complex parameters, and moments of other dtypes, run
+written over gradients computed in the same jit; :meth:`AdamW.step` also
+writes the new parameters over the old ones instead of returning updates
+(donate them too and a step allocates nothing). float64 and complex parameters, and moments of other dtypes, run
 the jnp reference (``jaxops.reference.adamw_leaf``), and so does ``update``
 under implementation=None, where XLA fuses it with ``optax.apply_updates``
 (see :meth:`_AdamWUpdate._kernel_runs`).
