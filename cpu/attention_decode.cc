@@ -189,6 +189,9 @@ kv_decode::DecodeShape decode_core_shape(const AttentionParams& p, const Geometr
   shape.rows = g.T * g.G;
   shape.head_dim = g.H;
   shape.scale = p.scale;
+  // Key j of every kv head of a sequence lies in one block of the [B, S, K, H]
+  // cache: the sequence's heads are walked together.
+  shape.groups_per_walk = g.K;
   return shape;
 }
 

@@ -56,28 +56,39 @@ inline constexpr int64_t kDecodeKeyTile = 32;
 // (objdump). The int8 scores of 4 rows in L1 then took 126-133 cycles per key
 // instead of 57-62: a trap for -O2 builds (the C++ tests, stand-alone drivers)
 // and for measurements taken with them.
-inline VecF sum_each(const VecF* acc) {
 #if defined(__AVX512F__)
+// The tree on any lane-wise add of 32-bit lanes (the shuffles only move bits):
+// float adds here, integer ones for the fixed-point kernels
+// (cpu/kv_decode_int8_fixed.h).
+template <typename Add>
+inline __m512 transposed_sums(const __m512* acc, Add add) {
   __m512 pairs[8], quads[4], octs[2];
 #pragma GCC unroll 8
   for (int c = 0; c < 8; ++c) {
     const __m512 a = acc[2 * c], b = acc[2 * c + 1];
     // Per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3].
-    pairs[c] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    pairs[c] = add(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
   }
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const __m512 a = pairs[2 * c], b = pairs[2 * c + 1];
     // Per 128-bit chunk: one partial sum of each of the four accumulators.
-    quads[c] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+    quads[c] = add(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
   }
 #pragma GCC unroll 2
   for (int c = 0; c < 2; ++c) {
     const __m512 a = quads[2 * c], b = quads[2 * c + 1];
-    octs[c] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    octs[c] = add(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
   }
-  return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], 0x88),
-                       _mm512_shuffle_f32x4(octs[0], octs[1], 0xDD));
+  return add(_mm512_shuffle_f32x4(octs[0], octs[1], 0x88),
+             _mm512_shuffle_f32x4(octs[0], octs[1], 0xDD));
+}
+#endif
+
+inline VecF sum_each(const VecF* acc) {
+#if defined(__AVX512F__)
+  return transposed_sums(reinterpret_cast<const __m512*>(acc),
+                         [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
 #else
   VecF out;
   for (int c = 0; c < kLanes; ++c) out[c] = vsum(acc[c]);
@@ -221,13 +232,38 @@ inline void store_scores(__m512 sums, const TileRows<Element>& rows, int64_t j, 
   }
 }
 
-// scores[r * ld + j] = q_r . k_j for the tile's keys j (q: R rows of H floats
-// at stride ldq); asks for the next tile's key rows.
-template <int R, typename Element>
-void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq, int64_t H,
-                     float* scores, int64_t ld, const TileRows<Element>& next) {
+// The float32 kernels' operands: rows in 16-element chunks converted to
+// float, float queries, FMAs. (The pair kernels' kinds, cpu/kv_decode_pairs.h,
+// have the same members.)
+template <typename E>
+struct FloatLanes {
+  using Element = E;
+  using Query = float;
+  using Sum = __m512;
+  static constexpr int kChunk = 16;
+  static Sum zero() { return _mm512_setzero_ps(); }
+  static __m512 query(const float* q) { return _mm512_loadu_ps(q); }
+  static __m512 chunk(const E* p) { return load_chunk(p); }
+  static Sum dot(Sum acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(k, q, acc); }
+  static __m512 sum_each(const Sum* acc) { return kv_decode::sum_each(acc); }
+};
+
+// scores[r * ld + j] = q_r . k_j for the tile's keys j, in Kind's operands (q:
+// R rows of H at stride ldq, times q_scale[r] where q_scale is given); asks
+// for the next tile's key rows.
+template <int R, typename Kind>
+void score_groups(const TileRows<typename Kind::Element>& tile, const typename Kind::Query* q,
+                  int64_t ldq, int64_t H, const float* q_scale, float* scores, int64_t ld,
+                  const TileRows<typename Kind::Element>& next) {
+  using Element = typename Kind::Element;
   constexpr int kKeys = kScoreKeys<R>;
   const int64_t jn = tile.n;
+  // Lane r * kKeys + kk of a group's sums is row r's: its query scale.
+  alignas(64) float lane_scale[16];
+  for (int c = 0; c < 16; ++c) {
+    lane_scale[c] = q_scale && c / kKeys < R ? q_scale[c / kKeys] : 1.0f;
+  }
+  const __m512 row_scale = _mm512_load_ps(lane_scale);
   for (int64_t j = 0; j < jn; j += kKeys) {
     const Element* rows[kKeys];
     const char* later[kKeys];
@@ -236,10 +272,10 @@ void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq,
       rows[kk] = tile.k[std::min<int64_t>(j + kk, jn - 1)];
       later[kk] = next.key_or_null(j + kk);
     }
-    __m512 acc[16];
+    typename Kind::Sum acc[16];
 #pragma GCC unroll 16
-    for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
-    for (int64_t h = 0; h < H; h += 16) {
+    for (int a = 0; a < 16; ++a) acc[a] = Kind::zero();
+    for (int64_t h = 0; h < H; h += Kind::kChunk) {
       // One line of each later row per 64 bytes of this chunk's rows: the
       // prefetches spread over the products.
       if ((h * static_cast<int64_t>(sizeof(Element))) % 64 == 0) {
@@ -248,20 +284,23 @@ void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq,
           if (later[kk]) simd::prefetch<1>(later[kk] + h * sizeof(Element));
         }
       }
-      __m512 qv[R];
+      decltype(Kind::query(q)) qv[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) qv[r] = _mm512_loadu_ps(q + r * ldq + h);
+      for (int r = 0; r < R; ++r) qv[r] = Kind::query(q + r * ldq + h);
 #pragma GCC unroll 16
       for (int kk = 0; kk < kKeys; ++kk) {
-        const __m512 kv = load_chunk(rows[kk] + h);
+        const auto kv = Kind::chunk(rows[kk] + h);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) acc[r * kKeys + kk] = _mm512_fmadd_ps(kv, qv[r], acc[r * kKeys + kk]);
+        for (int r = 0; r < R; ++r) {
+          acc[r * kKeys + kk] = Kind::dot(acc[r * kKeys + kk], qv[r], kv);
+        }
       }
     }
-    store_scores<R>(sum_each(acc), tile, j, jn, scores, ld);
+    __m512 sums = Kind::sum_each(acc);
+    if (q_scale) sums = _mm512_mul_ps(sums, row_scale);
+    store_scores<R>(sums, tile, j, jn, scores, ld);
   }
 }
-
 
 // Head-dim chunks whose R output rows stay in registers during the values
 // pass: at most 20 accumulators, with R probability broadcasts and a value

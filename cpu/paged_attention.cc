@@ -151,6 +151,9 @@ void paged_attention_fwd(const PagedAttentionParams& p, const Q* query, const KV
   shape.head_dim = p.head_dim;
   shape.scale = p.scale;
   shape.soft_cap = p.logits_soft_cap;
+  // A page holds key j of every kv head in one block: a sequence's heads are
+  // walked together.
+  shape.groups_per_walk = p.num_kv_heads;
   const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
   const int64_t max_keys = p.max_pages_per_seq * p.page_size;
   std::vector<unsigned char> workspace(

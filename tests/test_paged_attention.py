@@ -113,6 +113,39 @@ def test_values_against_reference(backend, case, dtype, query_dtype):
   check_against_reference(cache, query_lens=query_lens)
 
 
+@pytest.mark.parametrize("heads,q_len", [(8, None), (8, 4), (4, None)],
+                         ids=["decode-gqa4", "chunk-16-rows", "decode-gqa2"])
+def test_int8_within_the_fixed_point_bound(heads, q_len):
+  """int8 pages at the shapes of the CPU's pair products (head_dim a multiple of
+  32, up to 16 query rows per kv head; on a CPU with AVX512_VNNI: 16-bit fixed
+  point for the query and the probabilities, README's paged_attention section)
+  against the float64 reference, within the bound that rounding allows: each
+  logit moves by at most scale * max|q| / 2^16 * sum_h |k_h| (the query's
+  rounding), so each softmax weight by a factor within exp(+-2 delta); each
+  probability by 2^-16 of its tile's largest times its value scale, over at
+  most every key. Without VNNI (the float32 kernels) the same bound holds with
+  room to spare."""
+  query, kp, vp, tables, kv_lens, scales = make_cache(
+      3, batch=2, heads=heads, kv_heads=2, head_dim=128, page_size=16, max_pages=4,
+      dtype=INT8, q_len=q_len)
+  query_lens = None if q_len is None else jnp.asarray([q_len, 2], jnp.int32)
+  kwargs = dict(query_lens=query_lens, key_scales=scales[0], value_scales=scales[1])
+  out = jaxops.paged_attention(query, kp, vp, tables, kv_lens, **kwargs, **FFI)
+  as64 = lambda x: np.asarray(x, np.float64)
+  with jax.enable_x64(True):
+    want = reference.paged_attention(
+        jnp.asarray(as64(query)), kp, vp, tables, kv_lens, query_lens=query_lens,
+        key_scales=jnp.asarray(as64(scales[0])), value_scales=jnp.asarray(as64(scales[1])))
+  scale = 1 / np.sqrt(128)
+  keys = as64(kp) * as64(scales[0])[..., None]    # [P, page, K, H] dequantised
+  values = as64(vp) * as64(scales[1])[..., None]
+  logit_error = scale * np.abs(as64(query)).max() / 2**16 * np.abs(keys).sum(-1).max()
+  probability_error = tables.shape[1] * kp.shape[1] * 127 * as64(scales[1]).max() / 2**16
+  bound = (np.exp(2 * logit_error) - 1) * np.abs(values).max() + probability_error + 1e-5
+  error = np.abs(as64(out) - as64(want)).max()
+  assert error <= bound, (error, bound)
+
+
 @pytest.mark.backends(*BACKENDS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=backends.param_id)
 def test_one_sequence_splits_its_keys_across_threads(backend, dtype):

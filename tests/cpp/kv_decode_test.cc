@@ -6,9 +6,11 @@
 // across threads (one group on four threads) with their merge, which must be
 // deterministic; few rows (cpu/kv_decode_few_rows.h on AVX-512, else a dot
 // product per row and key) and a full vector of rows (products with the rows
-// along the lanes). Every element type
-// (float, bfloat16: the AVX512_BF16 dot path where the CPU has it, float16,
-// int8). Prints "ALL PASSED" and exits 0
+// along the lanes); walks of several groups (DecodeShape::groups_per_walk);
+// the pair kernels (cpu/kv_decode_pairs.h, where the CPU has AVX512_VNNI or
+// AVX512_BF16) and the kernels they replace. Every element type (float,
+// bfloat16: the AVX512_BF16 dot path where the CPU has it, float16, int8).
+// Prints "ALL PASSED" and exits 0
 // when every case passes (tests/test_cpp_kernels.py builds and runs it).
 #include "cpu/kv_decode.h"
 
@@ -73,6 +75,7 @@ struct Case {
   int64_t groups, rows, keys, H, page_size;
   float soft_cap;
   int threads;
+  int64_t walk = 1;  // DecodeShape::groups_per_walk
 };
 
 template <typename E>
@@ -101,7 +104,8 @@ struct Groups {
 };
 
 template <typename E>
-void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
+void run_case(const Case& c, const char* type, double tol, std::mt19937& rng,
+              bool pair_kernels = true) {
   std::normal_distribution<float> normal;
   const int64_t pages = kd::ceil_div(c.keys, c.page_size);
   const int64_t slots = pages * c.page_size;
@@ -151,6 +155,8 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
   shape.head_dim = c.H;
   shape.scale = 1.0f / std::sqrt(static_cast<float>(c.H));
   shape.soft_cap = c.soft_cap;
+  shape.groups_per_walk = c.walk;
+  shape.pair_kernels = pair_kernels;
 
   std::vector<float> out(c.groups * c.rows * c.H), lse(c.groups * c.rows);
   std::vector<float> out2 = out, lse2 = lse;
@@ -200,34 +206,52 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng) {
     }
   }
   ok = ok && worst <= tol;
-  std::printf("%s %-8s groups=%ld rows=%ld keys=%ld H=%ld page=%ld cap=%g threads=%d: max err %.2e\n",
-              ok ? "ok  " : "FAIL", type, static_cast<long>(c.groups), static_cast<long>(c.rows),
-              static_cast<long>(c.keys), static_cast<long>(c.H), static_cast<long>(c.page_size),
-              c.soft_cap, c.threads, worst);
+  std::printf("%s %-8s%s groups=%ld rows=%ld keys=%ld H=%ld page=%ld cap=%g threads=%d walk=%ld: "
+              "max err %.2e\n",
+              ok ? "ok  " : "FAIL", type, pair_kernels ? "" : " (no pair kernels)",
+              static_cast<long>(c.groups), static_cast<long>(c.rows), static_cast<long>(c.keys),
+              static_cast<long>(c.H), static_cast<long>(c.page_size), c.soft_cap, c.threads,
+              static_cast<long>(c.walk), worst);
   if (!ok) ++failures;
 }
 
 // A NaN in one key row makes exactly the rows that attend it NaN: float32
-// rows (the general path) and float16 rows (the few-rows kernels on AVX-512).
+// rows (the general path), float16 rows (the few-rows kernels on AVX-512),
+// bfloat16 rows (the pair kernels where the CPU has AVX512_BF16) and int8
+// rows, where the NaN is the row's scale (a key scale: the pair kernels'
+// scores; a value scale: their values hand the tile to the float32 kernel),
+// each with the pair kernels and without.
 template <typename E>
-void nan_case(const char* type) {
+void nan_case(const char* type, bool in_value_scale = false, bool pair_kernels = true) {
   const Case c{1, 2, 100, 32, 16, 0.0f, 2};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<E> k(112 * 32, E(0.5f)), v(112 * 32, E(1.0f));
-  std::vector<float> ones(112, 1.0f);
-  k[50 * 32 + 3] = E(std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> k_scale(112, 1.0f), v_scale(112, 1.0f);
+  if constexpr (std::is_same_v<E, int8_t>) {
+    (in_value_scale ? v_scale : k_scale)[50] = nan;
+  } else {
+    k[50 * 32 + 3] = E(nan);
+  }
   const std::vector<int64_t> page_of = {0, 1, 2, 3, 4, 5, 6};
   const std::vector<PagedRows<E>> sources = {
-      {k.data(), v.data(), ones.data(), ones.data(), page_of.data(), 16, 32}};
+      {k.data(), v.data(), k_scale.data(), v_scale.data(), page_of.data(), 16, 32}};
   const std::vector<float> q(2 * 32, 0.25f);
   const std::vector<int64_t> begin = {0, 0}, end = {100, 50};
   std::vector<float> out(2 * 32), lse(2);
   kd::DecodeShape shape{2, 32, 1.0f, 0.0f};
+  shape.pair_kernels = pair_kernels;
   std::vector<char> workspace(kd::decode_workspace_bytes(1, shape, 100, 2));
   kd::run_decode(Groups<E>{c, q, begin, end, sources, &out, &lse}, 1, shape, 100, 2,
                  workspace.data());
-  const bool ok = std::isnan(out[0]) && std::isnan(lse[0]) && std::abs(out[32] - 1.0f) < 1e-6f &&
-                  std::isfinite(lse[1]);
-  std::printf("%s %-8s nan propagation\n", ok ? "ok  " : "FAIL", type);
+  // A NaN value scale leaves the scores and so the log-sum-exp finite; row 1,
+  // which does not attend key 50, is not checked then: its probability 0
+  // meets the NaN scale in the same tile (0 * NaN), on every path.
+  const bool ok = in_value_scale
+                      ? std::isnan(out[0]) && std::isfinite(lse[0]) && std::isfinite(lse[1])
+                      : std::isnan(out[0]) && std::isnan(lse[0]) &&
+                            std::abs(out[32] - 1.0f) < 1e-6f && std::isfinite(lse[1]);
+  std::printf("%s %-8s nan propagation%s%s\n", ok ? "ok  " : "FAIL", type,
+              in_value_scale ? " (value scale)" : "", pair_kernels ? "" : " (no pair kernels)");
   if (!ok) ++failures;
 }
 
@@ -256,15 +280,34 @@ int main() {
       {2, 7, 31, 256, 3, 0.0f, 2},
       {2, 8, 513, 128, 16, 0.0f, 2},
       {1, 8, 777, 16, 32, 0.0f, 3},
+      // Walks (groups_per_walk): the keys of several groups a tile at a time,
+      // one walk split across threads, walks of every thread, a width that
+      // does not divide the groups (each group alone then).
+      {4, 4, 300, 128, 16, 0.0f, 2, 4},
+      {6, 2, 100, 64, 8, 0.0f, 3, 3},
+      {8, 8, 513, 128, 16, 5.0f, 2, 2},
+      {3, 16, 90, 32, 4, 0.0f, 2, 3},
+      {5, 4, 50, 32, 4, 0.0f, 2, 2},
   };
   for (const Case& c : cases) {
     run_case<float>(c, "float32", 2e-5, rng);
     run_case<bfloat16>(c, "bfloat16", 2e-2, rng);
     run_case<float16>(c, "float16", 2e-5, rng);
-    run_case<int8_t>(c, "int8", 2e-5, rng);
+    // int8 on the pair kernels (AVX512_VNNI): the queries in 16-bit fixed
+    // point put ~2^-16 of max|q| * sum|k| into each logit (cpu/kv_decode_pairs.h).
+    run_case<int8_t>(c, "int8", 1e-3, rng);
+    // Without the pair kernels where they would run: the float32 few-rows
+    // kernels (int8), the bfloat16 dot path's general kernels (bfloat16).
+    run_case<bfloat16>(c, "bfloat16", 2e-2, rng, false);
+    run_case<int8_t>(c, "int8", 2e-5, rng, false);
   }
   nan_case<float>("float32");
   nan_case<float16>("float16");
+  for (const bool pair_kernels : {true, false}) {
+    nan_case<bfloat16>("bfloat16", false, pair_kernels);
+    nan_case<int8_t>("int8", false, pair_kernels);
+    nan_case<int8_t>("int8", true, pair_kernels);
+  }
   if (failures == 0) {
     std::printf("ALL PASSED\n");
     return 0;
