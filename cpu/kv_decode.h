@@ -644,13 +644,16 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
 #if defined(JAXOPS_FEW_ROWS_DECODE)
   // The few-rows kernels take the rows this path would convert into a float
   // tile (float16, int8, bfloat16 off the dot path): they convert them in
-  // registers. float32 rows, and bfloat16 rows on the dot path, are read where
-  // they lie here, and here they were as fast or faster (`python -m
-  // jaxops.bench decode` / `paged_attention`, the builds in alternating runs,
-  // GB/s, this path against versions of those kernels with float32 FMAs and
-  // vdpbf16ps: paged float32 19.9, 20.9, 20.4 against 14.4, 16.6, 18.5; paged
-  // bfloat16, medians of three comparisons, 19.5, 19.2, 20.2 against 17.3,
-  // 16.4, 19.8; dense within the noise).
+  // registers. float32 rows are read where they lie here, and here they were
+  // as fast or faster (`python -m jaxops.bench paged_attention`, the builds in
+  // alternating runs, GB/s, this path against a version of those kernels with
+  // float32 FMAs: 19.9, 20.9, 20.4 against 14.4, 16.6, 18.5). bfloat16 rows on
+  // the dot path were too, against a first vdpbf16ps version of them (19.5,
+  // 19.2, 20.2 against 17.3, 16.4, 19.8); the pair kernels, which pair the
+  // value rows in registers, now beat this path (a driver of this core, 2
+  // threads, the walk, 8 x 8 groups x 4096 keys, H = 128, alternated:
+  // bfloat16 4 rows 8.6-9.2 -> 13.1, 1 row 11.4 -> 15.9, 16 rows 3.7 -> 4.3;
+  // int8 against the float32 few-rows kernels, 4 rows 8.4-9.1 -> 9.9-11.3).
   if constexpr (!std::is_same_v<Element, float>) {
     const bool pairs = decode_uses_pair_kernels<Element>(shape);
     if ((pairs || !bf16_dot) && few_rows_fit(R, H)) {
