@@ -19,10 +19,10 @@
 // per row and key for fewer rows than vector lanes, else a register-blocked
 // product with the rows along the lanes); the values are then added to every
 // row's output by one register-blocked product. With AVX-512, 1 to 8 rows (one
-// token of a GQA group: the common decode step; 9 to 16 in slices of 8) of
-// float16, bfloat16 or int8 and a head_dim of whole 16-element chunks take the
-// kernels of cpu/kv_decode_few_rows.h instead, which convert rows in
-// registers and ask for the next tile's rows between their products
+// token of a GQA group: the common decode step; 9 to 16 in slices of 8 but for
+// float32) and a head_dim of whole 16-element chunks take the kernels of
+// cpu/kv_decode_few_rows.h instead, which convert rows in registers and ask
+// for the next tile's rows between their products
 // (decode_keys_few_rows); on a CPU with AVX512_BF16 (bfloat16) or AVX512_VNNI
 // (int8), and a head_dim of whole 32-element chunks, their pair-product form
 // (cpu/kv_decode_pairs.h). Reading in memory order: run_decode walks the
@@ -207,8 +207,9 @@ inline bool rows_along_lanes(int64_t rows) { return rows >= kLanes; }
 // reading the tile (from L1 after the first). Measured against the products
 // with the rows along the lanes (a driver of this core, 2 threads, 8 x 8
 // groups of 16 rows x 4096 keys, H = 128, alternated): int8 2.1-2.4 -> 3.1-3.4
-// GB/s, bfloat16 4.3-4.7 -> 4.8-5.0; float32 rows, which the few-rows kernels
-// do not take, were slower on their dot-product path (11.1 -> 6.6).
+// GB/s, bfloat16 4.3-4.7 -> 4.8-5.0. float32 rows are not sliced: on the
+// general path's dot products they were slower (11.1 -> 6.6), on the few-rows
+// kernels no faster (8.2-9.8 against 8.9-9.6).
 inline constexpr int64_t kMaxSlicedRows = 16;
 template <typename Element>
 inline int64_t decode_row_slice(int64_t rows) {
@@ -642,19 +643,20 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   last = std::min(last, j_end);
   const int64_t ahead = std::max(last, std::min(ask_until, attended_end));
 #if defined(JAXOPS_FEW_ROWS_DECODE)
-  // The few-rows kernels take the rows this path would convert into a float
-  // tile (float16, int8, bfloat16 off the dot path): they convert them in
-  // registers. float32 rows are read where they lie here, and here they were
-  // as fast or faster (`python -m jaxops.bench paged_attention`, the builds in
-  // alternating runs, GB/s, this path against a version of those kernels with
-  // float32 FMAs: 19.9, 20.9, 20.4 against 14.4, 16.6, 18.5). bfloat16 rows on
-  // the dot path were too, against a first vdpbf16ps version of them (19.5,
-  // 19.2, 20.2 against 17.3, 16.4, 19.8); the pair kernels, which pair the
-  // value rows in registers, now beat this path (a driver of this core, 2
-  // threads, the walk, 8 x 8 groups x 4096 keys, H = 128, alternated:
-  // bfloat16 4 rows 8.6-9.2 -> 13.1, 1 row 11.4 -> 15.9, 16 rows 3.7 -> 4.3;
+  // The few-rows kernels take every element type but bfloat16 on the dot
+  // path without the pair kernels: they convert rows in registers (or read
+  // float32 rows as they lie) and spread the next tile's prefetches over
+  // their products. On this core's driver (2 threads, the walk, 8 x 8 groups
+  // x 4096 keys, H = 128, alternated, GB/s) they beat the general path: float32
+  // 4 rows dense 17.8-17.9 -> 21.3-21.4, pages of 16 13.8-15.7 -> 16.1-16.9,
+  // 1 row 19.6-20.4 -> 20.5-23.4, one kv head (no walk) 13.3-15.6 ->
+  // 17.3-23.0; the pair kernels (bfloat16 against the dot path's general
+  // kernels, 4 rows 8.6-9.2 -> 13.1, 1 row 11.4 -> 15.9, 16 rows 3.7 -> 4.3;
   // int8 against the float32 few-rows kernels, 4 rows 8.4-9.1 -> 9.9-11.3).
-  if constexpr (!std::is_same_v<Element, float>) {
+  // (Before the walk, float32 and a first vdpbf16ps version had measured
+  // slower here than the general path: paged float32 19.9, 20.9, 20.4 against
+  // 14.4, 16.6, 18.5 GB/s.)
+  {
     const bool pairs = decode_uses_pair_kernels<Element>(shape);
     if ((pairs || !bf16_dot) && few_rows_fit(R, H)) {
       with_chunk_count(R, [&](auto rows) {

@@ -1,14 +1,16 @@
 // The decode core's inner kernels for a few query rows (1 to kMaxFewRows: one
-// token of a GQA group, the common decode step) of float16 or int8 cache rows
-// (and bfloat16 where vdpbf16ps is not used), AVX-512 only (few_rows_element
-// and few_rows_fit say which); the driver is
+// token of a GQA group, the common decode step) of float32, float16 or int8
+// cache rows (and bfloat16 where vdpbf16ps is not used), AVX-512 only
+// (few_rows_fit says which; cpu/kv_decode_pairs.h has their pair-product form
+// for int8 and bfloat16); the driver is
 // decode_keys_few_rows (cpu/kv_decode.h). They replace the general tile path
 // there (a dot product per row and key over rows converted into a float tile,
 // then a blocked GEMM for the values) for these shapes.
 //
 // What they do differently:
 // - Rows are converted in registers, a 16-element chunk at a time, and never
-//   written to a tile buffer: bfloat16 by a shift, float16 by vcvtph2ps, int8
+//   written to a tile buffer: float32 read as they lie, bfloat16 by a shift,
+//   float16 by vcvtph2ps, int8
 //   by a sign extension and vcvtdq2ps (its scale applied to the score, and to
 //   the probability for the values, not to every element).
 // - Scores: each key chunk, once in a register, serves every row, and each
@@ -132,6 +134,7 @@ inline __m512 load_chunk(const bfloat16* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
+inline __m512 load_chunk(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_chunk(const float16* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -197,9 +200,10 @@ inline void ask_for_tile(const TileRows<Element>& rows, int64_t H) {
 // 10.4 GB/s.
 
 // Whether the few-rows kernels cover this shape: at most kMaxFewRows rows, a
-// head dim of whole chunks.
+// head dim of one or more whole chunks.
 inline bool few_rows_fit(int64_t rows, int64_t head_dim) {
-  return rows >= 1 && rows <= kMaxFewRows && head_dim % 16 == 0;
+  // (head_dim 0, which an op may be given, has no chunks: the general path.)
+  return rows >= 1 && rows <= kMaxFewRows && head_dim > 0 && head_dim % 16 == 0;
 }
 
 // Keys per score group: R rows x kKeys keys fill at most 16 accumulators.

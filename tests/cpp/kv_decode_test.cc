@@ -288,6 +288,8 @@ int main() {
       {8, 8, 513, 128, 16, 5.0f, 2, 2},
       {3, 16, 90, 32, 4, 0.0f, 2, 3},
       {5, 4, 50, 32, 4, 0.0f, 2, 2},
+      // head_dim 0 (empty rows: the logits are 0), walked and split.
+      {2, 4, 40, 0, 8, 0.0f, 2, 2},
   };
   for (const Case& c : cases) {
     run_case<float>(c, "float32", 2e-5, rng);
