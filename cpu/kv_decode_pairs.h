@@ -19,6 +19,10 @@
 // then wrote each tile's values as key pairs (vpermt2w, 3 uops a vector) to a
 // buffer that a GEMM read back; here a value chunk is paired with the next
 // key's in registers (vpunpck{l,h}wd, one uop each) and used at once.
+// With these kernels int8 decode keeps pace with pages in L3 (15.4 GB/s, two
+// cores) but not with DRAM (9.8): the reads' overlap with the arithmetic, not
+// the arithmetic, is its limit now (docs/benchmarks-log.md, ninth pass, which
+// also has the AMX form of the scores that was tried and was slower).
 //
 // Shapes of the products (R rows, H = head_dim):
 // - scores: score_groups (cpu/kv_decode_few_rows.h) on these operands: each
