@@ -645,10 +645,13 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
       last = std::max(last, s.key_end[i]);
     }
   }
-  const int64_t attended_end = last;
+#if defined(JAXOPS_FEW_ROWS_DECODE)
+  // How far the few-rows passes ask ahead: past j_end up to ask_until where
+  // the rows attend (last is still their union's end here).
+  const int64_t ahead = std::max(std::min(last, j_end), std::min(ask_until, last));
+#endif
   first = std::max(first, j_begin);
   last = std::min(last, j_end);
-  const int64_t ahead = std::max(last, std::min(ask_until, attended_end));
 #if defined(JAXOPS_FEW_ROWS_DECODE)
   // The few-rows kernels take every element type but bfloat16 on the dot
   // path without the pair kernels: they convert rows in registers (or read
@@ -891,16 +894,29 @@ inline std::vector<DecodeScratch> carve_walk_scratch(const DecodeShape& shape, i
   return s;
 }
 
+// Bytes of one thread's scratch and of one partial state. Every take is a
+// multiple of 64 bytes, so these are the same at any 64-byte aligned base:
+// the workspace holds the threads' scratch one after another, then the
+// partial states.
+inline size_t walk_scratch_bytes(const DecodeShape& shape, int64_t width) {
+  Arena measure(nullptr);
+  carve_walk_scratch(shape, width, measure);
+  return measure.used();
+}
+inline size_t decode_state_bytes(const DecodeShape& shape) {
+  Arena measure(nullptr);
+  carve_decode_state(shape.rows, shape.head_dim, measure);
+  return measure.used();
+}
+
 inline size_t decode_workspace_bytes(int64_t groups, const DecodeShape& shape,
                                      int64_t max_keys, int threads) {
   const int64_t width = decode_walk_width(groups, shape);
-  Arena arena(nullptr);
-  for (int t = 0; t < threads; ++t) carve_walk_scratch(shape, width, arena);
   const int64_t splits = decode_key_splits(groups / width, max_keys, threads);
-  if (splits > 1) {
-    for (int64_t p = 0; p < groups * splits; ++p) carve_decode_state(shape.rows, shape.head_dim, arena);
-  }
-  return arena.used() + 64;
+  const size_t partials = splits > 1 ? static_cast<size_t>(groups * splits) : 0;
+  // + 64: the workspace's own alignment.
+  return static_cast<size_t>(threads) * walk_scratch_bytes(shape, width) +
+         partials * decode_state_bytes(shape) + 64;
 }
 
 // Runs every group on `threads` OpenMP threads with the workspace
@@ -918,20 +934,17 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
   const int64_t width = decode_walk_width(groups, shape), walks = groups / width;
   const int64_t splits = decode_key_splits(walks, max_keys, threads);
   const int64_t R = shape.rows, Hp = decode_padded_dim(shape.head_dim);
+  // The workspace's layout (decode_workspace_bytes): thread t's scratch t
+  // walk scratches in, the partial states after every thread's.
+  const size_t walk_bytes = walk_scratch_bytes(shape, width);
+  const size_t state_bytes = decode_state_bytes(shape);
+  char* const aligned = static_cast<char*>(workspace) + Arena(workspace).used();
 #pragma omp parallel num_threads(threads)
   {
-    // Every take is a multiple of 64 bytes, so one thread's scratch measures
-    // the same at any 64-byte aligned base: thread t's starts t of them in.
-    Arena measure_walk(nullptr), measure_state(nullptr);
-    carve_walk_scratch(shape, width, measure_walk);
-    carve_decode_state(R, shape.head_dim, measure_state);
-    const size_t walk_bytes = measure_walk.used(), state_bytes = measure_state.used();
-    char* const aligned = static_cast<char*>(workspace) + Arena(workspace).used();
     Arena arena(aligned + static_cast<size_t>(omp_get_thread_num()) * walk_bytes);
     std::vector<DecodeScratch> s = carve_walk_scratch(shape, width, arena);
     std::vector<Source> sources(width);
     std::vector<DecodeState> states(width);  // the groups' states of the item at hand
-    // The partial states follow every thread's scratch.
     char* const first_state = aligned + static_cast<size_t>(omp_get_num_threads()) * walk_bytes;
     // Group g's state over key split `split`.
     auto partial = [&](int64_t g, int64_t split) {

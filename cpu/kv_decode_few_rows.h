@@ -210,12 +210,19 @@ inline bool few_rows_fit(int64_t rows, int64_t head_dim) {
 template <int R>
 inline constexpr int kScoreKeys = 16 / R;
 
-// Lane c of a score group's sums holds key c % kKeys (a constant table).
+// Lane c of a score group's sums holds key c % kKeys of row c / kKeys: the
+// permutes that give each lane its key's or its row's scale (constant tables:
+// a vector load of scales written one by one just before stalls on the failed
+// store forwarding, 12% of the int8 scores pass where store_scores did so).
 template <int kKeys>
-struct KeyOfLane {
-  int32_t lane[16];
-  constexpr KeyOfLane() : lane() {
-    for (int c = 0; c < 16; ++c) lane[c] = c % kKeys;
+struct ScoreLanes {
+  int32_t key[16];
+  int32_t row[16];
+  constexpr ScoreLanes() : key(), row() {
+    for (int c = 0; c < 16; ++c) {
+      key[c] = c % kKeys;
+      row[c] = c / kKeys;
+    }
   }
 };
 
@@ -229,11 +236,9 @@ inline void store_scores(__m512 sums, const TileRows<Element>& rows, int64_t j, 
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __mmask16 keys = static_cast<__mmask16>((1u << std::min<int64_t>(kKeys, jn - j)) - 1u);
   if constexpr (std::is_same_v<Element, int8_t>) {
-    // Lane r * kKeys + kk takes key kk's scale. (A vector load of scales
-    // written one by one just before stalled on the failed store forwarding:
-    // 12% of the int8 scores pass.)
-    alignas(64) static constexpr KeyOfLane<kKeys> key_of_lane;
-    sums = _mm512_mul_ps(sums, _mm512_permutexvar_ps(_mm512_load_si512(key_of_lane.lane),
+    // Lane r * kKeys + kk takes key kk's scale.
+    alignas(64) static constexpr ScoreLanes<kKeys> lanes;
+    sums = _mm512_mul_ps(sums, _mm512_permutexvar_ps(_mm512_load_si512(lanes.key),
                                                      _mm512_maskz_loadu_ps(keys, rows.k_scale + j)));
   }
 #pragma GCC unroll 8
@@ -270,12 +275,13 @@ void score_groups(const TileRows<typename Kind::Element>& tile, const typename K
   using Element = typename Kind::Element;
   constexpr int kKeys = kScoreKeys<R>;
   const int64_t jn = tile.n;
-  // Lane r * kKeys + kk of a group's sums is row r's: its query scale.
-  alignas(64) float lane_scale[16];
-  for (int c = 0; c < 16; ++c) {
-    lane_scale[c] = q_scale && c / kKeys < R ? q_scale[c / kKeys] : 1.0f;
-  }
-  const __m512 row_scale = _mm512_load_ps(lane_scale);
+  // Lane r * kKeys + kk of a group's sums is row r's: its query scale (0 in
+  // the lanes past the R rows, which store_scores leaves out).
+  alignas(64) static constexpr ScoreLanes<kKeys> lanes;
+  const __m512 row_scale =
+      q_scale ? _mm512_permutexvar_ps(_mm512_load_si512(lanes.row),
+                                      _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << R) - 1u), q_scale))
+              : _mm512_set1_ps(1.0f);
   for (int64_t j = 0; j < jn; j += kKeys) {
     const Element* rows[kKeys];
     const char* later[kKeys];

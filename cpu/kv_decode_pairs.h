@@ -55,6 +55,7 @@
 // CPU first (pair_kernels_fit).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -175,6 +176,12 @@ inline void quantize_query_rows(const float* q, int64_t ldq, int64_t R, int64_t 
   }
 }
 
+// The keys of half c (keys 16c .. 16c + 15) of a tile of jn keys that exist.
+inline __mmask16 tile_half_keys(int64_t jn, int c) {
+  const int64_t left = std::clamp<int64_t>(jn - 16 * c, 0, 16);
+  return static_cast<__mmask16>((1u << left) - 1u);
+}
+
 // A tile's probabilities as 16-bit operands: p_pairs[r][m] holds keys 2m (low
 // half) and 2m + 1 of row r (0 past the tile), unit[r] what one step of them
 // is worth. Returns false where the float32 kernel must take the tile.
@@ -184,9 +191,7 @@ inline bool probability_pairs(const TileRows<int8_t>& tile, const float* p, int6
                               int32_t (*p_pairs)[kDecodeKeyTile / 2], float* unit) {
   static_assert(kDecodeKeyTile == 32, "a tile's probabilities are two vectors");
   const int64_t jn = tile.n;
-  const __mmask16 keys[2] = {
-      static_cast<__mmask16>(jn >= 16 ? 0xFFFFu : (1u << jn) - 1u),
-      static_cast<__mmask16>(jn >= 32 ? 0xFFFFu : jn <= 16 ? 0u : (1u << (jn - 16)) - 1u)};
+  const __mmask16 keys[2] = {tile_half_keys(jn, 0), tile_half_keys(jn, 1)};
   const __m512 v_scale[2] = {_mm512_maskz_loadu_ps(keys[0], tile.v_scale),
                              _mm512_maskz_loadu_ps(keys[1], tile.v_scale + 16)};
   for (int r = 0; r < R; ++r) {
@@ -220,10 +225,9 @@ inline bool probability_pairs(const TileRows<bfloat16>& tile, const float* p, in
   const int64_t jn = tile.n;
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < 2; ++c) {
-      const int64_t left = std::clamp<int64_t>(jn - 16 * c, 0, 16);
-      const __mmask16 keys = static_cast<__mmask16>((1u << left) - 1u);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(&p_pairs[r][8 * c]),
-                         round_to_bfloat16(_mm512_maskz_loadu_ps(keys, p + r * ld + 16 * c)));
+      _mm256_store_si256(
+          reinterpret_cast<__m256i*>(&p_pairs[r][8 * c]),
+          round_to_bfloat16(_mm512_maskz_loadu_ps(tile_half_keys(jn, c), p + r * ld + 16 * c)));
     }
     unit[r] = 1.0f;
   }

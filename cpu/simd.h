@@ -20,9 +20,9 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <limits>
 
 namespace jaxops::cpu::simd {
