@@ -145,6 +145,18 @@ def gelu(x, approximate: bool = True, *, implementation=None):
     approximate: a Python bool.
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+
+  Returns:
+    An array shaped and typed like ``x``.
+
+  Raises:
+    TypeError: ``x`` is not a floating-point array (complex with
+      ``approximate=False``), ``approximate`` is not a bool, or
+      ``implementation="ffi"`` has no kernel for ``x.dtype``.
+
+  Examples:
+    >>> jaxops.gelu(jnp.array([-1.0, 0.0, 1.0]))
+    Array([-0.158..., 0. ..., 0.841...], dtype=float32)
   """
   op = "jaxops.gelu"
   approximate = validation.static_bool(op, "approximate", approximate)
@@ -155,9 +167,25 @@ def gelu(x, approximate: bool = True, *, implementation=None):
 
 
 def silu(x, *, implementation=None):
-  """SiLU (swish), elementwise: ``x * sigmoid(x)``, in float32, returned in
-  ``x.dtype``; a drop-in for ``jax.nn.silu``. Dtypes (complex included) and
-  ``implementation`` as in :func:`gelu`."""
+  """SiLU (swish), elementwise: ``x * sigmoid(x)``; a drop-in for ``jax.nn.silu``.
+
+  Computed in float32 and returned in ``x.dtype``; any shape.
+
+  Args:
+    x: as in :func:`gelu` (complex included).
+    implementation: ``None``, ``"ffi"`` or ``"xla"``, as in :func:`gelu`.
+
+  Returns:
+    An array shaped and typed like ``x``.
+
+  Raises:
+    TypeError: ``x`` is not a floating-point array, or ``implementation="ffi"``
+      has no kernel for ``x.dtype``.
+
+  Examples:
+    >>> jaxops.silu(jnp.array([-1.0, 0.0, 1.0]))
+    Array([-0.268..., 0. ..., 0.731...], dtype=float32)
+  """
   op = "jaxops.silu"
   x = _activation_input(op, "x", x, approximate=True)
   if not primitive.use_kernel(op, implementation, {"x": x.dtype}):
@@ -168,11 +196,25 @@ def silu(x, *, implementation=None):
 def swiglu(gate, up, *, implementation=None):
   """The SwiGLU gate: ``silu(gate) * up``, elementwise.
 
-  ``gate`` and ``up`` have one shape (no broadcasting); of different dtypes
-  they are promoted to their common one, as ``jax.nn.silu(gate) * up`` is.
   Computed in float32 and rounded once to the inputs' dtype; the backward
-  produces both gradients in one pass. Dtypes and ``implementation`` as in
-  :func:`gelu`.
+  produces both gradients in one pass.
+
+  Args:
+    gate: float array; dtypes as in :func:`gelu`.
+    up: float array of ``gate``'s shape (no broadcasting). Of different dtypes
+      they are promoted to their common one, as ``jax.nn.silu(gate) * up`` is.
+    implementation: ``None``, ``"ffi"`` or ``"xla"``, as in :func:`gelu`.
+
+  Returns:
+    An array of ``gate``'s shape in the common dtype.
+
+  Raises:
+    TypeError: ``gate`` or ``up`` is not a floating-point array.
+    ValueError: ``up``'s shape is not ``gate``'s.
+
+  Examples:
+    >>> jaxops.swiglu(jnp.array([1.0, 2.0]), jnp.array([2.0, 0.5]))
+    Array([1.462..., 0.880...], dtype=float32)
   """
   op = "jaxops.swiglu"
   gate, up = _check_gated(op, gate, up, approximate=True)
@@ -186,6 +228,23 @@ def geglu(gate, up, approximate: bool = True, *, implementation=None):
 
   As :func:`swiglu`, with the GELU of :func:`gelu` as the activation
   (``jax.nn.gelu(gate, approximate) * up``).
+
+  Args:
+    gate: float array; dtypes as in :func:`gelu`.
+    up: float array of ``gate``'s shape, promoted with it to their common dtype.
+    approximate: a Python bool: the tanh form (default) or the exact normal CDF.
+    implementation: ``None``, ``"ffi"`` or ``"xla"``, as in :func:`gelu`.
+
+  Returns:
+    An array of ``gate``'s shape in the common dtype.
+
+  Raises:
+    TypeError: as :func:`swiglu`, or ``approximate`` is not a bool.
+    ValueError: ``up``'s shape is not ``gate``'s.
+
+  Examples:
+    >>> jaxops.geglu(jnp.array([1.0, 2.0]), jnp.array([2.0, 0.5]))
+    Array([1.682..., 0.977...], dtype=float32)
   """
   op = "jaxops.geglu"
   approximate = validation.static_bool(op, "approximate", approximate)

@@ -205,10 +205,15 @@ def _is_temporary(x) -> bool:
 
 
 class AdamWState(NamedTuple):
-  """count: int32 scalar, the steps taken; mu, nu: the moments shaped like the
-  parameters (mu in ``mu_dtype``, by default the parameters' dtype, as optax's;
-  nu float32 for float32, bfloat16 and float16 parameters, the real dtype of
-  float64 and complex ones)."""
+  """The state of :func:`adamw`.
+
+  Attributes:
+    count: int32 scalar, the steps taken.
+    mu: the first moments, shaped like the parameters, in ``mu_dtype`` (by
+      default the parameters' dtype, as optax's).
+    nu: the second moments, shaped like the parameters: float32 for float32,
+      bfloat16 and float16 parameters, the real dtype of float64 and complex ones.
+  """
   count: jax.Array
   mu: Any
   nu: Any
@@ -547,6 +552,23 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
     An :class:`AdamW`: an ``optax.GradientTransformationExtraArgs`` (use it
     with ``optax.apply_updates``, ``optax.chain``...) whose :meth:`AdamW.step`
     fuses the update and its application.
+
+  Raises:
+    TypeError: a hyper-parameter is neither a real number, a scalar array nor
+      (learning rate, weight decay) a callable; ``nesterov`` is not a bool.
+    ValueError: a Python-number hyper-parameter is out of its range.
+
+  Examples:
+    >>> params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
+    >>> grads = jax.tree.map(jnp.ones_like, params)
+    >>> tx = jaxops.optim.adamw(1e-2, weight_decay=0.0)
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update(grads, state, params)    # optax's pattern
+    >>> updates["b"]
+    Array([-0.0099..., -0.0099..., -0.0099...], dtype=float32)
+    >>> params, state = tx.step(grads, state, params)       # update and apply in one kernel
+    >>> params["b"]
+    Array([-0.0099..., -0.0099..., -0.0099...], dtype=float32)
   """
   learning_rate = _hyperparameter("learning_rate", learning_rate, schedule=True)
   b1 = _hyperparameter("b1", b1, low=0.0, high=1.0, high_open=True)

@@ -194,6 +194,23 @@ def cross_entropy(logits, labels, *, ignore_index: int = -100, label_smoothing: 
     reduction: "mean" (over non-ignored tokens), "sum" or "none" (per token).
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+
+  Returns:
+    The loss: a scalar for ``"mean"`` and ``"sum"``, ``labels``' shape for
+    ``"none"``; ``logits.dtype``.
+
+  Raises:
+    TypeError: ``logits`` is not a real floating-point array, ``labels`` not an
+      integer array, or an option has the wrong type.
+    ValueError: ``labels``' shape is not ``logits.shape[:-1]``, an option is out
+      of range, or ``reduction`` is unknown.
+
+  Examples:
+    >>> logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    >>> jaxops.cross_entropy(logits, jnp.array([0, 1]), reduction="none")
+    Array([0.239..., 1.098...], dtype=float32)
+    >>> jaxops.cross_entropy(logits, jnp.array([0, -100]))   # the second is ignored
+    Array(0.239..., dtype=float32)
   """
   op = "jaxops.cross_entropy"
   logits = _rows_input(op, "logits", logits)
@@ -251,7 +268,7 @@ def _grad_block(xb, dlogits, weight, carry, precision):
 
 
 def _zero_grads(weight, bias):
-  return jnp.zeros(weight.shape, _F32), jnp.zeros(bias.shape, _F32)
+  return jnp.zeros_like(weight, _F32), jnp.zeros_like(bias, _F32)
 
 
 def _sweep(body, carry, x, labels, block, ignore_index, *per_token):
@@ -519,6 +536,18 @@ def linear_cross_entropy(x, weight, labels, *, bias=None, ignore_index: int = -1
       float32 at ``"highest"``/``"float32"`` and on the CPU
       (docs/precision.md). The jnp reference (``implementation="xla"``,
       float64 inputs) computes at ``"highest"`` whatever it says.
+
+  Returns:
+    The loss, as :func:`cross_entropy`'s, in ``x.dtype``.
+
+  Raises:
+    TypeError: as :func:`cross_entropy`, for ``x``, ``weight`` and ``bias``.
+    ValueError: as :func:`cross_entropy`, or ``weight`` is not ``[hidden, vocab]``.
+
+  Examples:
+    >>> x, weight = jnp.ones((4, 8)), jnp.zeros((8, 16))
+    >>> jaxops.linear_cross_entropy(x, weight, jnp.array([0, 1, 2, 3]))   # log(16)
+    Array(2.772..., dtype=float32)
   """
   op = "jaxops.linear_cross_entropy"
   x = _rows_input(op, "x", x)

@@ -122,6 +122,21 @@ def embedding(table, ids, *, implementation=None):
     ids: integer array of any shape (values beyond int32 are clamped first).
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+
+  Returns:
+    ``table[clip(ids)]``: shape ``ids.shape + (dim,)``, ``table``'s dtype.
+
+  Raises:
+    TypeError: ``table`` is not a floating-point array or ``ids`` not an
+      integer array.
+    ValueError: ``table`` is not ``[vocab, dim]`` with ``vocab >= 1``.
+
+  Examples:
+    >>> table = jnp.arange(6.0).reshape(3, 2)
+    >>> jaxops.embedding(table, jnp.array([2, 0, 7]))   # 7 is clamped to 2
+    Array([[4., 5.],
+           [0., 1.],
+           [4., 5.]], dtype=float32)
   """
   op = "jaxops.embedding"
   table = validation.float_array(op, "table", table, complex=True)

@@ -22,11 +22,18 @@ def kernel_targets() -> tuple[str, ...]:
 def export_checks() -> list[jax.export.DisabledSafetyCheck]:
   """The ``disabled_checks`` for ``jax.export.export`` of a program using jaxops.
 
-  Example::
+  ``jax.export`` refuses custom calls it does not know as stable; jaxops'
+  kernels are registered by ``import jaxops``, so a process that imports jaxops
+  can run the exported program.
 
-    exported = jax.export.export(jax.jit(model), disabled_checks=jaxops.export_checks())(x)
-    blob = exported.serialize()
-    # elsewhere, after `import jaxops`:
-    y = jax.export.deserialize(blob).call(x)
+  Returns:
+    A list of ``jax.export.DisabledSafetyCheck``, one per kernel target.
+
+  Examples:
+    >>> f = jax.jit(lambda x: jaxops.rms_norm(x))
+    >>> exported = jax.export.export(f, disabled_checks=jaxops.export_checks())(jnp.ones((2, 8)))
+    >>> blob = exported.serialize()         # elsewhere, after `import jaxops`:
+    >>> jax.export.deserialize(blob).call(jnp.ones((2, 8))).shape
+    (2, 8)
   """
   return [jax.export.DisabledSafetyCheck.custom_call(t) for t in kernel_targets()]

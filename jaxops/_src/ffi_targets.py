@@ -138,6 +138,13 @@ def cpu_isa() -> str:
   ``generic`` for x86-64-v2 (on other architectures, the compiler's default).
   The widest the CPU runs is chosen when jaxops is imported, unless the
   environment variable ``JAXOPS_CPU_ISA`` names another one.
+
+  Returns:
+    ``"avx512"``, ``"avx2"`` or ``"generic"``.
+
+  Examples:
+    >>> jaxops.cpu_isa() in ("avx512", "avx2", "generic")
+    True
   """
   return importlib.import_module("jaxops._jaxops_cpu").cpu_isa()
 

@@ -207,18 +207,42 @@ def layer_norm(x, weight=None, bias=None, *, epsilon: float = 1e-5, implementati
   """Layer normalization over the last axis of ``x``.
 
   ``(x - mean) / sqrt(var + epsilon) * weight + bias`` with the biased variance,
-  computed in float32 and returned in ``x.dtype``. ``weight`` and ``bias`` are
-  optional vectors of the last axis' size; they are cast to ``x.dtype`` (as
-  Flax does for a low-precision ``dtype``). The values of ``flax.linen.LayerNorm``
-  (its ``scale`` is ``weight``) with ``use_fast_variance=False``.
+  computed in float32 and returned in ``x.dtype``: the values of
+  ``flax.linen.LayerNorm(use_fast_variance=False)``, whose ``scale`` is ``weight``.
+  Note the default ``epsilon``: 1e-5 (PyTorch's), where Flax's is 1e-6. One fused
+  kernel computes the forward, one the backward (dx, dweight and dbias together;
+  ``vmap(grad(...))`` gives per-example weight gradients from one call), one the
+  forward-mode tangent.
 
   Args:
-    x: array of rank >= 1: float32, bfloat16 or float16 run the kernel; float64
-      and complex (variance of ``|x - mean|``, as Flax) the jnp reference.
-    weight, bias: optional arrays of shape ``(x.shape[-1],)``.
-    epsilon: added to the variance.
-    implementation: ``None`` (fused kernel where available, else the jnp
-      reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+    x: array ``[..., features]`` of rank >= 1. float32, bfloat16 and float16 run
+      the kernel; float64 and complex (variance of ``|x - mean|``, as Flax) the
+      jnp reference.
+    weight: optional ``[features]`` scale, cast to ``x.dtype`` (as Flax does for
+      a low-precision ``dtype``).
+    bias: optional ``[features]`` offset, cast to ``x.dtype``.
+    epsilon: a Python float >= 0 added to the variance.
+    implementation: ``None`` (the fused kernel where one exists for the platform
+      and dtype, else the jnp reference), ``"ffi"`` (the kernel, or an error) or
+      ``"xla"`` (the reference, ``jaxops.reference.layer_norm``).
+
+  Returns:
+    An array shaped and typed like ``x``.
+
+  Raises:
+    TypeError: ``x``, ``weight`` or ``bias`` is not a floating-point array,
+      ``epsilon`` is not a real number, or ``implementation="ffi"`` has no
+      kernel for ``x.dtype``.
+    ValueError: ``x`` has rank 0 or an empty last axis, ``weight`` or ``bias``
+      is not of shape ``(features,)``, ``epsilon`` is negative, or
+      ``implementation`` is not one of the three values.
+
+  Examples:
+    >>> x = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+    >>> jaxops.layer_norm(x)
+    Array([[-1.341..., -0.447..., 0.447..., 1.341...]], dtype=float32)
+    >>> jaxops.layer_norm(x, jnp.full(4, 2.0), jnp.ones(4))
+    Array([[-1.683..., 0.105..., 1.894..., 3.683...]], dtype=float32)
   """
   op = "jaxops.layer_norm"
   x = _input(op, x)
@@ -364,10 +388,27 @@ Differentiable(
 def rms_norm(x, weight=None, *, epsilon: float = 1e-6, implementation=None):
   """RMS normalization over the last axis: ``x / sqrt(mean(x**2) + epsilon) * weight``.
 
-  Computed in float32, returned in ``x.dtype``; ``weight`` (optional, shape
-  ``(x.shape[-1],)``) is cast to ``x.dtype``. The values of
-  ``flax.linen.RMSNorm``; dtypes and ``implementation`` as in :func:`layer_norm`
-  (complex x: ``mean(|x|**2)``, as Flax).
+  Computed in float32 and returned in ``x.dtype``: the values of
+  ``flax.linen.RMSNorm`` (whose ``scale`` is ``weight``). Fused forward,
+  backward and forward-mode kernels, as :func:`layer_norm`'s.
+
+  Args:
+    x: array ``[..., features]`` of rank >= 1; dtypes as in :func:`layer_norm`
+      (complex: ``mean(|x|**2)``, as Flax).
+    weight: optional ``[features]`` scale, cast to ``x.dtype``.
+    epsilon: a Python float >= 0 added to the mean square.
+    implementation: ``None``, ``"ffi"`` or ``"xla"``, as in :func:`layer_norm`.
+
+  Returns:
+    An array shaped and typed like ``x``.
+
+  Raises:
+    TypeError: as :func:`layer_norm`.
+    ValueError: as :func:`layer_norm`.
+
+  Examples:
+    >>> jaxops.rms_norm(jnp.array([[3.0, 4.0]]))
+    Array([[0.848..., 1.131...]], dtype=float32)
   """
   op = "jaxops.rms_norm"
   x = _input(op, x)
@@ -382,10 +423,32 @@ def add_rms_norm(x, residual, weight=None, *, epsilon: float = 1e-6, implementat
   """``(rms_norm(x + residual) * weight, x + residual)`` in one pass.
 
   The pre-norm transformer's residual step: the sum is returned for the next
-  residual connection, and normalised in the same pass. When the caller
-  donates ``residual``, the sum is written over it. ``x`` and ``residual`` of
-  different dtypes are promoted to their common one first, as ``x + residual``
-  is; dtypes otherwise as in :func:`layer_norm`.
+  residual connection and normalised in the same pass. When the caller donates
+  ``residual`` (``jax.jit(..., donate_argnums=...)``), the sum is written over
+  it.
+
+  Args:
+    x: array ``[..., features]``; dtypes as in :func:`layer_norm`.
+    residual: array of ``x``'s shape. ``x`` and ``residual`` of different dtypes
+      are promoted to their common dtype first, as ``x + residual`` is.
+    weight: optional ``[features]`` scale, cast to the common dtype.
+    epsilon: a Python float >= 0 added to the mean square.
+    implementation: ``None``, ``"ffi"`` or ``"xla"``, as in :func:`layer_norm`.
+
+  Returns:
+    ``(y, h)``: the normalised sum ``y`` and the sum ``h = x + residual``, both
+    shaped like ``x`` in the common dtype.
+
+  Raises:
+    TypeError: as :func:`layer_norm`, or ``residual`` is not a floating-point array.
+    ValueError: as :func:`layer_norm`, or ``residual``'s shape is not ``x``'s.
+
+  Examples:
+    >>> y, h = jaxops.add_rms_norm(jnp.array([[1.0, 2.0]]), jnp.array([[2.0, 2.0]]))
+    >>> h
+    Array([[3., 4.]], dtype=float32)
+    >>> y
+    Array([[0.848..., 1.131...]], dtype=float32)
   """
   op = "jaxops.add_rms_norm"
   x = _input(op, x)

@@ -270,6 +270,22 @@ def patch_embed(images, kernel, bias=None, *, patch_size, pos_embed=None, cls_to
       every setting (docs/precision.md).
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+
+  Returns:
+    ``[B, N, D]`` tokens (``[B, N + 1, D]`` with ``cls_token``), in ``images``' dtype.
+
+  Raises:
+    TypeError: an operand is not a floating-point array of ``images``' dtype,
+      or ``patch_size`` is not an int.
+    ValueError: ``images`` is not ``[B, H, W, C]`` with H and W multiples of
+      ``patch_size``, or an operand's shape does not match.
+
+  Examples:
+    >>> images = jnp.ones((1, 4, 4, 3))                       # [B, H, W, C]
+    >>> kernel = jnp.ones((2, 2, 3, 8))                       # [p, p, C, D]
+    >>> tokens = jaxops.patch_embed(images, kernel, patch_size=2)
+    >>> tokens.shape, float(tokens[0, 0, 0])                  # N = 4 patches; 2 * 2 * 3 ones
+    ((1, 4, 8), 12.0)
   """
   patch_size = validation.positive_int(_OP, "patch_size", patch_size)
   images = validation.float_array(_OP, "images", images)

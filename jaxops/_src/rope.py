@@ -101,6 +101,22 @@ def rope(x, positions, *, theta: float = 10000.0, style: str = "neox",
 
   The gradient w.r.t. ``x`` is the inverse rotation of the cotangent; positions
   get no gradient.
+
+  Returns:
+    An array shaped and typed like ``x``.
+
+  Raises:
+    TypeError: ``x`` is not a floating-point array, ``positions`` is not an
+      integer array, or ``theta``/``rotary_dim`` have the wrong type.
+    ValueError: ``x`` is not of rank 4, ``positions`` is not ``[seq]`` or
+      ``[batch, seq]``, ``theta`` <= 0, ``style`` is unknown, or ``rotary_dim``
+      is odd or out of range.
+
+  Examples:
+    >>> x = jnp.ones((1, 2, 1, 4))                # [batch, seq, heads, head_dim]
+    >>> jaxops.rope(x, jnp.array([0, 1]))[0, :, 0]
+    Array([[ 1. ...,  1. ...,  1. ...,  1. ...],
+           [-0.301...,  0.98...,  1.381...,  1.009...]], dtype=float32)
   """
   op = "jaxops.rope"
   x = validation.float_array(op, "x", x, complex=True)

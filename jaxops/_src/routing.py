@@ -180,6 +180,21 @@ def topk_router(logits, k: int, *, score: str = "softmax", renormalize: bool = T
   Differentiable in ``logits`` (the weights' gradient flows to the chosen
   experts' logits, and through softmax's normaliser to all of them); the
   experts are integers (float0 tangents).
+
+  Raises:
+    TypeError: ``logits`` is not a floating-point array, or ``k``,
+      ``renormalize``, ``num_groups`` or ``group_topk`` has the wrong type.
+    ValueError: ``k`` is not in ``[1, num_experts]``, ``score`` is unknown,
+      ``expert_bias`` is not ``[num_experts]``, or the groups do not divide the
+      experts or cannot hold ``k`` of them.
+
+  Examples:
+    >>> logits = jnp.array([[1.0, 3.0, 2.0, 0.0]])
+    >>> weights, experts = jaxops.topk_router(logits, 2)
+    >>> experts
+    Array([[1, 2]], dtype=int32)
+    >>> weights
+    Array([[0.731..., 0.268...]], dtype=float32)
   """
   op = "jaxops.topk_router"
   logits = validation.float_array(op, "logits", logits)
@@ -229,6 +244,17 @@ def moe_aux_loss(probs, expert_counts, k: int, coeff: float, *, implementation=N
   Returns a float32 scalar (float64 for float64 probs), differentiable in probs.
   With no tokens (a leading axis of size 0) it is 0, as cross_entropy's mean
   over no tokens is (f_e and P_e are 0 / 0 there), with a zero gradient.
+
+  Raises:
+    TypeError: ``probs`` is not a floating-point array, or ``k``/``coeff``
+      have the wrong type.
+    ValueError: ``expert_counts`` is not ``[num_experts]``, ``k`` < 1, or
+      ``implementation="ffi"``.
+
+  Examples:
+    >>> probs = jnp.full((4, 2), 0.5)                  # a perfectly balanced router
+    >>> jaxops.moe_aux_loss(probs, jnp.array([2, 2]), k=1, coeff=0.01)
+    Array(0.01, dtype=float32)
   """
   op = "jaxops.moe_aux_loss"
   implementation = validation.choice(op, "implementation", implementation,

@@ -117,6 +117,24 @@ def sample(key, logits, *, temperature=1.0, top_k=None, top_p=None, min_p=None,
     min_p: in [0, 1]; None or 0: no min-p filter.
     implementation: ``None`` (kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+
+  Returns:
+    int32 ``[batch]``: one token per row, or -1 for a row with a NaN logit or
+    whose logits are all -inf.
+
+  Raises:
+    TypeError: ``logits`` is not a floating-point array, ``key`` is not a PRNG
+      key, or a parameter has the wrong type.
+    ValueError: ``logits`` is not ``[batch, vocab]`` with ``vocab >= 1``, or a
+      Python-scalar parameter is out of range or an array parameter is not of
+      shape ``()`` or ``[batch]``.
+
+  Examples:
+    >>> logits = jnp.array([[0.0, 5.0, 1.0], [2.0, 0.0, 0.0]])
+    >>> jaxops.sample(jax.random.key(0), logits, temperature=0.0)     # greedy
+    Array([1, 0], dtype=int32)
+    >>> jaxops.sample(jax.random.key(0), logits, top_k=1)             # top-1 is greedy too
+    Array([1, 0], dtype=int32)
   """
   op = "jaxops.sample"
   if not _is_key(key):

@@ -250,6 +250,22 @@ def softmax(x, axis: int = -1, *, where=None, bias=None, implementation=None):
       it broadcasts along.
     implementation: ``None`` (fused kernel where available, else the jnp
       reference), ``"ffi"`` (the kernel, or an error) or ``"xla"`` (reference).
+
+  Returns:
+    An array shaped and typed like ``x``.
+
+  Raises:
+    TypeError: ``x`` or ``bias`` is not a floating-point array, ``where`` is not
+      boolean, or ``implementation="ffi"`` has no kernel for ``x.dtype``.
+    ValueError: ``axis`` is out of range, or ``where`` or ``bias`` does not
+      broadcast to ``x.shape``.
+
+  Examples:
+    >>> x = jnp.array([[1.0, 2.0, 3.0]])
+    >>> jaxops.softmax(x)
+    Array([[0.090..., 0.244..., 0.665...]], dtype=float32)
+    >>> jaxops.softmax(x, where=jnp.array([True, True, False]))
+    Array([[0.268..., 0.731..., 0. ...]], dtype=float32)
   """
   return _masked_softmax("jaxops.softmax", softmax_fwd_p, reference.softmax, x, axis, where,
                          bias, implementation)
@@ -258,12 +274,30 @@ def softmax(x, axis: int = -1, *, where=None, bias=None, implementation=None):
 def log_softmax(x, axis: int = -1, *, where=None, bias=None, implementation=None):
   """Log-softmax of ``x + bias`` along ``axis``, over the columns ``where`` allows.
 
-  Arguments as in :func:`softmax`. Invisible columns (masked out, or where
-  ``x + bias`` is -inf) are -inf and receive no gradient; a row with no
-  visible column is all -inf with a zero gradient, never NaN. This is
-  ``log(softmax(...))`` exactly. ``jax.nn.log_softmax`` agrees with the masked
-  columns' values but differs on rows of -inf logits without ``where`` (it
-  returns NaN) and passes a gradient to -inf logits; here they are constants.
+  Invisible columns (masked out, or where ``x + bias`` is -inf) are -inf and
+  receive no gradient; a row with no visible column is all -inf with a zero
+  gradient, never NaN. This is ``log(softmax(...))`` exactly.
+  ``jax.nn.log_softmax`` agrees on the masked columns' values but differs on
+  rows of -inf logits without ``where`` (it returns NaN) and passes a gradient
+  to -inf logits; here they are constants.
+
+  Args:
+    x: as in :func:`softmax`.
+    axis: as in :func:`softmax`.
+    where: as in :func:`softmax`.
+    bias: as in :func:`softmax`.
+    implementation: as in :func:`softmax`.
+
+  Returns:
+    An array shaped and typed like ``x``.
+
+  Raises:
+    TypeError: as :func:`softmax`.
+    ValueError: as :func:`softmax`.
+
+  Examples:
+    >>> jaxops.log_softmax(jnp.array([0.0, 0.0]))
+    Array([-0.693..., -0.693...], dtype=float32)
   """
   return _masked_softmax("jaxops.log_softmax", log_softmax_fwd_p, reference.log_softmax, x,
                          axis, where, bias, implementation)
@@ -273,10 +307,27 @@ def causal_softmax(x, *, query_offset: int = 0, implementation=None):
   """Softmax over the last axis with a causal mask over the last two axes.
 
   Query ``i`` (axis -2) sees keys ``j <= i + query_offset`` (axis -1); the
-  kernel skips the masked columns instead of reading a mask. ``query_offset``
-  is a static Python int (e.g. the number of cached keys before the first
-  query); a row that sees no key (negative offsets) is all zeros. Dtypes as in
-  :func:`softmax`.
+  kernel skips the masked columns instead of reading a mask. A row that sees no
+  key (negative offsets) is all zeros.
+
+  Args:
+    x: array ``[..., queries, keys]`` of rank >= 2; dtypes as in :func:`softmax`.
+    query_offset: a static Python int, e.g. the number of cached keys before
+      the first query.
+    implementation: ``None``, ``"ffi"`` or ``"xla"``, as in :func:`softmax`.
+
+  Returns:
+    An array shaped and typed like ``x``.
+
+  Raises:
+    TypeError: ``x`` is not a floating-point array or ``query_offset`` not an int.
+    ValueError: ``x`` has rank < 2.
+
+  Examples:
+    >>> jaxops.causal_softmax(jnp.zeros((3, 3)))
+    Array([[1. ..., 0. ..., 0. ...],
+           [0.5..., 0.5..., 0. ...],
+           [0.333..., 0.333..., 0.333...]], dtype=float32)
   """
   op = "jaxops.causal_softmax"
   x = validation.float_array(op, "x", x, complex=True)

@@ -53,7 +53,18 @@ _GROUP = 4
 
 
 def metadata_cols(in_features: int) -> int:
-  """Bytes of metadata per row: ceil(in / 8)."""
+  """Bytes of metadata per row of a packed weight: ``ceil(in_features / 8)``.
+
+  Args:
+    in_features: the weight's ``in``, a multiple of 4.
+
+  Returns:
+    An int.
+
+  Examples:
+    >>> jaxops.sparse.metadata_cols(64)
+    8
+  """
   return (in_features // _GROUP + 1) // 2
 
 
@@ -127,10 +138,23 @@ def _keep_mask(w):
 
 
 def prune_2_4(w):
-  """``(w_pruned, mask)``: w with all but the 2 largest ``|w|`` of every group of
-  4 inputs zeroed (ties go to the lower index), and the boolean keep-mask.
+  """Keeps the 2 largest ``|w|`` of every group of 4 inputs of ``w``.
 
-  ``w`` is ``[out, in]`` with ``in`` a multiple of 4.
+  Args:
+    w: float array ``[out, in]`` with ``in`` a multiple of 4.
+
+  Returns:
+    ``(w_pruned, mask)``: ``w`` with the other two of each group zeroed (ties go
+    to the lower index), and the boolean keep-mask of ``w``'s shape.
+
+  Raises:
+    TypeError: ``w`` is not a floating-point array.
+    ValueError: ``w`` is not of rank 2, or ``in`` is not a multiple of 4.
+
+  Examples:
+    >>> w_pruned, mask = jaxops.sparse.prune_2_4(jnp.array([[0.1, -3.0, 2.0, 0.5]]))
+    >>> w_pruned
+    Array([[ 0., -3.,  2.,  0.]], dtype=float32)
   """
   w = _dense_weight("jaxops.sparse.prune_2_4", w)
   mask = _keep_mask(w)
@@ -149,7 +173,7 @@ def _first_dense_group(w) -> tuple[int, int, int] | None:
 
 
 def compress(w) -> SparseWeight:
-  """Packs a 2:4 sparse ``w [out, in]`` (``in`` a multiple of 4) into a SparseWeight.
+  """Packs a 2:4 sparse ``w [out, in]`` into a :class:`SparseWeight`.
 
   With concrete values, a group of more than 2 nonzeros is a ``ValueError``
   naming the first such (row, group); prune first with :func:`prune_2_4`.
@@ -157,6 +181,27 @@ def compress(w) -> SparseWeight:
   cannot be checked: the packing keeps the 2 largest ``|w|`` of every group
   (what ``prune_2_4`` keeps), so on a 2:4 input it is exact. Differentiable in
   w (the cotangent of w is the values' cotangent at the kept positions).
+
+  Args:
+    w: float array ``[out, in]``, ``in`` a multiple of 4; at most 2 nonzeros
+      in every group of 4 inputs.
+
+  Returns:
+    A :class:`SparseWeight`: ``values [out, in/2]`` in ``w``'s dtype and
+    ``metadata [out, ceil(in/8)]`` uint8.
+
+  Raises:
+    TypeError: ``w`` is not a floating-point array.
+    ValueError: ``w`` is not of rank 2, ``in`` is not a multiple of 4, or
+      (concrete values) a group has more than 2 nonzeros.
+
+  Examples:
+    >>> w = jnp.array([[0.0, -3.0, 2.0, 0.0, 1.0, 0.0, 0.0, 4.0]])
+    >>> sparse_w = jaxops.sparse.compress(w)
+    >>> sparse_w.values
+    Array([[-3.,  2.,  1.,  4.]], dtype=float32)
+    >>> bool((jaxops.sparse.decompress(sparse_w) == w).all())
+    True
   """
   op = "jaxops.sparse.compress"
   w = _dense_weight(op, w)
@@ -208,7 +253,19 @@ def _checked_weight(op, name, sparse_w) -> SparseWeight:
 
 
 def decompress(sparse_w) -> jax.Array:
-  """The dense ``[out, in]`` weight of a SparseWeight (zeros at the dropped positions)."""
+  """The dense weight of a :class:`SparseWeight`.
+
+  Args:
+    sparse_w: a :class:`SparseWeight`.
+
+  Returns:
+    ``[out, in]`` in the values' dtype, zeros at the dropped positions.
+
+  Examples:
+    >>> sparse_w = jaxops.sparse.compress(jnp.array([[1.0, 0.0, 0.0, 2.0]]))
+    >>> jaxops.sparse.decompress(sparse_w)
+    Array([[1., 0., 0., 2.]], dtype=float32)
+  """
   w = _checked_weight("jaxops.sparse.decompress", "sparse_w", sparse_w)
   return reference.sparse_2_4_decompress(w.values, w.metadata, w.in_features)
 
@@ -385,6 +442,19 @@ def linear(x, sparse_w, bias=None, *, precision=None, implementation=None):
   x, the values and the bias are promoted to their common dtype, the output's;
   products accumulate in float32. Differentiable in x, the values and the bias
   (the metadata's cotangent is float0).
+
+  Returns:
+    ``[..., out]`` in the common dtype.
+
+  Raises:
+    TypeError: ``x`` or ``bias`` is not a floating-point array, or
+      ``sparse_w`` is not a :class:`SparseWeight`.
+    ValueError: ``x``'s last axis is not ``in``, or ``bias`` is not ``[out]``.
+
+  Examples:
+    >>> w = jnp.array([[1.0, 0.0, 0.0, 2.0], [0.0, 3.0, 4.0, 0.0]])
+    >>> jaxops.sparse.linear(jnp.ones((1, 4)), jaxops.sparse.compress(w), jnp.ones(2))
+    Array([[4., 8.]], dtype=float32)
   """
   op = "jaxops.sparse.linear"
   x = validation.float_array(op, "x", x)
