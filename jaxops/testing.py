@@ -37,6 +37,19 @@ def tolerance(dtype, reduce_size: int = 1) -> tuple[float, float]:
 
   Rounding errors of a sum of n terms grow like sqrt(n) on average; the factor
   is 1 up to 16 terms.
+
+  Args:
+    dtype: a float dtype of :data:`TOLERANCES`.
+    reduce_size: the number of terms each result sums.
+
+  Returns:
+    ``(atol, rtol)``.
+
+  Examples:
+    >>> jaxops.testing.tolerance(jnp.bfloat16)
+    (0.016, 0.016)
+    >>> jaxops.testing.tolerance(jnp.float32, reduce_size=1024)
+    (8e-05, 8e-05)
   """
   atol, rtol = TOLERANCES[jnp.dtype(dtype)]
   scale = max(1.0, math.sqrt(reduce_size) / 4.0)
@@ -52,6 +65,28 @@ def assert_close(actual, expected, *, dtype=None, atol: float | None = None,
   actual's dtype. NaNs must match NaNs and infinities must match exactly. On
   failure the message gives the mismatch count and ratio, the ``worst`` elements
   (index, actual, expected, delta) and the dtype and tolerances.
+
+  Args:
+    actual: an array (anything ``np.asarray`` takes).
+    expected: an array of ``actual``'s shape.
+    dtype: the dtype whose tolerances apply; default: the actual's.
+    atol: absolute tolerance, overriding the dtype's.
+    rtol: relative tolerance, overriding the dtype's.
+    reduce_size: the reduction length the tolerances grow with (:func:`tolerance`).
+    name: a label for the message.
+    worst: how many of the worst elements the message lists.
+
+  Raises:
+    AssertionError: the shapes differ or an element is out of tolerance.
+
+  Examples:
+    >>> jaxops.testing.assert_close(jnp.array([1.0, 2.0]), jnp.array([1.0, 2.0 + 1e-6]))
+    >>> jaxops.testing.assert_close(jnp.array([1.0, 2.0]), jnp.array([1.0, 2.5]), name="y")
+    Traceback (most recent call last):
+    ...
+    AssertionError: y: 1 of 2 elements mismatch (50.00%); dtype float32, atol=1e-05, rtol=1e-05; ...
+      index: actual vs expected (delta)
+      (1,): 2 vs 2.5 (0.5)
   """
   actual_np = np.asarray(actual)
   expected_np = np.asarray(expected)
@@ -89,7 +124,16 @@ def assert_close(actual, expected, *, dtype=None, atol: float | None = None,
 
 
 def assert_tree_close(actual, expected, **kwargs) -> None:
-  """``assert_close`` over matching pytrees, naming each leaf by its path."""
+  """``assert_close`` over matching pytrees, naming each leaf by its path.
+
+  Args:
+    actual: a pytree of arrays.
+    expected: a pytree of ``actual``'s structure.
+    **kwargs: as :func:`assert_close`'s.
+
+  Raises:
+    AssertionError: the structures differ or a leaf is out of tolerance.
+  """
   name = kwargs.pop("name", "")
   actual_leaves = jax.tree_util.tree_flatten_with_path(actual)[0]
   expected_leaves, _ = jax.tree_util.tree_flatten(expected)
@@ -123,6 +167,21 @@ def random_normal(key, shape, dtype=jnp.float32, scale: float = 1.0, offset: flo
   XLA does), seeded by ``key``: an int, a JAX PRNG key or a NumPy generator. The
   tests need thousands of inputs of hundreds of shapes, and eager ``jax.random``
   compiles a program per shape: that was a fifth of an op test's time.
+
+  Args:
+    key: an int seed, a JAX PRNG key or a ``np.random.Generator``.
+    shape: the shape.
+    dtype: the dtype of the result.
+    scale: the standard deviation.
+    offset: the mean.
+
+  Returns:
+    A ``jax.Array`` of ``shape`` and ``dtype``.
+
+  Examples:
+    >>> x = jaxops.testing.random_normal(0, (2, 3), jnp.bfloat16)
+    >>> x.shape, x.dtype
+    ((2, 3), dtype(bfloat16))
   """
   sample = _generator(key).standard_normal(tuple(shape), dtype=np.float32)
   sample = np.float32(offset) + np.float32(scale) * sample
@@ -130,12 +189,31 @@ def random_normal(key, shape, dtype=jnp.float32, scale: float = 1.0, offset: flo
 
 
 def random_inputs(seed: int, shapes: Sequence[tuple], dtype=jnp.float32, **kwargs):
+  """Normal inputs of several shapes from one seed.
+
+  Args:
+    seed: an int.
+    shapes: one shape per input.
+    dtype: the inputs' dtype.
+    **kwargs: ``scale`` and ``offset``, as :func:`random_normal`'s.
+
+  Returns:
+    A list of arrays, one per shape, from independent generators.
+  """
   generators = np.random.default_rng(seed).spawn(len(shapes))
   return [random_normal(g, s, dtype, **kwargs) for g, s in zip(generators, shapes)]
 
 
 def upcast(tree, dtype=jnp.float32):
-  """Floating leaves cast to ``dtype`` (for running the reference in float32)."""
+  """Floating leaves cast to ``dtype`` (for running the reference in float32).
+
+  Args:
+    tree: a pytree.
+    dtype: the float dtype to cast to.
+
+  Returns:
+    ``tree`` with its floating leaves cast (integer and boolean leaves unchanged).
+  """
   return jax.tree.map(lambda x: x.astype(dtype) if _is_float(x) else x, tree)
 
 
@@ -150,6 +228,17 @@ def vjp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, 
   kernel is checked against the exact gradient rather than against another
   low-precision computation, under one jit (eagerly, each of its primitives
   would be compiled on its own). Returns (fn's outputs, fn's input gradients).
+
+  Args:
+    fn: the function under test.
+    reference: the function it must match (run on float32 copies).
+    args: the arguments of both.
+    seed: seeds the random cotangent.
+    argnums: the arguments to differentiate; default all.
+    **close_kwargs: tolerances, as :func:`assert_close`'s.
+
+  Raises:
+    AssertionError: outputs or gradients differ.
   """
   argnums = tuple(range(len(args))) if argnums is None else tuple(argnums)
 
@@ -179,7 +268,20 @@ def vjp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, 
 
 
 def vmap_against_loop(fn: Callable, args: Sequence, in_axes, **close_kwargs):
-  """``jax.vmap(fn, in_axes)`` equals applying ``fn`` to each slice in turn."""
+  """``jax.vmap(fn, in_axes)`` equals applying ``fn`` to each slice in turn.
+
+  Args:
+    fn: the function under test.
+    args: its arguments.
+    in_axes: as ``jax.vmap``'s (one per argument, or one for all).
+    **close_kwargs: tolerances, as :func:`assert_close`'s.
+
+  Returns:
+    The batched result.
+
+  Raises:
+    AssertionError: the batched and looped results differ.
+  """
   in_axes = tuple(in_axes) if isinstance(in_axes, (list, tuple)) else (in_axes,) * len(args)
   size = next(a.shape[ax] for a, ax in zip(args, in_axes) if ax is not None)
   batched = jax.vmap(fn, in_axes=in_axes)(*args)
@@ -221,6 +323,17 @@ def jvp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, 
 
   As :func:`vjp_against_reference`, the reference runs on float32 copies, under one jit.
   Returns (fn's outputs, fn's output tangents).
+
+  Args:
+    fn: the function under test.
+    reference: the function it must match.
+    args: the arguments of both.
+    seed: seeds the random tangents.
+    argnums: the arguments with tangents; default all.
+    **close_kwargs: tolerances, as :func:`assert_close`'s.
+
+  Raises:
+    AssertionError: outputs or tangents differ.
   """
   argnums = tuple(range(len(args))) if argnums is None else tuple(argnums)
   primals = [args[i] for i in argnums]
@@ -236,13 +349,28 @@ def jvp_against_reference(fn: Callable, reference: Callable, args: Sequence, *, 
 def derivative_against_reference(mode: str, fn: Callable, reference: Callable, args: Sequence,
                                  **kwargs):
   """:func:`vjp_against_reference` (``mode="vjp"``) or :func:`jvp_against_reference`
-  (``"jvp"``): reverse or forward mode against the reference."""
+  (``"jvp"``): reverse or forward mode against the reference.
+
+  Args:
+    mode: ``"vjp"`` or ``"jvp"``.
+    fn: the function under test.
+    reference: the function it must match.
+    args: the arguments of both.
+    **kwargs: as the chosen check's.
+  """
   check = {"vjp": vjp_against_reference, "jvp": jvp_against_reference}[mode]
   return check(fn, reference, args, **kwargs)
 
 
 def scalarize(f: Callable) -> Callable:
-  """A scalar function of f's outputs with non-zero second derivatives."""
+  """A scalar function of f's outputs with non-zero second derivatives.
+
+  Args:
+    f: a function of arrays.
+
+  Returns:
+    ``sum(sin(y))`` over f's floating outputs ``y``, in float32.
+  """
 
   def scalar(*args):
     leaves = [x for x in jax.tree.leaves(f(*args)) if _is_float(x)]
@@ -265,6 +393,23 @@ def check_transformations(fn: Callable, reference: Callable, args: Sequence, *,
   ``forward_kernel`` (a primitive name) and ``checkpoint_name``, the named
   policy must keep the residuals: the forward kernel runs once in the
   differentiated program, not again in the backward pass.
+
+  Args:
+    fn: the function under test.
+    reference: the function it must match (typically from ``jaxops.reference``).
+    args: float32 arguments of both.
+    argnums: the arguments to differentiate; default all.
+    seed: seeds the random tangents.
+    forward_kernel: the forward primitive's name, to check the checkpoint policy.
+    checkpoint_name: the op's residual name (``"jaxops.<op>"``).
+    **close_kwargs: tolerances, as :func:`assert_close`'s.
+
+  Raises:
+    AssertionError: a transformation's result differs from the reference's.
+
+  Examples:
+    >>> x = jaxops.testing.random_normal(0, (2, 8))
+    >>> jaxops.testing.check_transformations(jaxops.rms_norm, jaxops.reference.rms_norm, (x,))
   """
   argnums = tuple(range(len(args))) if argnums is None else tuple(argnums)
   f = _restrict(fn, args, argnums, False)
@@ -336,7 +481,15 @@ def check_transformations(fn: Callable, reference: Callable, args: Sequence, *,
 
 
 def count_primitive(jaxpr, name: str) -> int:
-  """How many equations of ``jaxpr`` (and of the jaxprs inside it) apply ``name``."""
+  """How many equations of ``jaxpr`` (and of the jaxprs inside it) apply ``name``.
+
+  Args:
+    jaxpr: a ``jax.make_jaxpr`` result (closed or open jaxpr).
+    name: a primitive's name, e.g. ``"jaxops_layer_norm_fwd"``.
+
+  Returns:
+    The count, an int.
+  """
   from jax.extend.core import jaxprs_in_params
   count = 0
   for eqn in jaxpr.eqns:
@@ -347,7 +500,20 @@ def count_primitive(jaxpr, name: str) -> int:
 
 
 def custom_call_targets(fn: Callable, *args) -> list[str]:
-  """The custom-call targets of ``jax.jit(fn)`` lowered for the default backend."""
+  """The custom-call targets of ``jax.jit(fn)`` lowered for the default backend.
+
+  Args:
+    fn: the function to lower.
+    *args: its arguments.
+
+  Returns:
+    The target names, in program order.
+
+  Examples:
+    >>> targets = jaxops.testing.custom_call_targets(jaxops.rms_norm, jnp.ones((2, 8)))
+    >>> any("rms_norm" in t for t in targets)
+    True
+  """
   import re
   text = jax.jit(fn).lower(*args).as_text()
   return re.findall(r"stablehlo\.custom_call @(\w+)", text)

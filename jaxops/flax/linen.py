@@ -11,8 +11,8 @@ from jax import lax
 
 import jaxops
 from jaxops.flax import _arguments
-from jaxops.flax._attention import (attend_cached, flax_inputs, rotate,
-                                     self_attention_inputs)
+from jaxops.flax._attention import (attend_cached, flax_inputs, model_features,
+                                     only_on_jaxops, rotate, self_attention_inputs)
 from jaxops.flax._attention import linen_dot_product_attention as dot_product_attention
 from jaxops.flax._dtypes import compute_dtype, is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
@@ -34,6 +34,15 @@ class LayerNorm(nn.LayerNorm):
   ``force_float32_reductions=False``, float64 or complex inputs.
   ``use_fast_variance`` does not change the kernel, whose variance is exact up
   to float32 rounding.
+
+  Examples:
+    >>> import jaxops.flax.linen as jnn
+    >>> norm = jnn.LayerNorm()
+    >>> variables = norm.init(jax.random.key(0), jnp.ones((2, 4)))
+    >>> jax.tree.map(jnp.shape, variables)
+    {'params': {'bias': (4,), 'scale': (4,)}}
+    >>> norm.apply(variables, jnp.array([[1.0, 2.0, 3.0, 4.0]]))
+    Array([[-1.341..., -0.447..., 0.447..., 1.341...]], dtype=float32)
   """
 
   implementation: str | None = None
@@ -55,7 +64,15 @@ class LayerNorm(nn.LayerNorm):
 class RMSNorm(nn.RMSNorm):
   """``flax.linen.RMSNorm`` on ``jaxops.rms_norm``: every attribute of Flax's
   plus ``implementation``; the kernel and Flax's fallback as for
-  :class:`LayerNorm`."""
+  :class:`LayerNorm`.
+
+  Examples:
+    >>> import jaxops.flax.linen as jnn
+    >>> norm = jnn.RMSNorm()
+    >>> variables = norm.init(jax.random.key(0), jnp.ones((1, 2)))
+    >>> norm.apply(variables, jnp.array([[3.0, 4.0]]))
+    Array([[0.848..., 1.131...]], dtype=float32)
+  """
 
   implementation: str | None = None
 
@@ -82,6 +99,13 @@ class Embed(nn.Embed):
   ``[0, num_embeddings - 1]`` (see :func:`jaxops.embedding`), where Flax's
   ``jnp.take`` returns NaN past the end and wraps negative ids around.
   Non-integer ids raise ``TypeError`` (Flax: ``ValueError``).
+
+  Examples:
+    >>> import jaxops.flax.linen as jnn
+    >>> embed = jnn.Embed(num_embeddings=10, features=4)
+    >>> variables = embed.init(jax.random.key(0), jnp.array([1, 2]))
+    >>> embed.apply(variables, jnp.array([[1, 2, 3]])).shape
+    (1, 3, 4)
   """
 
   implementation: str | None = None
@@ -109,6 +133,13 @@ class GatedMLP(nn.Module):
   named ``gate``, ``up`` (``features -> hidden_features``) and ``down``
   (``hidden_features -> out_features``, default: the input's features), each
   with ``kernel`` (and ``bias`` when ``use_bias``).
+
+  Examples:
+    >>> import jaxops.flax.linen as jnn
+    >>> mlp = jnn.GatedMLP(hidden_features=32)
+    >>> variables = mlp.init(jax.random.key(0), jnp.ones((2, 8)))
+    >>> jax.tree.map(jnp.shape, variables["params"])
+    {'down': {'kernel': (32, 8)}, 'gate': {'kernel': (8, 32)}, 'up': {'kernel': (8, 32)}}
   """
 
   hidden_features: int
@@ -137,6 +168,12 @@ class RotaryEmbedding(nn.Module):
   """Rotary position embedding of queries or keys [batch, seq, heads, head_dim]
   at integer ``positions`` ([seq] or [batch, seq]), on ``jaxops.rope``. No
   parameters; ``theta``, ``style`` and ``rotary_dim`` as in :func:`jaxops.rope`.
+
+  Examples:
+    >>> import jaxops.flax.linen as jnn
+    >>> x = jnp.ones((1, 2, 1, 4))                # [batch, seq, heads, head_dim]
+    >>> jnn.RotaryEmbedding().apply({}, x, jnp.array([0, 1])).shape
+    (1, 2, 1, 4)
   """
 
   theta: float = 10000.0
@@ -185,6 +222,12 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     ``(output, kv_cache)``. Flax's ``decode`` (one token a call, the cache in
     the ``cache`` collection) works as in Flax.
   - ``implementation``: passed to ``jaxops.attention``.
+  - ``logits_soft_cap``: ``jaxops.attention``'s soft cap (Gemma: 50.0).
+  - ``sinks``: True gives the module a learnable per-head sink logit, the
+    parameter ``sinks`` [num_heads] (zeros at init; gpt-oss).
+  - ``query_segment_ids``, ``key_value_segment_ids`` (call): packed
+    sequences, [batch..., T] and [batch..., S] (``key_value_segment_ids``
+    defaults to ``query_segment_ids``, for self-attention).
 
   ``precision`` applies, as in Flax, to the projections and to the attention
   products (the kernel's float32 precision: docs/precision.md). On the kernel
@@ -196,14 +239,18 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
   is_causal: bool = False
   rope: Callable[[Any, Any], Any] | None = None
   implementation: str | None = None
+  logits_soft_cap: float | None = None
+  sinks: bool = False
 
   @nn.compact
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
                deterministic: bool | None = None, dropout_rng=None, sow_weights: bool = False,
-               bias=None, query_offset=0, kv_cache=None):
+               bias=None, query_offset=0, kv_cache=None, query_segment_ids=None,
+               key_value_segment_ids=None):
     """Flax's call (``inputs_q``, ``inputs_k``/``inputs_v`` default
     ``inputs_q``, ``mask`` broadcastable to [batch..., heads, T, S], ...) plus
-    ``bias``, ``query_offset`` and ``kv_cache`` (see the class docstring)."""
+    ``bias``, ``query_offset``, ``kv_cache`` and the segment ids (see the
+    class docstring)."""
     inputs_k, inputs_v = self_attention_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
     num_kv_heads, head_dim = _arguments.attention_heads(
         _MHA, qkv_features=self.qkv_features or inputs_q.shape[-1], num_heads=self.num_heads,
@@ -222,12 +269,17 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
                                     param_dtype=self.param_dtype,
                                     implementation=self.implementation, name=name)
       query, key = norm("query_ln")(query), norm("key_ln")(key)
+    sinks = (self.param("sinks", nn.initializers.zeros_init(), (self.num_heads,),
+                        self.param_dtype) if self.sinks else None)
+    features = model_features(_MHA, self.logits_soft_cap, sinks, query_segment_ids,
+                              key_value_segment_ids, query.dtype)
     if kv_cache is not None:
       _arguments.no_mask_with_cache(_MHA, mask, bias)
       _arguments.no_decode_with_cache(_MHA, self.decode)
       x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
                                   is_causal=self.is_causal, rope=self.rope,
-                                  precision=self.precision, implementation=self.implementation)
+                                  precision=self.precision, implementation=self.implementation,
+                                  **features)
     else:
       if self.decode:
         query, key, value, mask, query_offset = self._decode_step(query, key, value, mask)
@@ -235,7 +287,7 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
         query, key = rotate(self.rope, query, key, query_offset)
       x = self._attention(query, key, value, mask=mask, bias=bias, query_offset=query_offset,
                           deterministic=deterministic, dropout_rng=dropout_rng,
-                          sow_weights=sow_weights)
+                          sow_weights=sow_weights, features=features)
     out = nn.DenseGeneral(
         features=self.out_features or inputs_q.shape[-1], axis=(-2, -1),
         kernel_init=self.out_kernel_init or self.kernel_init,
@@ -270,7 +322,7 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     return (query, cached_key.value, cached_value.value, nn.combine_masks(mask, written), index)
 
   def _attention(self, query, key, value, *, mask, bias, query_offset, deterministic,
-                 dropout_rng, sow_weights):
+                 dropout_rng, sow_weights, features):
     """``attention_fn`` with Flax's arguments (dropout merged as Flax merges
     it); jaxops' own also gets grouped-query key/value, ``is_causal``,
     ``query_offset``, ``bias`` and ``implementation``."""
@@ -294,7 +346,8 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     if self.attention_fn is dot_product_attention:
       return dot_product_attention(query, key, value, bias=bias, is_causal=self.is_causal,
                                    query_offset=query_offset,
-                                   implementation=self.implementation, **kwargs)
+                                   implementation=self.implementation, **kwargs, **features)
+    only_on_jaxops(_MHA, features)
     # Another attention_fn gets what Flax gives it: equal heads, causality as a mask.
     key, value, kwargs["mask"] = flax_inputs(query, key, value, mask, is_causal=self.is_causal,
                                              query_offset=query_offset)

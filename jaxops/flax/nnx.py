@@ -10,8 +10,8 @@ from jax import lax
 
 import jaxops
 from jaxops.flax import _arguments
-from jaxops.flax._attention import (attend_cached, nnx_causality, rotate,
-                                     self_attention_inputs)
+from jaxops.flax._attention import (attend_cached, model_features, nnx_causality,
+                                     only_on_jaxops, rotate, self_attention_inputs)
 from jaxops.flax._attention import nnx_dot_product_attention as dot_product_attention
 from jaxops.flax._dtypes import is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
@@ -33,6 +33,13 @@ class LayerNorm(nnx.LayerNorm):
   axis; every other configuration runs Flax's own computation (see
   :class:`jaxops.flax.linen.LayerNorm`). ``promote_dtype`` is applied as Flax
   applies it.
+
+  Examples:
+    >>> from flax import nnx
+    >>> import jaxops.flax.nnx as jnnx
+    >>> norm = jnnx.LayerNorm(4, rngs=nnx.Rngs(0))
+    >>> norm(jnp.array([[1.0, 2.0, 3.0, 4.0]]))
+    Array([[-1.341..., -0.447..., 0.447..., 1.341...]], dtype=float32)
   """
 
   def __init__(self, *args, implementation=None, **kwargs):
@@ -56,7 +63,14 @@ class LayerNorm(nnx.LayerNorm):
 class RMSNorm(nnx.RMSNorm):
   """``flax.nnx.RMSNorm`` on ``jaxops.rms_norm``: every constructor argument
   of Flax's plus ``implementation``, and Flax's call (``x, mask=None``); the
-  kernel and the fallback as for :class:`LayerNorm`."""
+  kernel and the fallback as for :class:`LayerNorm`.
+
+  Examples:
+    >>> from flax import nnx
+    >>> import jaxops.flax.nnx as jnnx
+    >>> jnnx.RMSNorm(2, rngs=nnx.Rngs(0))(jnp.array([[3.0, 4.0]]))
+    Array([[0.848..., 1.131...]], dtype=float32)
+  """
 
   def __init__(self, *args, implementation=None, **kwargs):
     arguments = bind(_RMS_NORM, self, *args, implementation=implementation, **kwargs)
@@ -81,6 +95,13 @@ class Embed(nnx.Embed):
   own ``attend``. ``out_sharding`` and float64/complex tables run Flax's
   ``jnp.take``. Out-of-range ids are clamped (see
   :class:`jaxops.flax.linen.Embed`).
+
+  Examples:
+    >>> from flax import nnx
+    >>> import jaxops.flax.nnx as jnnx
+    >>> embed = jnnx.Embed(num_embeddings=10, features=4, rngs=nnx.Rngs(0))
+    >>> embed(jnp.array([[1, 2, 3]])).shape
+    (1, 3, 4)
   """
 
   def __init__(self, *args, implementation=None, **kwargs):
@@ -102,7 +123,15 @@ class Embed(nnx.Embed):
 
 class GatedMLP(nnx.Module):
   """``down(act(gate(x)) * up(x))``, as :class:`jaxops.flax.linen.GatedMLP`:
-  three ``nnx.Linear`` attributes ``gate``, ``up`` and ``down``."""
+  three ``nnx.Linear`` attributes ``gate``, ``up`` and ``down``.
+
+  Examples:
+    >>> from flax import nnx
+    >>> import jaxops.flax.nnx as jnnx
+    >>> mlp = jnnx.GatedMLP(8, 32, rngs=nnx.Rngs(0))
+    >>> mlp(jnp.ones((2, 8))).shape
+    (2, 8)
+  """
 
   def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None,
                *, activation: str = "swiglu", use_bias: bool = False, dtype: Any = None,
@@ -126,7 +155,13 @@ class GatedMLP(nnx.Module):
 
 
 class RotaryEmbedding(nnx.Module):
-  """Rotary position embedding, as :class:`jaxops.flax.linen.RotaryEmbedding`."""
+  """Rotary position embedding, as :class:`jaxops.flax.linen.RotaryEmbedding`.
+
+  Examples:
+    >>> import jaxops.flax.nnx as jnnx
+    >>> jnnx.RotaryEmbedding()(jnp.ones((1, 2, 1, 4)), jnp.array([0, 1])).shape
+    (1, 2, 1, 4)
+  """
 
   def __init__(self, *, theta: float = 10000.0, style: str = "neox",
                rotary_dim: int | None = None, implementation: str | None = None):
@@ -143,7 +178,7 @@ class RotaryEmbedding(nnx.Module):
 _MHA = "jaxops.flax.nnx.MultiHeadAttention"
 _MULTI_HEAD_ATTENTION = extended(
     nnx.MultiHeadAttention.__init__, attention_fn=dot_product_attention, is_causal=False,
-    rope=None, implementation=None)
+    rope=None, implementation=None, logits_soft_cap=None, sinks=False)
 
 
 class MultiHeadAttention(nnx.MultiHeadAttention):
@@ -169,6 +204,11 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   head_dim] (zeros to start); the call writes the new keys and values at
   ``query_offset``, attends over the cached prefix and returns
   ``(output, kv_cache)``. ``decode`` left unset means False (Flax raises).
+  ``logits_soft_cap`` (constructor) is ``jaxops.attention``'s soft cap;
+  ``sinks=True`` gives the module a learnable per-head sink logit, the
+  parameter ``sinks`` [num_heads] (zeros at init; gpt-oss); the call
+  arguments ``query_segment_ids`` [batch..., T] and ``key_value_segment_ids``
+  [batch..., S] (default: the query's, for self-attention) pack sequences.
 
   ``precision`` applies, as in Flax, to the projections and to the attention
   products (the kernel's float32 precision: docs/precision.md). On the kernel
@@ -176,24 +216,29 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   """
 
   def __init__(self, *args, attention_fn=dot_product_attention, is_causal=False, rope=None,
-               implementation=None, **kwargs):
+               implementation=None, logits_soft_cap=None, sinks=False, **kwargs):
     a = bind(_MULTI_HEAD_ATTENTION, self, *args, attention_fn=attention_fn,
-             is_causal=is_causal, rope=rope, implementation=implementation, **kwargs)
+             is_causal=is_causal, rope=rope, implementation=implementation,
+             logits_soft_cap=logits_soft_cap, sinks=sinks, **kwargs)
     _arguments.attention_heads(
         _MHA, qkv_features=a["qkv_features"] or a["in_features"], num_heads=a["num_heads"],
         num_kv_heads=a["num_kv_heads"], dropout_rate=a["dropout_rate"], is_causal=is_causal,
         implementation=implementation)
     super().__init__(*args, attention_fn=attention_fn, **kwargs)
     self.is_causal, self.rope, self.implementation = is_causal, rope, implementation
+    self.logits_soft_cap = logits_soft_cap
+    self.sinks = (nnx.Param(jnp.zeros((a["num_heads"],), a["param_dtype"])) if sinks
+                  else None)
 
   __init__.__signature__ = _MULTI_HEAD_ATTENTION
 
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
                deterministic: bool | None = None, rngs=None, sow_weights: bool = False,
                decode: bool | None = None, is_causal: bool = False, out_sharding=None,
-               qkv_sharding=None, bias=None, query_offset=0, kv_cache=None):
-    """Flax's call plus ``bias``, ``query_offset`` and ``kv_cache`` (see the
-    class docstring)."""
+               qkv_sharding=None, bias=None, query_offset=0, kv_cache=None,
+               query_segment_ids=None, key_value_segment_ids=None):
+    """Flax's call plus ``bias``, ``query_offset``, ``kv_cache`` and the
+    segment ids (see the class docstring)."""
     inputs_k, inputs_v = self_attention_inputs(inputs_q, inputs_k, inputs_v)
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(f"Incompatible input dimension, got {inputs_q.shape[-1]} "
@@ -205,12 +250,15 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
       query, key = self.query_ln(query), self.key_ln(key)
     is_causal = is_causal or self.is_causal
     decode = decode if decode is not None else bool(self.decode)
+    features = model_features(_MHA, self.logits_soft_cap, _value(self.sinks),
+                              query_segment_ids, key_value_segment_ids, query.dtype)
     if kv_cache is not None:
       _arguments.no_mask_with_cache(_MHA, mask, bias)
       _arguments.no_decode_with_cache(_MHA, decode)
       x, kv_cache = attend_cached(query, key, value, kv_cache, query_offset=query_offset,
                                   is_causal=is_causal, rope=self.rope,
-                                  precision=self.precision, implementation=self.implementation)
+                                  precision=self.precision, implementation=self.implementation,
+                                  **features)
     else:
       if decode:
         query, key, value, mask, query_offset = self._decode_step(query, key, value, mask)
@@ -218,7 +266,7 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
         query, key = rotate(self.rope, query, key, query_offset)
       x = self._attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
                           query_offset=query_offset, deterministic=deterministic, rngs=rngs,
-                          sow_weights=sow_weights)
+                          sow_weights=sow_weights, features=features)
     out = self.out(x, out_sharding=out_sharding)
     return out if kv_cache is None else (out, kv_cache)
 
@@ -244,7 +292,7 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
             nnx.combine_masks(mask, written), index)
 
   def _attention(self, query, key, value, *, mask, bias, is_causal, query_offset, deterministic,
-                 rngs, sow_weights):
+                 rngs, sow_weights, features):
     """``attention_fn`` with the arguments Flax gives it (dropout rng and
     ``deterministic`` resolved as Flax resolves them); jaxops' own also gets
     ``bias``, ``query_offset`` and ``implementation``."""
@@ -269,7 +317,8 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
     if self.attention_fn is dot_product_attention:
       return dot_product_attention(query, key, value, bias=bias, is_causal=is_causal,
                                    query_offset=query_offset,
-                                   implementation=self.implementation, **kwargs)
+                                   implementation=self.implementation, **kwargs, **features)
+    only_on_jaxops(_MHA, features)
     kwargs["mask"], is_causal = nnx_causality(query, key, mask, is_causal, query_offset)
     if bias is not None:
       kwargs["bias"] = bias

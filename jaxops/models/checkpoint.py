@@ -20,6 +20,7 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def save(directory: str, *, variables, opt_state, step: int, data_position: int) -> str:
+  """Saves a training run's state to ``directory/step_<step>`` with orbax; returns that path."""
   path = os.path.join(os.path.abspath(directory), f"step_{step}")
   tree = {"variables": variables, "opt_state": opt_state,
           "step": np.array(step, np.int64), "data_position": np.array(data_position, np.int64)}
@@ -29,6 +30,7 @@ def save(directory: str, *, variables, opt_state, step: int, data_position: int)
 
 
 def latest_step(directory: str) -> int | None:
+  """The highest step saved in ``directory``, or None."""
   if not os.path.isdir(directory):
     return None
   steps = [int(m.group(1)) for m in map(_STEP_DIR.match, os.listdir(directory)) if m]

@@ -57,4 +57,5 @@ def batch_at(corpus: np.ndarray, position: int, batch: int, seq_len: int) -> np.
 
 
 def decode_text(tokens) -> str:
+  """The text of byte tokens (invalid UTF-8 replaced)."""
   return bytes(np.asarray(tokens, np.uint8).tolist()).decode("utf-8", errors="replace")

@@ -27,6 +27,7 @@ from jaxops.models.config import DecoderConfig
 
 
 class DecoderLayer(nn.Module):
+  """One pre-norm block: RMSNorm, attention (RoPE, GQA), RMSNorm, SwiGLU MLP (linen)."""
   config: DecoderConfig
 
   def setup(self):
@@ -64,6 +65,7 @@ class DecoderLM(nn.Module):
 
 
 class DecoderLayerNNX(nnx.Module):
+  """:class:`DecoderLayer` in nnx, on the same block function and parameters."""
   def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
     c = config
     impl = c.implementation

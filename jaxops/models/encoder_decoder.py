@@ -41,6 +41,7 @@ def look_ahead_mask(length: int):
 
 
 class FeedForward(nn.Module):
+  """The position-wise feed-forward block: ``Dense(hidden) -> GELU -> Dense(d_model)``."""
   hidden: int
   implementation: str | None = None
 
@@ -61,6 +62,7 @@ def _norm(config: EncoderDecoderConfig, name: str):
 
 
 class EncoderLayer(nn.Module):
+  """Self-attention and feed-forward, each a post-norm residual block."""
   config: EncoderDecoderConfig
 
   @nn.compact
@@ -71,6 +73,7 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+  """Masked self-attention, cross-attention and feed-forward, each a post-norm residual block."""
   config: EncoderDecoderConfig
 
   @nn.compact

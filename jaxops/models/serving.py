@@ -55,6 +55,7 @@ class ServeConfig:
 
 @dataclasses.dataclass
 class ServeResult:
+  """What :func:`serve` returns: the new tokens of each request and the measurements."""
   outputs: list[np.ndarray]   # the new tokens of each request, in request order
   new_tokens: int             # generated tokens in all
   seconds: float              # wall time of the scheduler loop (compilation excluded)

@@ -20,6 +20,7 @@ from jaxops.models.decoder import linen_model
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
+  """The optimizer of the demo and the benchmark: AdamW with a warm-up-cosine schedule."""
   peak_learning_rate: float = 3e-3
   warmup_steps: int = 20
   total_steps: int = 200
@@ -34,6 +35,7 @@ class OptimizerConfig:
 
 
 def make_optimizer(opt: OptimizerConfig, implementation: str | None):
+  """``jaxops.optim.adamw`` (b1 0.9, b2 0.95) on ``opt``'s schedule and weight decay."""
   return jaxops.optim.adamw(opt.schedule(), b1=0.9, b2=0.95, weight_decay=opt.weight_decay,
                             implementation=implementation)
 
@@ -46,6 +48,7 @@ def loss_fn(variables, batch, config: DecoderConfig):
 
 
 def data_mesh(num_devices: int) -> Mesh:
+  """A one-axis ``Mesh`` named ``"data"`` of the first ``num_devices`` devices."""
   devices = jax.devices()
   if num_devices > len(devices):
     raise ValueError(f"asked for {num_devices} devices, JAX sees {len(devices)}; for host CPU "
