@@ -39,16 +39,17 @@ constexpr int64_t kMinBackwardItems = 8;
 
 struct BackwardScratch {
   float* kt;     // [H][Bc] key tile, transposed, zero past the tile's keys
-  float* vt;     // [H][Bc]
+  float* vt;     // [Hv][Bc]
   float* kn;     // [Bc][Hp] key tile as float rows (when not read in place)
   float* dk;     // [Bc][Hp] accumulators
-  float* dv;     // [Bc][Hp]
+  float* dv;     // [Bc][Hvp]
   float* qn;     // [Br][Hp] query rows as float (when not read in place)
-  float* dn;     // [Br][Hp] output-gradient rows
+  float* dn;     // [Br][Hvp] output-gradient rows
   float* p;      // [Br][Bc] probabilities
   float* ds;     // [Br][Bc] dP, then dS (the gradient of the logits)
-  float* row;    // [Hp]
-  float* row2;   // [Hp]
+  float* slope;  // [Br][Bc] the soft cap's slope at each logit (with a cap)
+  float* row;    // [max(Hp, Hvp)]
+  float* row2;   // [max(Hp, Hvp)]
   float* delta;  // [G * T] rowsum(dout * out) - dlse, per (head of the group, row)
   float* lse2;   // [G * T] logsumexp in log2 units; +inf: the row has no key
 };
@@ -57,16 +58,17 @@ BackwardScratch carve_backward(const Geometry& g, Arena& arena) {
   const int64_t Br = kRowTile, Bc = kBackwardKeyTile;
   BackwardScratch s;
   s.kt = arena.take<float>(g.H * Bc);
-  s.vt = arena.take<float>(g.H * Bc);
+  s.vt = arena.take<float>(g.Hv * Bc);
   s.kn = arena.take<float>(Bc * g.Hp);
   s.dk = arena.take<float>(Bc * g.Hp);
-  s.dv = arena.take<float>(Bc * g.Hp);
+  s.dv = arena.take<float>(Bc * g.Hvp);
   s.qn = arena.take<float>(Br * g.Hp);
-  s.dn = arena.take<float>(Br * g.Hp);
+  s.dn = arena.take<float>(Br * g.Hvp);
   s.p = arena.take<float>(Br * Bc);
   s.ds = arena.take<float>(Br * Bc);
-  s.row = arena.take<float>(g.Hp);
-  s.row2 = arena.take<float>(g.Hp);
+  s.slope = arena.take<float>(g.soft_cap > 0.0f ? Br * Bc : 0);
+  s.row = arena.take<float>(std::max(g.Hp, g.Hvp));
+  s.row2 = arena.take<float>(std::max(g.Hp, g.Hvp));
   s.delta = arena.take<float>(g.G * g.T);
   s.lse2 = arena.take<float>(g.G * g.T);
   return s;
@@ -75,7 +77,7 @@ BackwardScratch carve_backward(const Geometry& g, Arena& arena) {
 struct BackwardPlan {
   int64_t key_tiles;
   int64_t chunks;         // key-tile chunks per (batch, kv head)
-  bool in_place;          // float rows with H % lanes == 0 are read where they are
+  bool in_place;          // float rows with H and Hv % lanes == 0 are read where they are
   bool dq_direct;         // accumulate into dq itself (in place and one chunk)
   int64_t dq_acc_floats;  // else: [chunks, B, N, T, Hp] float accumulators
 };
@@ -87,7 +89,7 @@ BackwardPlan plan_backward(const Geometry& g) {
   const int64_t base = std::max<int64_t>(g.B * g.K, 1);
   plan.chunks = std::clamp<int64_t>(ceil_div(kMinBackwardItems, base), 1,
                                     std::max<int64_t>(plan.key_tiles, 1));
-  plan.in_place = std::is_same_v<T, float> && g.H == g.Hp;
+  plan.in_place = std::is_same_v<T, float> && g.H == g.Hp && g.Hv == g.Hvp;
   plan.dq_direct = plan.in_place && plan.chunks == 1;
   plan.dq_acc_floats = plan.dq_direct ? 0 : plan.chunks * g.B * g.N * g.T * g.Hp;
   return plan;
@@ -119,77 +121,84 @@ void row_statistics(const Geometry& g, const T* out, const float* lse, const T* 
                     const float* dlse, int64_t b, int64_t n, int64_t t0, int64_t rows,
                     float* delta, float* lse2, float* row, float* row2) {
   for (int64_t i = 0; i < rows; ++i) {
-    const int64_t at = ((b * g.T + t0 + i) * g.N + n) * g.H;
-    load_row(out + at, row, g.H);
-    load_row(dout + at, row2, g.H);
+    const int64_t at = ((b * g.T + t0 + i) * g.N + n) * g.Hv;
+    load_row(out + at, row, g.Hv);
+    load_row(dout + at, row2, g.Hv);
     float sum = 0.0f;
-    for (int64_t h = 0; h < g.H; ++h) sum += row[h] * row2[h];
+    for (int64_t h = 0; h < g.Hv; ++h) sum += row[h] * row2[h];
     const int64_t stat = (b * g.N + n) * g.T + t0 + i;
     delta[i] = dlse ? sum - dlse[stat] : sum;
     lse2[i] = lse[stat] == -kInf ? kInf : lse[stat] * kLog2e;
   }
 }
 
-// Rows t0 .. t0 + rows of head n of a [B, X, N, H] tensor as float rows:
-// in place, or converted into buf (stride Hp, zero padded). Returns the first
-// row; *ld is the row stride.
+// Rows t0 .. t0 + rows of head n of a [B, T, N, d] tensor (d: H for the
+// query, Hv for dout) as float rows: in place, or converted into buf (stride
+// d rounded up to the lanes, zero padded). Returns the first row; *ld is the
+// row stride.
 template <typename T>
-const float* query_side_rows(const Geometry& g, bool in_place, const T* x, int64_t b, int64_t n,
-                             int64_t t0, int64_t rows, float* buf, int64_t* ld) {
-  const T* first = x + ((b * g.T + t0) * g.N + n) * g.H;
+const float* query_side_rows(const Geometry& g, bool in_place, const T* x, int64_t d, int64_t b,
+                             int64_t n, int64_t t0, int64_t rows, float* buf, int64_t* ld) {
+  const T* first = x + ((b * g.T + t0) * g.N + n) * d;
   if (in_place) {
-    *ld = g.N * g.H;
+    *ld = g.N * d;
     return reinterpret_cast<const float*>(first);
   }
+  const int64_t dp = round_up(d, kLanes);
   for (int64_t i = 0; i < rows; ++i) {
-    load_row(first + i * g.N * g.H, buf + i * g.Hp, g.H);
-    std::fill(buf + i * g.Hp + g.H, buf + (i + 1) * g.Hp, 0.0f);
+    load_row(first + i * g.N * d, buf + i * dp, d);
+    std::fill(buf + i * dp + d, buf + (i + 1) * dp, 0.0f);
   }
-  *ld = g.Hp;
+  *ld = dp;
   return buf;
 }
 
-// The key and value tile of keys j0 .. j0 + jn: transposed (kt, vt: [H][Bc],
-// zero past jn) for the score products, and the keys as rows for dq.
+// The key and value tile of keys j0 .. j0 + jn: transposed (kt: [H][Bc], vt:
+// [Hv][Bc], zero past jn) for the score products, and the keys as rows for dq.
 template <typename T>
 const float* load_backward_kv_tile(const Geometry& g, bool in_place, const T* k, const T* v,
                                    int64_t b, int64_t kh, int64_t j0, int64_t jn,
                                    const BackwardScratch& s, int64_t* ld_k) {
   const int64_t Bc = kBackwardKeyTile;
   std::fill(s.kt, s.kt + g.H * Bc, 0.0f);
-  std::fill(s.vt, s.vt + g.H * Bc, 0.0f);
+  std::fill(s.vt, s.vt + g.Hv * Bc, 0.0f);
   for (int64_t j = 0; j < jn; ++j) {
-    const int64_t at = ((b * g.S + j0 + j) * g.K + kh) * g.H;
-    load_row(k + at, s.row, g.H);
+    load_row(k + ((b * g.S + j0 + j) * g.K + kh) * g.H, s.row, g.H);
     for (int64_t h = 0; h < g.H; ++h) s.kt[h * Bc + j] = s.row[h];
-    load_row(v + at, s.row, g.H);
-    for (int64_t h = 0; h < g.H; ++h) s.vt[h * Bc + j] = s.row[h];
+    load_row(v + ((b * g.S + j0 + j) * g.K + kh) * g.Hv, s.row, g.Hv);
+    for (int64_t h = 0; h < g.Hv; ++h) s.vt[h * Bc + j] = s.row[h];
   }
   if (in_place) {
     *ld_k = g.K * g.H;
     return reinterpret_cast<const float*>(k + ((b * g.S + j0) * g.K + kh) * g.H);
   }
-  load_kv_tile(g, k, b, kh, j0, jn, s.kn, g.Hp);
+  load_kv_tile(g, k, g.H, b, kh, j0, jn, s.kn, g.Hp);
   *ld_k = g.Hp;
   return s.kn;
 }
 
 // For query rows t0 .. t0 + rows of head n (rows qr / dr, statistics delta /
-// lse2 indexed by row) against the loaded key tile: s.p = P and s.ds = dS.
+// lse2 indexed by row) against the loaded key tile (key_ids: its segment ids
+// where they need an elementwise test): s.p = P and s.ds = dS, the gradient
+// of the logits after the soft cap (dbias) or, `through_cap`, before it (the
+// products' gradient: times the cap's slope; the same without a cap).
 void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, int64_t b,
                                    int64_t n, int64_t t0, int64_t rows, int64_t kv_valid,
-                                   int64_t j0, int64_t jn, const float* qr, int64_t ld_q,
+                                   int64_t j0, int64_t jn, const int32_t* key_ids,
+                                   bool through_cap, const float* qr, int64_t ld_q,
                                    const float* dr, int64_t ld_d, const float* delta,
                                    const float* lse2, const BackwardScratch& s) {
   const int64_t Bc = kBackwardKeyTile;
+  const bool capped = g.soft_cap > 0.0f;
   gemm<Update::kOverwrite>(rows, Bc, g.H, qr, ld_q, 1, s.kt, Bc, s.p, Bc);
-  gemm<Update::kOverwrite>(rows, Bc, g.H, dr, ld_d, 1, s.vt, Bc, s.ds, Bc);
+  gemm<Update::kOverwrite>(rows, Bc, g.Hv, dr, ld_d, 1, s.vt, Bc, s.ds, Bc);
   // Columns past jn (the last tile) lie past every row's interval.
   const bool inside = g.lo(t0 + rows - 1) <= j0 && g.hi(t0, kv_valid) >= j0 + Bc;
   for (int64_t i = 0; i < rows; ++i) {
     float* prow = s.p + i * Bc;
     float* dsrow = s.ds + i * Bc;
-    row_logits(p, g, b, n, t0 + i, kv_valid, j0, jn, Bc, inside, prow);
+    float* slope = capped ? s.slope + i * Bc : nullptr;
+    row_logits(p, g, b, n, t0 + i, kv_valid, j0, jn, Bc, inside, key_ids, prow, slope);
     const VecF shift = vsplat(lse2[i]);
     const VecF row_delta = vsplat(delta[i]);
     // A masked key (logit -inf) gets P = 0 and dS = 0 even when the row's
@@ -199,7 +208,8 @@ void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, 
       const VecF logit = vload(prow + j);
       const VecF prob = logit == masked ? VecF{} : vexp2(logit - shift);
       vstore(prow + j, prob);
-      const VecF ds = prob * (vload(dsrow + j) - row_delta);
+      VecF ds = prob * (vload(dsrow + j) - row_delta);
+      if (capped && through_cap) ds *= vload(slope + j);
       vstore(dsrow + j, logit == masked ? VecF{} : ds);
     }
   }
@@ -210,7 +220,8 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
                    const T* q, const T* k, const T* v, const T* out, const float* lse,
                    const T* dout, const float* dlse, T* dq, T* dk, T* dv, float* dq_acc,
                    int64_t b, int64_t kh, int64_t chunk, const BackwardScratch& s) {
-  const int64_t Br = kRowTile, Bc = kBackwardKeyTile, H = g.H, Hp = g.Hp;
+  const int64_t Br = kRowTile, Bc = kBackwardKeyTile, H = g.H, Hp = g.Hp, Hv = g.Hv,
+                Hvp = g.Hvp;
   const int64_t q_valid = g.q_valid(b), kv_valid = g.kv_valid(b);
   const int64_t tile_begin = plan.key_tiles * chunk / plan.chunks;
   const int64_t tile_end = plan.key_tiles * (chunk + 1) / plan.chunks;
@@ -225,20 +236,32 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
     int64_t t_begin, t_end;
     rows_meeting_keys(g, q_valid, kv_valid, j0, j0 + jn, &t_begin, &t_end);
     std::fill(s.dk, s.dk + jn * Hp, 0.0f);
-    std::fill(s.dv, s.dv + jn * Hp, 0.0f);
+    std::fill(s.dv, s.dv + jn * Hvp, 0.0f);
+    // The key tile's segment ids: a query tile of other documents is skipped
+    // whole (its P and dS are 0 there).
+    const IdRange key_ids =
+        g.q_segments && jn > 0 ? IdRange::of(g.kv_ids(b) + j0, jn) : IdRange{};
     int64_t ld_k = 0;
     const float* kr = t_begin < t_end
         ? load_backward_kv_tile(g, plan.in_place, k, v, b, kh, j0, jn, s, &ld_k) : nullptr;
-    for (int64_t gi = 0; gi < g.G && t_begin < t_end; ++gi) {
-      const int64_t n = kh * g.G + gi;
-      for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
-        const int64_t rows = std::min(Br, t_end - t0);
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
+      const int64_t rows = std::min(Br, t_end - t0);
+      const int32_t* tile_key_ids = nullptr;
+      if (g.q_segments) {
+        const IdRange row_ids = IdRange::of(g.q_ids(b) + t0, rows);
+        if (!row_ids.meets(key_ids)) continue;
+        if (!row_ids.same_single(key_ids)) tile_key_ids = g.kv_ids(b) + j0;
+      }
+      for (int64_t gi = 0; gi < g.G; ++gi) {
+        const int64_t n = kh * g.G + gi;
         int64_t ld_q, ld_d;
-        const float* qr = query_side_rows(g, plan.in_place, q, b, n, t0, rows, s.qn, &ld_q);
-        const float* dr = query_side_rows(g, plan.in_place, dout, b, n, t0, rows, s.dn, &ld_d);
-        probabilities_and_logit_grads(p, g, b, n, t0, rows, kv_valid, j0, jn, qr, ld_q, dr, ld_d,
-                                      s.delta + gi * g.T + t0, s.lse2 + gi * g.T + t0, s);
-        gemm<Update::kAdd>(jn, Hp, rows, s.p, 1, Bc, dr, ld_d, s.dv, Hp);
+        const float* qr = query_side_rows(g, plan.in_place, q, H, b, n, t0, rows, s.qn, &ld_q);
+        const float* dr =
+            query_side_rows(g, plan.in_place, dout, Hv, b, n, t0, rows, s.dn, &ld_d);
+        probabilities_and_logit_grads(p, g, b, n, t0, rows, kv_valid, j0, jn, tile_key_ids, true,
+                                      qr, ld_q, dr, ld_d, s.delta + gi * g.T + t0,
+                                      s.lse2 + gi * g.T + t0, s);
+        gemm<Update::kAdd>(jn, Hvp, rows, s.p, 1, Bc, dr, ld_d, s.dv, Hvp);
         gemm<Update::kAdd>(jn, Hp, rows, s.ds, 1, Bc, qr, ld_q, s.dk, Hp);
         float* dq_rows;
         int64_t ld_dq;
@@ -258,10 +281,9 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
       }
     }
     for (int64_t j = 0; j < jn; ++j) {
-      const int64_t at = ((b * g.S + j0 + j) * g.K + kh) * H;
       for (int64_t h = 0; h < H; ++h) s.row[h] = s.dk[j * Hp + h] * p.scale;
-      store_row(s.row, dk + at, H);
-      store_row(s.dv + j * Hp, dv + at, H);
+      store_row(s.row, dk + ((b * g.S + j0 + j) * g.K + kh) * H, H);
+      store_row(s.dv + j * Hvp, dv + ((b * g.S + j0 + j) * g.K + kh) * Hv, Hv);
     }
   }
 }
@@ -295,16 +317,26 @@ void dbias_item(const AttentionParams& p, const Geometry& g, const BackwardPlan&
         t_begin = std::max(t_begin, t_lo);
         t_end = std::min(t_end, t_hi);
         if (t_begin >= t_end) continue;
+        const IdRange key_ids =
+            g.q_segments ? IdRange::of(g.kv_ids(b) + j0, jn) : IdRange{};
         int64_t ld_k;
         load_backward_kv_tile(g, plan.in_place, k, v, b, kh, j0, jn, s, &ld_k);
         for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
           const int64_t rows = std::min(Br, t_end - t0);
+          const int32_t* tile_key_ids = nullptr;
+          if (g.q_segments) {
+            const IdRange row_ids = IdRange::of(g.q_ids(b) + t0, rows);
+            if (!row_ids.meets(key_ids)) continue;  // dbias stays 0 there
+            if (!row_ids.same_single(key_ids)) tile_key_ids = g.kv_ids(b) + j0;
+          }
           int64_t ld_q, ld_d;
-          const float* qr = query_side_rows(g, plan.in_place, q, b, n, t0, rows, s.qn, &ld_q);
-          const float* dr = query_side_rows(g, plan.in_place, dout, b, n, t0, rows, s.dn, &ld_d);
+          const float* qr =
+              query_side_rows(g, plan.in_place, q, g.H, b, n, t0, rows, s.qn, &ld_q);
+          const float* dr =
+              query_side_rows(g, plan.in_place, dout, g.Hv, b, n, t0, rows, s.dn, &ld_d);
           row_statistics(g, out, lse, dout, dlse, b, n, t0, rows, s.delta, s.lse2, s.row, s.row2);
-          probabilities_and_logit_grads(p, g, b, n, t0, rows, kv_valid, j0, jn, qr, ld_q, dr,
-                                        ld_d, s.delta, s.lse2, s);
+          probabilities_and_logit_grads(p, g, b, n, t0, rows, kv_valid, j0, jn, tile_key_ids,
+                                        false, qr, ld_q, dr, ld_d, s.delta, s.lse2, s);
           float* tile = dbias + b * st[0] + n * st[1] + t0 * st[2] + j0 * st[3];
           for (int64_t i = 0; i < rows; ++i) {
             for (int64_t j = 0; j < jn; ++j) tile[i * st[2] + j * st[3]] += s.ds[i * Bc + j];

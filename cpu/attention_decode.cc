@@ -5,7 +5,7 @@
 // output accumulates rows of V, both vectorised over H, so the work is
 // proportional to the rows (the pass is bound by reading K and V once).
 //
-// Without a bias or mask operand the pass is the decode core's
+// Without a bias, mask or segment-id operand the pass is the decode core's
 // (cpu/kv_decode.h: every (sequence, kv head) a group of T * G rows, each with
 // its own key interval, keys split across threads when the groups are fewer
 // than the threads); with one, decode_kv_head below, which reads the operands
@@ -46,7 +46,7 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
                     const T* v, T* out, float* lse, int64_t b, int64_t kh,
                     const DecodeScratch& s) {
   const int64_t H = g.H, Hp = g.Hp, Bc = kKeyTile;
-  const RowTile tile = plan_row_tile(g, b, kh, 0, g.T * g.G, s.t, s.n, s.lo, s.hi);
+  const RowTile tile = plan_row_tile(g, b, kh, 0, g.T * g.G, s.t, s.n, s.lo, s.hi, s.ids);
   const int64_t rows = tile.rows;
   const bool in_place = std::is_same_v<T, float> && H == Hp;
   for (int64_t i = 0; i < rows; ++i) {
@@ -64,6 +64,8 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
     if (j0 + jn < tile.key_end) {
       prefetch_kv_tile(g, k, v, b, kh, j0 + jn, std::min(Bc, tile.key_end - j0 - jn));
     }
+    const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
+    if (segments.skip) continue;
     const float* kr;
     const float* vr;
     int64_t ld;
@@ -72,8 +74,8 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
       vr = reinterpret_cast<const float*>(v + at);
       ld = g.K * H;
     } else {
-      load_kv_tile(g, k, b, kh, j0, jn, s.kn, Hp);
-      load_kv_tile(g, v, b, kh, j0, jn, s.vn, Hp);
+      load_kv_tile(g, k, H, b, kh, j0, jn, s.kn, Hp);
+      load_kv_tile(g, v, H, b, kh, j0, jn, s.vn, Hp);
       kr = s.kn;
       vr = s.vn;
       ld = Hp;
@@ -107,7 +109,8 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
       }
       std::fill(srow + jn, srow + Bc, 0.0f);
       if (s.t[i] < tile.q_valid) {
-        row_logits(p, g, b, s.n[i], s.t[i], tile.kv_valid, j0, jn, Bc, inside, srow);
+        row_logits(p, g, b, s.n[i], s.t[i], tile.kv_valid, j0, jn, Bc, inside, segments.key_ids,
+                   srow);
       } else {
         std::fill(srow, srow + Bc, -kInf);
       }
@@ -189,14 +192,18 @@ kv_decode::DecodeShape decode_core_shape(const AttentionParams& p, const Geometr
   shape.rows = g.T * g.G;
   shape.head_dim = g.H;
   shape.scale = p.scale;
+  shape.soft_cap = p.logits_soft_cap;
   // Key j of every kv head of a sequence lies in one block of the [B, S, K, H]
   // cache: the sequence's heads are walked together.
   shape.groups_per_walk = g.K;
   return shape;
 }
 
-// The core covers everything but the bias and mask operands.
-bool uses_decode_core(const AttentionParams& p) { return !p.bias && !p.mask; }
+// The core covers everything but the bias, mask and segment-id operands (its
+// rows attend key intervals).
+bool uses_decode_core(const AttentionParams& p) {
+  return !p.bias && !p.mask && !p.q_segment_ids;
+}
 
 }  // namespace
 

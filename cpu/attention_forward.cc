@@ -23,24 +23,24 @@ namespace {
 
 struct ForwardScratch : TileRowState {
   float* qt;      // [H][Br] query tile, transposed
-  float* ot;      // [H][Br] unnormalised output, transposed
+  float* ot;      // [Hv][Br] unnormalised output, transposed
   float* st;      // [Bc][Br] scores / probabilities, transposed
   float* kf;      // [Bc][H] key tile as float (non-float inputs)
-  float* vf;      // [Bc][H]
+  float* vf;      // [Bc][Hv]
   uint32_t* qp;   // [H/2][Br] query tile as bf16 pairs along H (bf16 dot path)
-  uint32_t* vp;   // [Bc/2][H] value tile as bf16 pairs along the keys
+  uint32_t* vp;   // [Bc/2][Hv] value tile as bf16 pairs along the keys
   uint32_t* pp;   // [Bc/2][Br] probabilities as bf16 pairs along the keys
 };
 
 ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
   ForwardScratch s;
   s.qt = arena.take<float>(g.H * Br);
-  s.ot = arena.take<float>(g.H * Br);
+  s.ot = arena.take<float>(g.Hv * Br);
   s.st = arena.take<float>(kKeyTile * Br);
   s.kf = arena.take<float>(kKeyTile * g.H);
-  s.vf = arena.take<float>(kKeyTile * g.H);
+  s.vf = arena.take<float>(kKeyTile * g.Hv);
   s.qp = arena.take<uint32_t>((g.H + 1) / 2 * Br);
-  s.vp = arena.take<uint32_t>(kKeyTile / 2 * g.H);
+  s.vp = arena.take<uint32_t>(kKeyTile / 2 * g.Hv);
   s.pp = arena.take<uint32_t>(kKeyTile / 2 * Br);
   carve_tile_row_state(s, g, Br, arena);
   return s;
@@ -61,9 +61,9 @@ template <typename T>
 void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* k,
                   const T* v, T* out, float* lse, int64_t b, int64_t kh, int64_t r0,
                   int64_t Br, const ForwardScratch& s) {
-  const int64_t H = g.H;
+  const int64_t H = g.H, Hv = g.Hv;
   const bool bf16_dot = forward_uses_bf16_dot<T>(g);
-  const RowTile tile = plan_row_tile(g, b, kh, r0, Br, s.t, s.n, s.lo, s.hi);
+  const RowTile tile = plan_row_tile(g, b, kh, r0, Br, s.t, s.n, s.lo, s.hi, s.ids);
   const int64_t rows = tile.rows;
 
   if (tile.attends()) {
@@ -78,7 +78,7 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
       // every score tile.
       transpose_query_tile(g, q, b, s.t, s.n, rows, Br, p.scale * kLog2e, s.row, s.qt);
     }
-    std::fill(s.ot, s.ot + H * Br, 0.0f);
+    std::fill(s.ot, s.ot + Hv * Br, 0.0f);
     std::fill(s.stats.m, s.stats.m + Br, -kInf);
     std::fill(s.stats.l, s.stats.l + Br, 0.0f);
 
@@ -88,36 +88,43 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
         prefetch_kv_tile(g, k, v, b, kh, j0 + jn, std::min(kKeyTile, tile.key_end - j0 - jn));
       }
       const bool inside = tile.inside(j0, jn);
+      // A key tile of other documents only: skipped before any product.
+      const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
+      if (segments.skip) continue;
 #if defined(JAXOPS_BF16_DOT)
       if (bf16_dot) {
-        const int64_t at = ((b * g.S + j0) * g.K + kh) * H;
-        const uint32_t* kp = reinterpret_cast<const uint32_t*>(k + at);
+        const uint32_t* kp =
+            reinterpret_cast<const uint32_t*>(k + ((b * g.S + j0) * g.K + kh) * H);
         dot_gemm<Update::kOverwrite>(jn, Br, H / 2, kp, g.K * H / 2, 1, s.qp, Br, s.st, Br);
-        scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, false, j0, jn, Br, s.st);
+        scores_to_logits(p, g, b, s.n, s.t, rows, s.lo, s.hi, inside, false, j0, jn, Br, s.st,
+                         s.ids, segments.key_ids);
         online_softmax(jn, Br, false, s.st, s.stats);
-        pack_value_pairs(reinterpret_cast<const uint16_t*>(v + at), g.K * H, jn, H, s.vp);
+        pack_value_pairs(reinterpret_cast<const uint16_t*>(v + ((b * g.S + j0) * g.K + kh) * Hv),
+                         g.K * Hv, jn, Hv, s.vp);
         pack_probability_pairs(s.st, jn, Br, s.pp);
-        dot_gemm<Update::kScaleAdd>(H, Br, (jn + 1) / 2, s.vp, 1, H, s.pp, Br, s.ot, Br,
+        dot_gemm<Update::kScaleAdd>(Hv, Br, (jn + 1) / 2, s.vp, 1, Hv, s.pp, Br, s.ot, Br,
                                     s.stats.alpha);
         continue;
       }
 #endif
-      int64_t ldk;
-      const float* kt = kv_tile_as_float(g, k, b, kh, j0, jn, s.kf, &ldk);
-      const float* vt = kv_tile_as_float(g, v, b, kh, j0, jn, s.vf, &ldk);
+      int64_t ldk, ldv;
+      const float* kt = kv_tile_as_float(g, k, H, b, kh, j0, jn, s.kf, &ldk);
+      const float* vt = kv_tile_as_float(g, v, Hv, b, kh, j0, jn, s.vf, &ldv);
       // The queries carry the scale, so a tile inside every row's interval,
-      // with no bias or mask, is logits as it leaves the product, which also
-      // gives its maximum.
-      const bool logits_as_computed = inside && !p.bias && !p.mask;
+      // with no bias, mask or segment test, is logits as it leaves the product
+      // (capped in place), which also gives its maximum.
+      const bool logits_as_computed = inside && !p.bias && !p.mask && !segments.key_ids;
       if (logits_as_computed) {
         std::fill(s.stats.tile_max, s.stats.tile_max + Br, -kInf);
         gemm<Update::kOverwriteMax>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br, s.stats.tile_max);
+        soft_cap_tile_as_computed(g, jn, Br, s.st, s.stats.tile_max);
       } else {
         gemm<Update::kOverwrite>(jn, Br, H, kt, ldk, 1, s.qt, Br, s.st, Br);
-        scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, true, j0, jn, Br, s.st);
+        scores_to_logits(p, g, b, s.n, s.t, rows, s.lo, s.hi, inside, true, j0, jn, Br, s.st,
+                         s.ids, segments.key_ids);
       }
       online_softmax(jn, Br, logits_as_computed, s.st, s.stats);
-      gemm<Update::kScaleAdd>(H, Br, jn, vt, 1, ldk, s.st, Br, s.ot, Br, s.stats.alpha);
+      gemm<Update::kScaleAdd>(Hv, Br, jn, vt, 1, ldv, s.st, Br, s.ot, Br, s.stats.alpha);
     }
   }
 
@@ -130,7 +137,7 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
 template <typename T>
 size_t attention_fwd_workspace_bytes(const AttentionParams& p) {
   const Geometry g(p);
-  if (has_few_rows(g)) return decode_fwd_workspace_bytes<T>(p);
+  if (takes_decode_path(g)) return decode_fwd_workspace_bytes<T>(p);
   return row_tile_workspace_bytes(
       p, [&](Arena& arena) { return carve_forward(g, forward_row_tile(g), arena); });
 }
@@ -140,7 +147,7 @@ void attention_fwd(const AttentionParams& p, const T* q, const T* k, const T* v,
                    float* lse, void* workspace) {
   const Geometry g(p);
   if (g.B == 0 || g.T == 0 || g.N == 0) return;
-  if (has_few_rows(g)) return decode_fwd(p, q, k, v, out, lse, workspace);
+  if (takes_decode_path(g)) return decode_fwd(p, q, k, v, out, lse, workspace);
   const int64_t Br = forward_row_tile(g);
   run_row_tile_items(
       g, Br, thread_count(p), workspace, [&](Arena& arena) { return carve_forward(g, Br, arena); },

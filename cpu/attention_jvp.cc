@@ -39,14 +39,14 @@ struct InputTangents {
 struct JvpScratch : TileRowState {
   float* qt;    // [H][Br] query tile times scale * log2(e), transposed
   float* dqt;   // [H][Br] its tangent, the same
-  float* ot;    // [H][Br] unnormalised output O, transposed
-  float* dot;   // [H][Br] unnormalised output tangent dO
+  float* ot;    // [Hv][Br] unnormalised output O, transposed
+  float* dot;   // [Hv][Br] unnormalised output tangent dO
   float* st;    // [Bc][Br] logits, then probabilities e, transposed
   float* dst;   // [Bc][Br] logits' tangents (log2 units), then e * ds
   float* kf;    // [Bc][H] key tile as float (non-float inputs)
   float* dkf;   // [Bc][H]
-  float* vf;    // [Bc][H]
-  float* dvf;   // [Bc][H]
+  float* vf;    // [Bc][Hv]
+  float* dvf;   // [Bc][Hv]
   float* mu;    // [Br] M, the running sum of e * ds
 };
 
@@ -54,14 +54,14 @@ JvpScratch carve_jvp(const Geometry& g, int64_t Br, Arena& arena) {
   JvpScratch s;
   s.qt = arena.take<float>(g.H * Br);
   s.dqt = arena.take<float>(g.H * Br);
-  s.ot = arena.take<float>(g.H * Br);
-  s.dot = arena.take<float>(g.H * Br);
+  s.ot = arena.take<float>(g.Hv * Br);
+  s.dot = arena.take<float>(g.Hv * Br);
   s.st = arena.take<float>(kKeyTile * Br);
   s.dst = arena.take<float>(kKeyTile * Br);
   s.kf = arena.take<float>(kKeyTile * g.H);
   s.dkf = arena.take<float>(kKeyTile * g.H);
-  s.vf = arena.take<float>(kKeyTile * g.H);
-  s.dvf = arena.take<float>(kKeyTile * g.H);
+  s.vf = arena.take<float>(kKeyTile * g.Hv);
+  s.dvf = arena.take<float>(kKeyTile * g.Hv);
   s.mu = arena.take<float>(Br);
   carve_tile_row_state(s, g, Br, arena);
   return s;
@@ -71,8 +71,8 @@ template <typename T>
 void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* k, const T* v,
               const InputTangents<T>& d, T* out, float* lse, T* dout, float* dlse, int64_t b,
               int64_t kh, int64_t r0, int64_t Br, const JvpScratch& s) {
-  const int64_t H = g.H;
-  const RowTile tile = plan_row_tile(g, b, kh, r0, Br, s.t, s.n, s.lo, s.hi);
+  const int64_t H = g.H, Hv = g.Hv;
+  const RowTile tile = plan_row_tile(g, b, kh, r0, Br, s.t, s.n, s.lo, s.hi, s.ids);
   const int64_t rows = tile.rows;
   // The products' tangent terms: the scores' A = K, B = q; the values' A = V,
   // B = e, whose tangent is e * ds when the logits have one.
@@ -83,14 +83,14 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
   if (tile.attends()) {
     // At (1, 2048, 8, 64) f32 the transposes below took 4% of the kernel
     // without, 2% with.
-    prefetch_tile_rows<false>(g, q, b, s.t, s.n, rows);
-    if (d.dq) prefetch_tile_rows<false>(g, d.dq, b, s.t, s.n, rows);
+    prefetch_tile_rows<false>(g, q, H, b, s.t, s.n, rows);
+    if (d.dq) prefetch_tile_rows<false>(g, d.dq, H, b, s.t, s.n, rows);
     // Queries and their tangents scaled to log2-unit logits once per row.
     const float logit_scale = p.scale * kLog2e;
     transpose_query_tile(g, q, b, s.t, s.n, rows, Br, logit_scale, s.row, s.qt);
     if (d.dq) transpose_query_tile(g, d.dq, b, s.t, s.n, rows, Br, logit_scale, s.row, s.dqt);
-    std::fill(s.ot, s.ot + H * Br, 0.0f);
-    std::fill(s.dot, s.dot + H * Br, 0.0f);
+    std::fill(s.ot, s.ot + Hv * Br, 0.0f);
+    std::fill(s.dot, s.dot + Hv * Br, 0.0f);
     std::fill(s.mu, s.mu + Br, 0.0f);
     std::fill(s.stats.m, s.stats.m + Br, -kInf);
     std::fill(s.stats.l, s.stats.l + Br, 0.0f);
@@ -99,34 +99,46 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
       const int64_t jn = std::min(kKeyTile, tile.key_end - j0);
       if (j0 + jn < tile.key_end) {
         const int64_t next = std::min(kKeyTile, tile.key_end - j0 - jn);
-        for (const T* x : {k, v, d.dk, d.dv}) {
-          if (x) prefetch_kv_rows(g, x, b, kh, j0 + jn, next);
+        for (const T* x : {k, d.dk}) {
+          if (x) prefetch_kv_rows(g, x, H, b, kh, j0 + jn, next);
+        }
+        for (const T* x : {v, d.dv}) {
+          if (x) prefetch_kv_rows(g, x, Hv, b, kh, j0 + jn, next);
         }
       } else {
         // The rows the results go to, written after this last tile: at
         // (1, 1024, 8, 64) f32 on one thread the writes took 6% of the kernel
         // without, 3% with.
-        prefetch_tile_rows<true>(g, out, b, s.t, s.n, rows);
-        prefetch_tile_rows<true>(g, dout, b, s.t, s.n, rows);
+        prefetch_tile_rows<true>(g, out, Hv, b, s.t, s.n, rows);
+        prefetch_tile_rows<true>(g, dout, Hv, b, s.t, s.n, rows);
       }
-      int64_t ld;
-      const float* kt = kv_tile_as_float(g, k, b, kh, j0, jn, s.kf, &ld);
-      const float* vt = kv_tile_as_float(g, v, b, kh, j0, jn, s.vf, &ld);
-      const float* dkt = d.dk ? kv_tile_as_float(g, d.dk, b, kh, j0, jn, s.dkf, &ld) : nullptr;
-      const float* dvt = d.dv ? kv_tile_as_float(g, d.dv, b, kh, j0, jn, s.dvf, &ld) : nullptr;
+      const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
+      if (segments.skip) continue;  // other documents only: nothing to add
+      int64_t ld, ldv;
+      const float* kt = kv_tile_as_float(g, k, H, b, kh, j0, jn, s.kf, &ld);
+      const float* vt = kv_tile_as_float(g, v, Hv, b, kh, j0, jn, s.vf, &ldv);
+      const float* dkt =
+          d.dk ? kv_tile_as_float(g, d.dk, H, b, kh, j0, jn, s.dkf, &ld) : nullptr;
+      const float* dvt =
+          d.dv ? kv_tile_as_float(g, d.dv, Hv, b, kh, j0, jn, s.dvf, &ldv) : nullptr;
 
-      // As in the forward: a tile inside every row's interval, with no bias
-      // or mask, is logits as it leaves the product, which gives its maximum.
+      // As in the forward: a tile inside every row's interval, with no bias,
+      // mask or segment test, is logits as it leaves the product (capped in
+      // place), which gives its maximum. The cap's slope multiplies the
+      // products' tangents (not the bias tangent, added after the cap).
       const bool inside = tile.inside(j0, jn);
-      const bool logits_as_computed = inside && !p.bias && !p.mask;
+      const bool logits_as_computed = inside && !p.bias && !p.mask && !segments.key_ids;
+      float* score_tangents = score_terms != kNoTangent ? s.dst : nullptr;
       if (logits_as_computed) {
         std::fill(s.stats.tile_max, s.stats.tile_max + Br, -kInf);
         paired_gemm<Update::kOverwriteMax>(score_terms, jn, Br, H, kt, dkt, ld, 1, s.qt, s.dqt,
                                            Br, s.st, s.dst, Br, s.stats.tile_max);
+        soft_cap_tile_as_computed(g, jn, Br, s.st, s.stats.tile_max, score_tangents);
       } else {
         paired_gemm<Update::kOverwrite>(score_terms, jn, Br, H, kt, dkt, ld, 1, s.qt, s.dqt, Br,
                                         s.st, s.dst, Br);
-        scores_to_logits(p, b, s.n, s.t, rows, s.lo, s.hi, inside, true, j0, jn, Br, s.st);
+        scores_to_logits(p, g, b, s.n, s.t, rows, s.lo, s.hi, inside, true, j0, jn, Br, s.st,
+                         s.ids, segments.key_ids, score_tangents);
       }
       if (d.dbias) {
         if (score_terms == kNoTangent) std::fill(s.dst, s.dst + jn * Br, 0.0f);
@@ -137,20 +149,20 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
       } else {
         online_softmax(jn, Br, logits_as_computed, s.st, s.stats);
       }
-      paired_gemm<Update::kScaleAdd>(value_terms, H, Br, jn, vt, dvt, 1, ld, s.st, s.dst, Br,
+      paired_gemm<Update::kScaleAdd>(value_terms, Hv, Br, jn, vt, dvt, 1, ldv, s.st, s.dst, Br,
                                      s.ot, s.dot, Br, s.stats.alpha);
     }
   }
 
   for (int64_t i = 0; i < rows; ++i) {
-    T* out_row = out + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H;
-    T* dout_row = dout + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H;
+    T* out_row = out + ((b * g.T + s.t[i]) * g.N + s.n[i]) * Hv;
+    T* dout_row = dout + ((b * g.T + s.t[i]) * g.N + s.n[i]) * Hv;
     const int64_t stat = (b * g.N + s.n[i]) * g.T + s.t[i];
     const bool attended = tile.attends() && s.t[i] < tile.q_valid && !(s.stats.l[i] == 0.0f);  // NaN l: a NaN row
     if (attended) {
       const float inv = 1.0f / s.stats.l[i];
       const float mu = s.mu[i] * inv;
-      for (int64_t h = 0; h < H; ++h) {
+      for (int64_t h = 0; h < Hv; ++h) {
         const float o = s.ot[h * Br + i] * inv;
         out_row[h] = static_cast<T>(o);
         dout_row[h] = static_cast<T>(s.dot[h * Br + i] * inv - mu * o);
@@ -158,8 +170,8 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
       lse[stat] = row_logsumexp(s.stats.shift[i], s.stats.l[i]);
       dlse[stat] = mu;
     } else {
-      std::fill(out_row, out_row + H, static_cast<T>(0.0f));
-      std::fill(dout_row, dout_row + H, static_cast<T>(0.0f));
+      std::fill(out_row, out_row + Hv, static_cast<T>(0.0f));
+      std::fill(dout_row, dout_row + Hv, static_cast<T>(0.0f));
       lse[stat] = -kInf;
       dlse[stat] = 0.0f;
     }

@@ -47,18 +47,24 @@ constexpr int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
 struct Geometry {
   int64_t B, T, S, N, K, H, G, Hp;
+  int64_t Hv, Hvp;  // the value head dim (of value, out and their gradients), padded
   int64_t offset;  // *p.query_offset: the operand is host memory here, read once per call
   bool causal;
   int64_t window_left, window_right;
   const int32_t* q_lengths;
   const int32_t* kv_lengths;
+  float soft_cap;           // > 0: logits capped (natural units); 0: none
+  const int32_t* q_segments;   // [B, T] or null
+  const int32_t* kv_segments;  // [B, S] or null (null exactly when q_segments is)
 
   explicit Geometry(const AttentionParams& p)
       : B(p.batch), T(p.q_len), S(p.kv_len), N(p.num_heads), K(p.num_kv_heads),
         H(p.head_dim), G(p.num_kv_heads > 0 ? p.num_heads / p.num_kv_heads : 0),
-        Hp(round_up(p.head_dim, kLanes)), offset(*p.query_offset), causal(p.is_causal),
-        window_left(p.window_left), window_right(p.window_right),
-        q_lengths(p.q_seq_lengths), kv_lengths(p.kv_seq_lengths) {}
+        Hp(round_up(p.head_dim, kLanes)), Hv(params::value_head_dim(p)),
+        Hvp(round_up(params::value_head_dim(p), kLanes)), offset(*p.query_offset),
+        causal(p.is_causal), window_left(p.window_left), window_right(p.window_right),
+        q_lengths(p.q_seq_lengths), kv_lengths(p.kv_seq_lengths), soft_cap(p.logits_soft_cap),
+        q_segments(p.q_segment_ids), kv_segments(p.q_segment_ids ? p.kv_segment_ids : nullptr) {}
 
   int64_t q_valid(int64_t b) const {
     return q_lengths ? std::clamp<int64_t>(q_lengths[b], 0, T) : T;
@@ -77,7 +83,82 @@ struct Geometry {
     if (window_right >= 0) h = std::min(h, t + offset + window_right + 1);
     return std::clamp<int64_t>(h, 0, S);
   }
+  const int32_t* q_ids(int64_t b) const { return q_segments + b * T; }
+  const int32_t* kv_ids(int64_t b) const { return kv_segments + b * S; }
 };
+
+// The segment ids of a run of rows or keys: [lo, hi]. Two runs can attend each
+// other only where their ranges meet, so a tile pair whose ranges are
+// disjoint is skipped whole, before any product: with packed documents
+// (ids ascending along the sequence) attention then costs about the sum of
+// the documents' own. Taken per tile as it is visited: a tile's n ids are
+// read once against the n * H multiply-adds of its products.
+struct IdRange {
+  int32_t lo = std::numeric_limits<int32_t>::max();
+  int32_t hi = std::numeric_limits<int32_t>::min();
+
+  static IdRange of(const int32_t* ids, int64_t n) {
+    IdRange r;
+    for (int64_t i = 0; i < n; ++i) {
+      r.lo = std::min(r.lo, ids[i]);
+      r.hi = std::max(r.hi, ids[i]);
+    }
+    return r;
+  }
+  void add(int32_t id) {
+    lo = std::min(lo, id);
+    hi = std::max(hi, id);
+  }
+  bool meets(const IdRange& o) const { return lo <= o.hi && o.lo <= hi; }
+  // Every id of both runs is the same: no element needs its own test.
+  bool same_single(const IdRange& o) const { return lo == hi && o.lo == o.hi && lo == o.lo; }
+};
+
+// The segment test a tile of rows against keys j0 .. j0 + jn needs: none
+// (no ids, or one id on both sides), or the key ids to compare elementwise.
+// `skip`: no row of the tile shares an id with these keys.
+struct TileSegments {
+  bool skip = false;
+  const int32_t* key_ids = nullptr;  // ids of keys j0..; null: no elementwise test
+};
+
+inline TileSegments tile_segments(const Geometry& g, int64_t b, const IdRange& rows, int64_t j0,
+                                  int64_t jn) {
+  TileSegments ts;
+  if (!g.q_segments || jn <= 0) return ts;
+  const int32_t* ids = g.kv_ids(b) + j0;
+  const IdRange keys = IdRange::of(ids, jn);
+  ts.skip = !rows.meets(keys);
+  if (!ts.skip && !rows.same_single(keys)) ts.key_ids = ids;
+  return ts;
+}
+
+// tanh(x / c), c > 0: sign(x) (1 - e) / (1 + e) with e = exp(-2 |x| / c) <= 1,
+// vexp2's range (no overflow at any x). minus_two_over_c_log2 = -2 log2(e) / c.
+inline VecF tanh_of_ratio(VecF x, VecF minus_two_over_c_log2) {
+  const VecF ax = vmax(x, -x);
+  const VecF e = vexp2(ax * minus_two_over_c_log2);
+  const VecF t = (vsplat(1.0f) - e) / (vsplat(1.0f) + e);
+  return x < VecF{} ? -t : t;
+}
+
+// The soft cap on log2-unit logits x = s log2(e): cap tanh(s / cap) log2(e) is
+// C tanh(x / C) with C = cap log2(e). `width` floats from x (a multiple of
+// kLanes). With `slope`, also the derivative 1 - tanh^2 of each capped logit
+// with respect to its uncapped one, written to slope (the backward's and the
+// forward mode's chain rule); with `tangent`, the tangents are multiplied by
+// it in place instead.
+inline void soft_cap_logits(float cap, float* x, int64_t width, float* slope = nullptr,
+                            float* tangent = nullptr) {
+  const float c = cap * kLog2e;
+  const VecF cv = vsplat(c), k = vsplat(-2.0f * kLog2e / c), one = vsplat(1.0f);
+  for (int64_t j = 0; j < width; j += kLanes) {
+    const VecF t = tanh_of_ratio(vload(x + j), k);
+    vstore(x + j, cv * t);
+    if (slope) vstore(slope + j, one - t * t);
+    if (tangent) vstore(tangent + j, vload(tangent + j) * (one - t * t));
+  }
+}
 
 // Carves 64-byte aligned arrays out of a workspace; with a null base it only
 // measures, so size functions and kernels share one layout description.
@@ -99,14 +180,14 @@ class Arena {
   size_t used_ = 0;
 };
 
-// Keys j0 .. j0 + jn of one kv head converted to float rows of stride ld
-// (zero-padded from H to ld).
+// Keys j0 .. j0 + jn of one kv head of a [B, S, K, d] tensor (d: H for keys,
+// Hv for values) converted to float rows of stride ld (zero-padded from d to ld).
 template <typename T>
-inline void load_kv_tile(const Geometry& g, const T* src, int64_t b, int64_t kh, int64_t j0,
-                  int64_t jn, float* dst, int64_t ld) {
+inline void load_kv_tile(const Geometry& g, const T* src, int64_t d, int64_t b, int64_t kh,
+                         int64_t j0, int64_t jn, float* dst, int64_t ld) {
   for (int64_t j = 0; j < jn; ++j) {
-    load_row(src + ((b * g.S + j0 + j) * g.K + kh) * g.H, dst + j * ld, g.H);
-    std::fill(dst + j * ld + g.H, dst + (j + 1) * ld, 0.0f);
+    load_row(src + ((b * g.S + j0 + j) * g.K + kh) * d, dst + j * ld, d);
+    std::fill(dst + j * ld + d, dst + (j + 1) * ld, 0.0f);
   }
 }
 
@@ -130,21 +211,20 @@ inline void prefetch_rows(const void* first, int64_t rows, int64_t stride_bytes,
   }
 }
 
-// prefetch_rows for keys j0 .. j0 + jn of one kv head of a [B, S, K, H] tensor.
+// prefetch_rows for keys j0 .. j0 + jn of one kv head of a [B, S, K, d] tensor.
 template <typename T>
-inline void prefetch_kv_rows(const Geometry& g, const T* x, int64_t b, int64_t kh, int64_t j0,
-                             int64_t jn) {
-  prefetch_rows(x + ((b * g.S + j0) * g.K + kh) * g.H, jn,
-                g.K * g.H * static_cast<int64_t>(sizeof(T)),
-                g.H * static_cast<int64_t>(sizeof(T)));
+inline void prefetch_kv_rows(const Geometry& g, const T* x, int64_t d, int64_t b, int64_t kh,
+                             int64_t j0, int64_t jn) {
+  prefetch_rows(x + ((b * g.S + j0) * g.K + kh) * d, jn, g.K * d * static_cast<int64_t>(sizeof(T)),
+                d * static_cast<int64_t>(sizeof(T)));
 }
 
-// The same in K and V.
+// The same in K ([.., H]) and V ([.., Hv]).
 template <typename T>
 inline void prefetch_kv_tile(const Geometry& g, const T* k, const T* v, int64_t b, int64_t kh,
                              int64_t j0, int64_t jn) {
-  prefetch_kv_rows(g, k, b, kh, j0, jn);
-  prefetch_kv_rows(g, v, b, kh, j0, jn);
+  prefetch_kv_rows(g, k, g.H, b, kh, j0, jn);
+  prefetch_kv_rows(g, v, g.Hv, b, kh, j0, jn);
 }
 
 // Adds bias[b, n[i], t[i], j0 + j] * log2(e) (read through the four element
@@ -175,23 +255,38 @@ inline void apply_bias_and_mask(const AttentionParams& p, int64_t b, const int64
   }
 }
 
-// Turns scores st[j][i] = q_i . k_j of keys j0.. into log2-unit logits: the
-// scale (unless `scaled`: the queries were multiplied by it already), bias,
-// boolean mask, and (unless the tile lies inside every row's interval) the
-// [lo, hi) interval of each row.
-inline void scores_to_logits(const AttentionParams& p, int64_t b, const int64_t* n,
-                             const int64_t* t, int64_t rows, const int32_t* lo,
+// Turns scores st[j][i] = q_i . k_j of keys j0.. into log2-unit logits, in
+// the order every path follows (docs/design.md): the scale (unless `scaled`:
+// the queries were multiplied by it already), the soft cap, the bias, then the
+// masks: boolean mask, segment ids (with key_ids, the ids of keys j0..:
+// row i attends key j only where row_ids[i] == key_ids[j]) and, unless the
+// tile lies inside every row's interval, the [lo, hi) interval of each row.
+// With dst (the forward mode), the logits' tangents in dst are multiplied by
+// the cap's slope.
+inline void scores_to_logits(const AttentionParams& p, const Geometry& g, int64_t b,
+                             const int64_t* n, const int64_t* t, int64_t rows, const int32_t* lo,
                              const int32_t* hi, bool inside, bool scaled, int64_t j0, int64_t jn,
-                             int64_t width, float* st) {
+                             int64_t width, float* st, const int32_t* row_ids = nullptr,
+                             const int32_t* key_ids = nullptr, float* dst = nullptr) {
   if (!scaled) {
     const VecF c = vsplat(p.scale * kLog2e);
     for (int64_t j = 0; j < jn; ++j) {
       for (int64_t v = 0; v < width; v += kLanes) vstore(st + j * width + v, vload(st + j * width + v) * c);
     }
   }
+  if (g.soft_cap > 0.0f) soft_cap_logits(g.soft_cap, st, jn * width, nullptr, dst);
   if (p.bias || p.mask) apply_bias_and_mask(p, b, n, t, rows, j0, jn, st, width);
+  const VecF masked = vsplat(-kInf);
+  if (key_ids) {
+    for (int64_t v = 0; v < width; v += kLanes) {
+      const VecI ids = vloadi(row_ids + v);
+      for (int64_t j = 0; j < jn; ++j) {
+        const VecI same = ids == vsplati(key_ids[j]);
+        vstore(st + j * width + v, same ? vload(st + j * width + v) : masked);
+      }
+    }
+  }
   if (!inside) {
-    const VecF masked = vsplat(-kInf);
     for (int64_t v = 0; v < width; v += kLanes) {
       const VecI lo_v = vloadi(lo + v), hi_v = vloadi(hi + v);
       for (int64_t j = 0; j < jn; ++j) {
@@ -203,15 +298,30 @@ inline void scores_to_logits(const AttentionParams& p, int64_t b, const int64_t*
   }
 }
 
+// The soft cap of a tile whose logits are final as the product left them (no
+// bias, mask or partial interval): the tile (jn rows of width) and its row
+// maxima tile_max (width), and the tangents dst when given. tanh is
+// increasing, so the capped maximum is the cap of the maximum.
+inline void soft_cap_tile_as_computed(const Geometry& g, int64_t jn, int64_t width, float* st,
+                                      float* tile_max, float* dst = nullptr) {
+  if (!(g.soft_cap > 0.0f)) return;
+  soft_cap_logits(g.soft_cap, st, jn * width, nullptr, dst);
+  soft_cap_logits(g.soft_cap, tile_max, width);
+}
+
 // The row-major counterpart of scores_to_logits (the decode path and the
-// backward) for one query row t of head n: row[j] = q . k_j of keys j0 + j (j < width, a multiple of kLanes) becomes the log2-unit logit,
-// -inf where masked. Columns past jn must lie past the row's interval unless
-// the tile is inside every row's interval.
+// backward) for one query row t of head n: row[j] = q . k_j of keys j0 + j
+// (j < width, a multiple of kLanes) becomes the log2-unit logit, -inf where
+// masked; key_ids (or null) as in scores_to_logits. With slope, also the soft
+// cap's slope of each logit (the backward's chain rule; untouched without a
+// cap). Columns past jn must lie past the row's interval unless the tile is
+// inside every row's interval.
 inline void row_logits(const AttentionParams& p, const Geometry& g, int64_t b, int64_t n, int64_t t,
                 int64_t kv_valid, int64_t j0, int64_t jn, int64_t width, bool inside,
-                float* row) {
+                const int32_t* key_ids, float* row, float* slope = nullptr) {
   const VecF c = vsplat(p.scale * kLog2e);
   for (int64_t j = 0; j < width; j += kLanes) vstore(row + j, vload(row + j) * c);
+  if (g.soft_cap > 0.0f) soft_cap_logits(g.soft_cap, row, width, slope);
   if (p.bias) {
     const int64_t* st = p.bias_strides;
     const float* bias = p.bias + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
@@ -222,6 +332,12 @@ inline void row_logits(const AttentionParams& p, const Geometry& g, int64_t b, i
     const uint8_t* mask = p.mask + b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
     for (int64_t j = 0; j < jn; ++j) {
       if (!mask[j * st[3]]) row[j] = -kInf;
+    }
+  }
+  if (key_ids) {
+    const int32_t id = g.q_ids(b)[t];
+    for (int64_t j = 0; j < jn; ++j) {
+      if (key_ids[j] != id) row[j] = -kInf;
     }
   }
   if (!inside) {
@@ -261,15 +377,18 @@ struct RowTile {
   int64_t q_valid, kv_valid;   // valid query rows and keys of its batch
   int64_t key_begin, key_end;  // the keys its rows attend; empty when none does
   int64_t max_lo, min_hi;      // keys in [max_lo, min_hi) lie in every row's interval
+  IdRange ids;                 // segment ids of its valid rows (with segment ids)
 
   bool attends() const { return key_begin < key_end; }
   bool inside(int64_t j0, int64_t jn) const { return max_lo <= j0 && min_hi >= j0 + jn; }
 };
 
-// Fills each row's query index t[i], head n[i] and attended key interval
-// [lo[i], hi[i]) for i < Br; padding rows repeat the last row.
+// Fills each row's query index t[i], head n[i], attended key interval
+// [lo[i], hi[i]) and, with segment ids, its id ids[i] for i < Br; padding rows
+// repeat the last row.
 inline RowTile plan_row_tile(const Geometry& g, int64_t b, int64_t kh, int64_t r0, int64_t Br,
-                             int64_t* t, int64_t* n, int32_t* lo, int32_t* hi) {
+                             int64_t* t, int64_t* n, int32_t* lo, int32_t* hi,
+                             int32_t* ids = nullptr) {
   RowTile tile;
   tile.rows = std::min(Br, g.T * g.G - r0);
   tile.q_valid = g.q_valid(b);
@@ -279,9 +398,11 @@ inline RowTile plan_row_tile(const Geometry& g, int64_t b, int64_t kh, int64_t r
     const int64_t r = r0 + std::min(i, tile.rows - 1);
     t[i] = r / g.G;
     n[i] = kh * g.G + r % g.G;
+    if (ids && g.q_segments) ids[i] = g.q_ids(b)[t[i]];
     if (i < tile.rows && t[i] < tile.q_valid) {
       lo[i] = static_cast<int32_t>(g.lo(t[i]));
       hi[i] = static_cast<int32_t>(g.hi(t[i], tile.kv_valid));
+      if (ids && g.q_segments) tile.ids.add(ids[i]);
       if (t_first < 0) t_first = t[i];
       t_last = t[i];
     } else {
@@ -298,17 +419,17 @@ inline RowTile plan_row_tile(const Geometry& g, int64_t b, int64_t kh, int64_t r
   return tile;
 }
 
-// Asks for the tile's rows (i < rows) of a [B, T, N, H] tensor to be brought
+// Asks for the tile's rows (i < rows) of a [B, T, N, d] tensor to be brought
 // into the L1 cache, for reading or (kForWrite) writing. The row loops that
 // read (transpose_query_tile) or write a tile's rows otherwise wait for one
 // row's cache misses after another; asked for together, the misses overlap.
 template <bool kForWrite, typename T>
-inline void prefetch_tile_rows(const Geometry& g, const T* x, int64_t b, const int64_t* t,
-                               const int64_t* n, int64_t rows) {
+inline void prefetch_tile_rows(const Geometry& g, const T* x, int64_t d, int64_t b,
+                               const int64_t* t, const int64_t* n, int64_t rows) {
   constexpr int64_t kLineBytes = 64;
   for (int64_t i = 0; i < rows; ++i) {
-    const char* row = reinterpret_cast<const char*>(x + ((b * g.T + t[i]) * g.N + n[i]) * g.H);
-    for (int64_t at = 0; at < g.H * static_cast<int64_t>(sizeof(T)); at += kLineBytes) {
+    const char* row = reinterpret_cast<const char*>(x + ((b * g.T + t[i]) * g.N + n[i]) * d);
+    for (int64_t at = 0; at < d * static_cast<int64_t>(sizeof(T)); at += kLineBytes) {
       simd::prefetch<3, kForWrite>(row + at);
     }
   }
@@ -330,18 +451,19 @@ inline void transpose_query_tile(const Geometry& g, const T* x, int64_t b, const
   }
 }
 
-// Keys j0 .. j0 + jn of one kv head of a [B, S, K, H] tensor as float rows:
-// float inputs where they are, others converted into buf. Returns the first
-// row; *ld is the row stride.
+// Keys j0 .. j0 + jn of one kv head of a [B, S, K, d] tensor (d: H or Hv) as
+// float rows: float inputs where they are, others converted into buf.
+// Returns the first row; *ld is the row stride.
 template <typename T>
-inline const float* kv_tile_as_float(const Geometry& g, const T* x, int64_t b, int64_t kh,
-                                     int64_t j0, int64_t jn, float* buf, int64_t* ld) {
+inline const float* kv_tile_as_float(const Geometry& g, const T* x, int64_t d, int64_t b,
+                                     int64_t kh, int64_t j0, int64_t jn, float* buf,
+                                     int64_t* ld) {
   if constexpr (std::is_same_v<T, float>) {
-    *ld = g.K * g.H;
-    return x + ((b * g.S + j0) * g.K + kh) * g.H;
+    *ld = g.K * d;
+    return x + ((b * g.S + j0) * g.K + kh) * d;
   } else {
-    load_kv_tile(g, x, b, kh, j0, jn, buf, g.H);
-    *ld = g.H;
+    load_kv_tile(g, x, d, b, kh, j0, jn, buf, d);
+    *ld = d;
     return buf;
   }
 }
@@ -367,21 +489,23 @@ inline SoftmaxRows carve_softmax_rows(int64_t Br, Arena& arena) {
 
 // What every row tile (forward, decode, JVP) keeps besides its own buffers: a
 // head-sized row, the online-softmax state and, per row, its attended key
-// interval, query index and head. The scratch structs derive from it.
+// interval, segment id, query index and head. The scratch structs derive from it.
 struct TileRowState {
-  float* row;   // [H]
+  float* row;   // [max(H, Hv)]
   SoftmaxRows stats;
   int32_t* lo;  // [Br] attended key interval
   int32_t* hi;
+  int32_t* ids;  // [Br] segment id of each row (with segment ids)
   int64_t* t;   // [Br] query index of each row
   int64_t* n;   // [Br] head of each row
 };
 
 inline void carve_tile_row_state(TileRowState& s, const Geometry& g, int64_t Br, Arena& arena) {
-  s.row = arena.take<float>(g.H);
+  s.row = arena.take<float>(std::max(g.H, g.Hv));
   s.stats = carve_softmax_rows(Br, arena);
   s.lo = arena.take<int32_t>(Br);
   s.hi = arena.take<int32_t>(Br);
+  s.ids = arena.take<int32_t>(Br);
   s.t = arena.take<int64_t>(Br);
   s.n = arena.take<int64_t>(Br);
 }
@@ -436,29 +560,29 @@ inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
 inline float row_logsumexp(float shift, float l) { return (shift + std::log2(l)) * kLn2; }
 
 // The forward's results for rows i < rows (query index t[i], head n[i]) of
-// batch b: out = O / l, with row i's unnormalised output O[h] at
+// batch b: out = O / l, with row i's unnormalised output O[h] (h < Hv) at
 // acc[i * row_stride + h * h_stride], and the logsumexp; 0 and -inf for a row
 // that attends no key (`attends` false: the tile has no attended key, and its
-// statistics were never set). row is [H] scratch.
+// statistics were never set). row is [Hv] scratch.
 template <typename T>
 inline void store_forward_rows(const Geometry& g, int64_t b, const int64_t* t, const int64_t* n,
                                int64_t rows, bool attends, int64_t q_valid,
                                const SoftmaxRows& stats, const float* acc, int64_t row_stride,
                                int64_t h_stride, float* row, T* out, float* lse) {
   for (int64_t i = 0; i < rows; ++i) {
-    T* dst = out + ((b * g.T + t[i]) * g.N + n[i]) * g.H;
+    T* dst = out + ((b * g.T + t[i]) * g.N + n[i]) * g.Hv;
     float* lse_dst = lse + (b * g.N + n[i]) * g.T + t[i];
     // l is NaN when a NaN or inf reached the row's logits: the row is NaN then.
     if (attends && t[i] < q_valid && !(stats.l[i] == 0.0f)) {
       const float inv = 1.0f / stats.l[i];
       const float* o = acc + i * row_stride;
-      for (int64_t h = 0; h < g.H; ++h) row[h] = o[h * h_stride] * inv;
+      for (int64_t h = 0; h < g.Hv; ++h) row[h] = o[h * h_stride] * inv;
       *lse_dst = row_logsumexp(stats.shift[i], stats.l[i]);
     } else {
-      std::fill(row, row + g.H, 0.0f);
+      std::fill(row, row + g.Hv, 0.0f);
       *lse_dst = -kInf;
     }
-    store_row(row, dst, g.H);
+    store_row(row, dst, g.Hv);
   }
 }
 
@@ -503,6 +627,10 @@ inline void run_row_tile_items(const Geometry& g, int64_t Br, int threads, void*
 // cpu/attention_decode.cc: attention_fwd's path for those shapes.
 
 inline bool has_few_rows(const Geometry& g) { return g.T * g.G < kLanes; }
+
+// The decode path keeps query and output rows in one padded width: a value
+// head dim of its own takes the row tiles (correct, with idle lanes).
+inline bool takes_decode_path(const Geometry& g) { return has_few_rows(g) && g.Hv == g.H; }
 
 template <typename T>
 size_t decode_fwd_workspace_bytes(const AttentionParams& p);

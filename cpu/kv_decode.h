@@ -410,12 +410,9 @@ inline bool decode_uses_pair_kernels(const DecodeShape& shape) {
   return false;
 }
 
-// tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2 |x|) <= 1: vexp2's range.
+// cap * tanh(x / cap), by the attention kernels' tanh (cpu/attention_tiles.h).
 inline VecF soft_cap_vec(VecF x, float cap) {
-  const VecF ax = vmax(x, -x);
-  const VecF e = vexp2(ax * vsplat(-2.0f * kLog2e / cap));
-  const VecF t = (vsplat(1.0f) - e) / (vsplat(1.0f) + e);
-  return vsplat(cap) * (x < VecF{} ? -t : t);
+  return vsplat(cap) * attention_internal::tanh_of_ratio(x, vsplat(-2.0f * kLog2e / cap));
 }
 
 // Raw scores q . k of keys j0 .. j0 + jn (width: jn rounded up to kLanes) into

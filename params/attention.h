@@ -24,8 +24,14 @@ struct AttentionParams {
   int64_t kv_len = 0;        // S
   int64_t num_heads = 0;     // N
   int64_t num_kv_heads = 0;  // K
-  int64_t head_dim = 0;      // H
+  int64_t head_dim = 0;      // H: query and key
+  // Hv: value, out and their gradients (MLA: 128 against a query/key H of
+  // 192). The handlers take it from the value's shape; -1 here means H.
+  int64_t value_head_dim = -1;
   float scale = 1.0f;
+  // > 0: each scaled product s becomes cap * tanh(s / cap) before the bias and
+  // the masks (Gemma); 0: no cap.
+  float logits_soft_cap = 0.0f;
   bool is_causal = false;
   int64_t window_left = -1;   // -1: unbounded
   int64_t window_right = -1;  // -1: unbounded
@@ -41,6 +47,11 @@ struct AttentionParams {
   const int32_t* query_offset = nullptr;
   const int32_t* q_seq_lengths = nullptr;   // [B] or null; memory as query_offset
   const int32_t* kv_seq_lengths = nullptr;  // [B] or null
+  // Packed sequences: query t of batch b attends key j only where
+  // q_segment_ids[b * T + t] == kv_segment_ids[b * S + j]. Both or neither;
+  // memory as query_offset.
+  const int32_t* q_segment_ids = nullptr;   // [B, T] or null
+  const int32_t* kv_segment_ids = nullptr;  // [B, S] or null
   const uint8_t* mask = nullptr;            // read through mask_strides; null: none
   int64_t mask_strides[4] = {0, 0, 0, 0};   // over [B, N, T, S]; 0 broadcasts
   const float* bias = nullptr;              // read through bias_strides; null: none
@@ -50,12 +61,17 @@ struct AttentionParams {
   int num_threads = 0;
 };
 
+// The value head dim the parameters describe (-1 stands for H).
+inline int64_t value_head_dim(const AttentionParams& p) {
+  return p.value_head_dim >= 0 ? p.value_head_dim : p.head_dim;
+}
+
 // nullptr when `p` describes a problem every backend accepts (head_dim aside:
 // kCudaAttentionMaxHeadDim is the CUDA handler's own check), else the first
 // problem found. The handlers and the CPU kernel's callers check the same rules.
 inline const char* attention_params_error(const AttentionParams& p) {
   if (p.batch < 0 || p.q_len < 0 || p.kv_len < 0 || p.num_heads < 0 || p.num_kv_heads < 0 ||
-      p.head_dim < 0) {
+      p.head_dim < 0 || p.value_head_dim < -1) {
     return "attention: negative dimension";
   }
   if (p.q_len >= kAttentionMaxSeqLen || p.kv_len >= kAttentionMaxSeqLen) {
@@ -75,6 +91,15 @@ inline const char* attention_params_error(const AttentionParams& p) {
     if (p.mask_strides[d] < 0 || p.bias_strides[d] < 0) return "attention: negative stride";
   }
   if (!std::isfinite(p.scale)) return "attention: scale must be finite";
+  if (!(p.logits_soft_cap >= 0.0f) || !std::isfinite(p.logits_soft_cap)) {
+    return "attention: logits_soft_cap must be finite and >= 0 (0: none)";
+  }
+  if (value_head_dim(p) != p.head_dim && (p.head_dim == 0 || value_head_dim(p) == 0)) {
+    return "attention: a value head dim other than the query's needs both to be > 0";
+  }
+  if ((p.q_segment_ids == nullptr) != (p.kv_segment_ids == nullptr)) {
+    return "attention: give both segment ids or neither";
+  }
   if (p.num_threads < 0) return "attention: num_threads must be >= 0";
   return nullptr;
 }

@@ -44,14 +44,15 @@ template <typename Check, typename WorkspaceBytes, typename Run>
 ffi::Error run_attention(const std::string& op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                          const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
                          const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
-                         const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
+                         const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& q_segments,
+                         const ffi::AnyBuffer& kv_segments, const ffi::AnyBuffer& query_offset,
                          float scale, bool is_causal, int64_t window_left, int64_t window_right,
-                         bool allow_tf32, Check&& check, WorkspaceBytes&& workspace_bytes,
-                         Run&& run) {
+                         float logits_soft_cap, bool allow_tf32, Check&& check,
+                         WorkspaceBytes&& workspace_bytes, Run&& run) {
   AttentionParams p;
-  JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
-                                      query_offset, scale, is_causal, window_left, window_right,
-                                      allow_tf32, &p));
+  JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths, q_segments,
+                                      kv_segments, query_offset, scale, is_causal, window_left,
+                                      window_right, logits_soft_cap, allow_tf32, &p));
   JAXOPS_RETURN_IF_ERROR(check(op, p));
   return dispatch(op, q.element_type(), [&](auto tag) {
     Workspace ws;
@@ -63,13 +64,14 @@ ffi::Error run_attention(const std::string& op, const ffi::AnyBuffer& q, const f
 
 ffi::Error AttentionFwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                         ffi::AnyBuffer mask, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                        ffi::AnyBuffer q_segments, ffi::AnyBuffer kv_segments,
                         ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
                         float scale, bool is_causal, int64_t window_left, int64_t window_right,
-                        bool allow_tf32) {
+                        float logits_soft_cap, bool allow_tf32) {
   return run_attention(
-      kAttentionFwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
-      is_causal, window_left, window_right, allow_tf32,
+      kAttentionFwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, q_segments, kv_segments,
+      query_offset, scale, is_causal, window_left, window_right, logits_soft_cap, allow_tf32,
       [&](const std::string& op, const AttentionParams& s) {
         JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, s));
         // The workspace is CUDA's decode split-K scratch: [0] here, checked and unused.
@@ -89,16 +91,17 @@ ffi::Error AttentionFwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
 
 ffi::Error AttentionBwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                         ffi::AnyBuffer mask, ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                        ffi::AnyBuffer q_segments, ffi::AnyBuffer kv_segments,
                         ffi::AnyBuffer query_offset, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                         ffi::AnyBuffer dout, ffi::AnyBuffer dlse, ffi::Result<ffi::AnyBuffer> dq,
                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                         ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> workspace,
                         float scale, bool is_causal,
-                        int64_t window_left, int64_t window_right, bool with_dbias,
-                        bool allow_tf32) {
+                        int64_t window_left, int64_t window_right, float logits_soft_cap,
+                        bool with_dbias, bool allow_tf32) {
   return run_attention(
-      kAttentionBwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
-      is_causal, window_left, window_right, allow_tf32,
+      kAttentionBwd.name, q, k, v, bias, mask, q_lengths, kv_lengths, q_segments, kv_segments,
+      query_offset, scale, is_causal, window_left, window_right, logits_soft_cap, allow_tf32,
       // The CPU kernel sizes its scratch by its thread count and allocates it
       // here: the hidden workspace result is empty on this platform.
       [&](const std::string& op, const AttentionParams& s) {
@@ -126,15 +129,17 @@ ffi::Error AttentionBwd(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
 // skips its products.
 ffi::Error AttentionFwdJvp(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_lengths,
-                           ffi::AnyBuffer kv_lengths, ffi::AnyBuffer query_offset,
+                           ffi::AnyBuffer kv_lengths, ffi::AnyBuffer q_segments,
+                           ffi::AnyBuffer kv_segments, ffi::AnyBuffer query_offset,
                            ffi::AnyBuffer dq, ffi::AnyBuffer dk, ffi::AnyBuffer dv,
                            ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> out,
                            ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> dout,
                            ffi::Result<ffi::AnyBuffer> dlse, float scale, bool is_causal,
-                           int64_t window_left, int64_t window_right, bool allow_tf32) {
+                           int64_t window_left, int64_t window_right, float logits_soft_cap,
+                           bool allow_tf32) {
   return run_attention(
-      kAttentionFwdJvp.name, q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, scale,
-      is_causal, window_left, window_right, allow_tf32,
+      kAttentionFwdJvp.name, q, k, v, bias, mask, q_lengths, kv_lengths, q_segments, kv_segments,
+      query_offset, scale, is_causal, window_left, window_right, logits_soft_cap, allow_tf32,
       [&](const std::string& op, const AttentionParams& s) {
         return check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, s);
       },

@@ -38,6 +38,7 @@ inline constexpr contract::Attribute<bool> kIsCausal{"is_causal"};
 inline constexpr contract::Attribute<int64_t> kWindowLeft{"window_left"};    // -1: unbounded
 inline constexpr contract::Attribute<int64_t> kWindowRight{"window_right"};  // -1: unbounded
 inline constexpr contract::Attribute<bool> kWithDbias{"with_dbias"};
+inline constexpr contract::Attribute<float> kLogitsSoftCap{"logits_soft_cap"};  // 0: none
 
 // The backward's workspace: on CUDA the float32 rows D = rowsum(dout * out) -
 // dlogsumexp [B, N, T]; the CPU handler sizes its scratch by its thread count
@@ -85,12 +86,13 @@ inline contract::Workspace fwd_workspace(const contract::WorkspaceQuery& call) {
 
 inline constexpr auto kAttentionFwd = contract::target_with_workspace(
     "jaxops_attention_fwd", fwd_workspace, kScale, kIsCausal, kWindowLeft, kWindowRight,
-    kAllowTf32);
+    kLogitsSoftCap, kAllowTf32);
 inline constexpr auto kAttentionBwd = contract::target_with_workspace(
     "jaxops_attention_bwd", bwd_workspace, kScale, kIsCausal, kWindowLeft, kWindowRight,
-    kWithDbias, kAllowTf32);
+    kLogitsSoftCap, kWithDbias, kAllowTf32);
 inline constexpr auto kAttentionFwdJvp = contract::target(
-    "jaxops_attention_fwd_jvp", kScale, kIsCausal, kWindowLeft, kWindowRight, kAllowTf32);
+    "jaxops_attention_fwd_jvp", kScale, kIsCausal, kWindowLeft, kWindowRight, kLogitsSoftCap,
+    kAllowTf32);
 
 inline std::vector<contract::TargetDescription> contracts() {
   return {describe(kAttentionFwd), describe(kAttentionBwd), describe(kAttentionFwdJvp)};
@@ -130,6 +132,19 @@ inline ffi::Error check_lengths(const std::string& op, const char* name, const f
   return ffi::Error::Success();
 }
 
+// int32 [B, X] segment ids, or absent ([0]).
+inline ffi::Error check_segment_ids(const std::string& op, const char* name,
+                                    const ffi::AnyBuffer& x, int64_t batch, int64_t len) {
+  auto dims = x.dimensions();
+  if (dims.size() == 1 && dims[0] == 0) return ffi::Error::Success();  // absent
+  if (x.element_type() != ffi::DataType::S32 || dims.size() != 2 || dims[0] != batch ||
+      dims[1] != len) {
+    return invalid(op, std::string(name) + " must be int32 of shape [" + str(batch) + ", " +
+                           str(len) + "], got " + dims_string(dims));
+  }
+  return ffi::Error::Success();
+}
+
 template <typename A, typename B>
 ffi::Error check_same(const std::string& op, const char* a_name, const A& a, const char* b_name,
                       const B& b) {
@@ -159,21 +174,28 @@ inline ffi::Error decode_shape(const std::string& op, const ffi::AnyBuffer& q,
                                const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                                const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mask,
                                const ffi::AnyBuffer& q_lengths, const ffi::AnyBuffer& kv_lengths,
+                               const ffi::AnyBuffer& q_segments,
+                               const ffi::AnyBuffer& kv_segments,
                                const ffi::AnyBuffer& query_offset, float scale, bool is_causal,
-                               int64_t window_left, int64_t window_right, bool allow_tf32,
-                               AttentionParams* s) {
-  auto qd = q.dimensions(), kd = k.dimensions();
+                               int64_t window_left, int64_t window_right, float logits_soft_cap,
+                               bool allow_tf32, AttentionParams* s) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4) return invalid(op, "query must be [B, T, N, H], got " + dims_string(qd));
   if (kd.size() != 4 || kd[0] != qd[0] || kd[3] != qd[3]) {
     return invalid(op, "key must be [B, S, K, H] with query's B and H, got " + dims_string(kd) +
                            " for query " + dims_string(qd));
   }
-  JAXOPS_RETURN_IF_ERROR(check_same(op, "key", k, "value", v));
+  if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2]) {
+    return invalid(op, "value must be [B, S, K, Hv] with key's B, S and K, got " +
+                           dims_string(vd) + " for key " + dims_string(kd));
+  }
+  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "key", k, "value", v));
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "query", q, "key", k));
   s->batch = qd[0];
   s->q_len = qd[1];
   s->num_heads = qd[2];
   s->head_dim = qd[3];
+  s->value_head_dim = vd[3];
   s->kv_len = kd[1];
   s->num_kv_heads = kd[2];
   const int64_t full[4] = {s->batch, s->num_heads, s->q_len, s->kv_len};
@@ -191,6 +213,19 @@ inline ffi::Error decode_shape(const std::string& op, const ffi::AnyBuffer& q,
   JAXOPS_RETURN_IF_ERROR(check_lengths(op, "key_value_seq_lengths", kv_lengths, s->batch));
   s->q_seq_lengths = data_or_null<const int32_t>(q_lengths);
   s->kv_seq_lengths = data_or_null<const int32_t>(kv_lengths);
+  JAXOPS_RETURN_IF_ERROR(
+      check_segment_ids(op, "query_segment_ids", q_segments, s->batch, s->q_len));
+  JAXOPS_RETURN_IF_ERROR(
+      check_segment_ids(op, "key_value_segment_ids", kv_segments, s->batch, s->kv_len));
+  // Zero-size ids of a present operand (B, T or S = 0) are never read.
+  const bool q_ids = q_segments.dimensions().size() == 2;
+  const bool kv_ids = kv_segments.dimensions().size() == 2;
+  if (q_ids != kv_ids) return invalid(op, "give both segment ids or neither");
+  if (q_ids) {
+    static const int32_t kNoIds = 0;
+    s->q_segment_ids = q_segments.element_count() ? data<const int32_t>(q_segments) : &kNoIds;
+    s->kv_segment_ids = kv_segments.element_count() ? data<const int32_t>(kv_segments) : &kNoIds;
+  }
   if (query_offset.element_type() != ffi::DataType::S32 || query_offset.element_count() != 1) {
     return invalid(op, "query_offset must be an int32 scalar");
   }
@@ -199,15 +234,30 @@ inline ffi::Error decode_shape(const std::string& op, const ffi::AnyBuffer& q,
   s->is_causal = is_causal;
   s->window_left = window_left;
   s->window_right = window_right;
+  s->logits_soft_cap = logits_soft_cap;
   s->allow_tf32 = allow_tf32;
   if (const char* error = params::attention_params_error(*s)) return invalid(op, error);
+  return ffi::Error::Success();
+}
+
+// An output-shaped buffer (out, dout): [B, T, N, Hv] in the query's dtype.
+inline ffi::Error check_like_out(const std::string& op, const char* name, const ffi::AnyBuffer& x,
+                                 const ffi::AnyBuffer& q, const AttentionParams& s) {
+  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "query", q, name, x));
+  auto dims = x.dimensions();
+  if (dims.size() != 4 || dims[0] != s.batch || dims[1] != s.q_len || dims[2] != s.num_heads ||
+      dims[3] != params::value_head_dim(s)) {
+    return invalid(op, std::string(name) + " must be [" + str(s.batch) + ", " + str(s.q_len) +
+                           ", " + str(s.num_heads) + ", " + str(params::value_head_dim(s)) +
+                           "] (query's B, T, N and value's head dim), got " + dims_string(dims));
+  }
   return ffi::Error::Success();
 }
 
 inline ffi::Error check_fwd(const std::string& op, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
                             const AttentionParams& s) {
-  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "out", out));
+  JAXOPS_RETURN_IF_ERROR(check_like_out(op, "out", out, q, s));
   return check_stats(op, "logsumexp", lse, s, false);
 }
 
@@ -233,8 +283,8 @@ inline ffi::Error check_bwd(const std::string& op, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv,
                             const ffi::AnyBuffer& dbias, const ffi::AnyBuffer& workspace,
                             bool with_dbias, int64_t workspace_bytes, const AttentionParams& s) {
-  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "out", out));
-  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "dout", dout));
+  JAXOPS_RETURN_IF_ERROR(check_like_out(op, "out", out, q, s));
+  JAXOPS_RETURN_IF_ERROR(check_like_out(op, "dout", dout, q, s));
   JAXOPS_RETURN_IF_ERROR(check_stats(op, "logsumexp", lse, s, false));
   JAXOPS_RETURN_IF_ERROR(check_stats(op, "dlogsumexp", dlse, s, true));
   JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "dquery", dq));
@@ -277,7 +327,7 @@ inline ffi::Error check_fwd_jvp(const std::string& op, const ffi::AnyBuffer& q,
                                 const ffi::AnyBuffer& lse, const ffi::AnyBuffer& dout,
                                 const ffi::AnyBuffer& dlse, const AttentionParams& s) {
   JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, out, lse, s));
-  JAXOPS_RETURN_IF_ERROR(check_same(op, "query", q, "dout", dout));
+  JAXOPS_RETURN_IF_ERROR(check_like_out(op, "dout", dout, q, s));
   JAXOPS_RETURN_IF_ERROR(check_stats(op, "dlogsumexp", dlse, s, false));
   JAXOPS_RETURN_IF_ERROR(check_tangent(op, "dquery", dq, "query", q));
   JAXOPS_RETURN_IF_ERROR(check_tangent(op, "dkey", dk, "key", k));
@@ -295,18 +345,20 @@ template <typename Binding>
 auto bind_attention_operands(Binding&& prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // query [B, T, N, H]
       .template Arg<ffi::AnyBuffer>()                      // key [B, S, K, H]
-      .template Arg<ffi::AnyBuffer>()                      // value [B, S, K, H]
+      .template Arg<ffi::AnyBuffer>()                      // value [B, S, K, Hv]
       .template Arg<ffi::AnyBuffer>()                      // bias f32, broadcastable, or [0]
       .template Arg<ffi::AnyBuffer>()                      // mask bool, broadcastable, or [0]
       .template Arg<ffi::AnyBuffer>()                      // query_seq_lengths s32 [B] or [0]
       .template Arg<ffi::AnyBuffer>()                      // key_value_seq_lengths s32 [B] or [0]
+      .template Arg<ffi::AnyBuffer>()                      // query_segment_ids s32 [B, T] or [0]
+      .template Arg<ffi::AnyBuffer>()                      // key_value_segment_ids s32 [B, S] or [0]
       .template Arg<ffi::AnyBuffer>();                     // query_offset s32 []
 }
 
 template <typename Binding>
 auto bind_attention_fwd(Binding prefix) {
   return bind_attention_operands(std::move(prefix))
-      .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>()   // out [B, T, N, Hv]
       .template Ret<ffi::AnyBuffer>()   // logsumexp f32 [B, N, T]
       .template Ret<ffi::AnyBuffer>();  // workspace (u8; [0] on the CPU and unsplit)
 }
@@ -332,9 +384,9 @@ auto bind_attention_fwd_jvp(Binding prefix) {
       .template Arg<ffi::AnyBuffer>()   // dkey, key-shaped, or [0]
       .template Arg<ffi::AnyBuffer>()   // dvalue, value-shaped, or [0]
       .template Arg<ffi::AnyBuffer>()   // dbias f32, bias-shaped, or [0]
-      .template Ret<ffi::AnyBuffer>()   // out [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>()   // out [B, T, N, Hv]
       .template Ret<ffi::AnyBuffer>()   // logsumexp f32 [B, N, T]
-      .template Ret<ffi::AnyBuffer>()   // dout [B, T, N, H]
+      .template Ret<ffi::AnyBuffer>()   // dout [B, T, N, Hv]
       .template Ret<ffi::AnyBuffer>();  // dlogsumexp f32 [B, N, T]
 }
 

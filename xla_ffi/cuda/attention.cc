@@ -25,19 +25,28 @@ using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
 
 // The shared decoding (xla_ffi/attention_common.h) plus the CUDA kernels' own
-// limit: their tiles hold whole head vectors in shared memory.
+// limits: their tiles hold whole head vectors in shared memory, and they do
+// not yet take a soft cap, segment ids or a value head dim of its own (the
+// Python side takes the jnp reference on the GPU for those).
 ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                          const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
                          const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
-                         const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& query_offset,
+                         const ffi::AnyBuffer& kv_lengths, const ffi::AnyBuffer& q_segments,
+                         const ffi::AnyBuffer& kv_segments, const ffi::AnyBuffer& query_offset,
                          float scale, bool is_causal, int64_t window_left,
-                         int64_t window_right, bool allow_tf32, AttentionParams* p) {
-  JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths,
-                                      query_offset, scale, is_causal, window_left, window_right,
-                                      allow_tf32, p));
+                         int64_t window_right, float logits_soft_cap, bool allow_tf32,
+                         AttentionParams* p) {
+  JAXOPS_RETURN_IF_ERROR(decode_shape(op, q, k, v, bias, mask, q_lengths, kv_lengths, q_segments,
+                                      kv_segments, query_offset, scale, is_causal, window_left,
+                                      window_right, logits_soft_cap, allow_tf32, p));
   if (p->head_dim > params::kCudaAttentionMaxHeadDim) {
     return invalid(op, "the CUDA kernel supports head_dim <= " +
                            str(params::kCudaAttentionMaxHeadDim) + ", got " + str(p->head_dim));
+  }
+  if (p->logits_soft_cap > 0.0f || p->q_segment_ids != nullptr ||
+      params::value_head_dim(*p) != p->head_dim) {
+    return invalid(op, "the CUDA kernels take no logits_soft_cap, segment ids or value head "
+                       "dim other than the query's yet");
   }
   return ffi::Error::Success();
 }
@@ -45,15 +54,17 @@ ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const f
 ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
                         ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                        ffi::AnyBuffer q_segments, ffi::AnyBuffer kv_segments,
                         ffi::AnyBuffer query_offset, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> workspace,
                         float scale, bool is_causal, int64_t window_left, int64_t window_right,
-                        bool allow_tf32) {
+                        float logits_soft_cap, bool allow_tf32) {
   const std::string op = kAttentionFwd.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
-                                       query_offset, scale, is_causal, window_left, window_right,
-                                       allow_tf32, &p));
+                                       q_segments, kv_segments, query_offset, scale, is_causal,
+                                       window_left, window_right, logits_soft_cap, allow_tf32,
+                                       &p));
   JAXOPS_RETURN_IF_ERROR(check_fwd(op, q, *out, *lse, p));
   JAXOPS_RETURN_IF_ERROR(
       check_fwd_workspace(op, *workspace, fwd_workspace_bytes(p, contract::Platform::kCuda)));
@@ -78,17 +89,19 @@ ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 ffi::Error AttentionBwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                         ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
                         ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                        ffi::AnyBuffer q_segments, ffi::AnyBuffer kv_segments,
                         ffi::AnyBuffer query_offset, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                         ffi::AnyBuffer dout, ffi::AnyBuffer dlse, ffi::Result<ffi::AnyBuffer> dq,
                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                         ffi::Result<ffi::AnyBuffer> dbias, ffi::Result<ffi::AnyBuffer> workspace,
                         float scale, bool is_causal, int64_t window_left, int64_t window_right,
-                        bool with_dbias, bool allow_tf32) {
+                        float logits_soft_cap, bool with_dbias, bool allow_tf32) {
   const std::string op = kAttentionBwd.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
-                                       query_offset, scale, is_causal, window_left, window_right,
-                                       allow_tf32, &p));
+                                       q_segments, kv_segments, query_offset, scale, is_causal,
+                                       window_left, window_right, logits_soft_cap, allow_tf32,
+                                       &p));
   const int64_t workspace_bytes = bwd_workspace_bytes(p, contract::Platform::kCuda);
   JAXOPS_RETURN_IF_ERROR(check_bwd(op, q, k, v, bias, out, lse, dout, dlse, *dq, *dk, *dv,
                                    *dbias, *workspace, with_dbias, workspace_bytes, p));
@@ -112,17 +125,19 @@ ffi::Error AttentionBwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 ffi::Error AttentionFwdJvp(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                            ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
                            ffi::AnyBuffer q_lengths, ffi::AnyBuffer kv_lengths,
+                           ffi::AnyBuffer q_segments, ffi::AnyBuffer kv_segments,
                            ffi::AnyBuffer query_offset, ffi::AnyBuffer dq, ffi::AnyBuffer dk,
                            ffi::AnyBuffer dv, ffi::AnyBuffer dbias,
                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                            ffi::Result<ffi::AnyBuffer> dout, ffi::Result<ffi::AnyBuffer> dlse,
                            float scale, bool is_causal, int64_t window_left,
-                           int64_t window_right, bool allow_tf32) {
+                           int64_t window_right, float logits_soft_cap, bool allow_tf32) {
   const std::string op = kAttentionFwdJvp.name;
   AttentionParams p;
   JAXOPS_RETURN_IF_ERROR(decode_params(op, q, k, v, bias, mask, q_lengths, kv_lengths,
-                                       query_offset, scale, is_causal, window_left, window_right,
-                                       allow_tf32, &p));
+                                       q_segments, kv_segments, query_offset, scale, is_causal,
+                                       window_left, window_right, logits_soft_cap, allow_tf32,
+                                       &p));
   JAXOPS_RETURN_IF_ERROR(
       check_fwd_jvp(op, q, k, v, bias, dq, dk, dv, dbias, *out, *lse, *dout, *dlse, p));
   // An absent tangent ([0]) is null, and so is a present one with no elements
