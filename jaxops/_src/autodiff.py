@@ -52,7 +52,7 @@ from jax.extend.core import DropVar, Var, new_jaxpr_eqn
 from jax.interpreters import ad, batching
 from jax.interpreters import partial_eval as pe
 
-from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent
+from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, vary, vma
 
 # transpose(cotangents, saved, wanted, **params) -> one cotangent per tangent
 # operand of T. cotangents: of T's results, None where JAX's is a symbolic zero.
@@ -177,13 +177,19 @@ class Differentiable:
     if all(w is None for w in wanted) or all(c is None for c in cotangents):
       return [None] * len(tangent_operands)
     grads = list(self.transpose(cotangents, list(saved), wanted, **params))
-    for grad, aval in zip(grads, wanted):
+    for index, (grad, aval) in enumerate(zip(grads, wanted)):
       if aval is None:
         continue
-      if grad is None or grad.shape != aval.shape or grad.dtype != aval.dtype:
-        got = None if grad is None else f"{grad.dtype}{list(grad.shape)}"
+      if grad is not None:
+        # Inside shard_map a cotangent has its primal's varying axes; one the
+        # transpose computed from invariant values alone (a zero, a constant)
+        # is cast to vary over them.
+        grads[index] = grad = vary(grad, vma(aval))
+      if (grad is None or grad.shape != aval.shape or grad.dtype != aval.dtype
+          or vma(jax.typeof(grad)) != vma(aval)):
+        got = None if grad is None else jax.typeof(grad).str_short()
         raise AssertionError(f"{self.forward.name}: transpose gave {got} for a tangent of "
-                             f"{aval.dtype}{list(aval.shape)}")
+                             f"{aval.str_short()}")
     return [g if w is not None else None for g, w in zip(grads, wanted)]
 
   def _transpose_tangent(self, cotangents, *operands, **params):

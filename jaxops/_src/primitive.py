@@ -33,7 +33,16 @@ From that, the mechanism registers:
 * an optional sharding rule (``sharding``, see :mod:`jaxops._src.sharding`):
   on a mesh, the kernel runs once per shard on local shapes instead of XLA
   gathering the operands around an opaque custom call;
-* an eager implementation (``jit`` of the primitive).
+* an eager implementation (``jit`` of the primitive);
+* the varying manual axes (``vma``) of ``jax.shard_map`` (with its default
+  ``check_vma=True``): operands that vary over fewer mesh axes than others are
+  cast to varying over all of them before the bind (as ``jnp``'s binary ops
+  do), and every result is typed varying over their union. The family's
+  abstract evaluation does not see any of it. Because the cast comes before
+  the bind, JVP, batching and transpose see operands of one ``vma`` and
+  their results and cotangents keep it; the cast's own transpose sums an
+  operand's cotangent over the axes it did not vary over (a weight shared by
+  every shard gets the sum of the shards' gradients).
 
 Nothing here imports from ``jax._src``.
 """
@@ -149,15 +158,16 @@ class FfiPrimitive:
       mlir.register_lowering(local, self.ffi_lowering(platform), platform=platform)
 
   def __call__(self, *args, **params) -> tuple:
-    return tuple(self.primitive.bind(*args, **params))
+    return tuple(self.primitive.bind(*same_vma(args), **params))
 
   # -- rules -----------------------------------------------------------------
 
   def _abstract_eval(self, *avals, **params):
     avals_out = tuple(self.abstract_eval(*avals, **params))
-    if self.sharding is None:
-      return avals_out
-    return typed_results(self.name, self.sharding(avals, avals_out, **params), avals, avals_out)
+    if self.sharding is not None:
+      avals_out = typed_results(
+          self.name, self.sharding(avals, avals_out, **params), avals, avals_out)
+    return results_varying_like(avals, avals_out)
 
   def _reference_tuple(self, *args, **params):
     return tuple(self.reference(*args, **params))
@@ -304,6 +314,62 @@ def is_absent(x) -> bool:
 
 def is_batched(dims, which: Sequence[int]) -> bool:
   return any(dims[i] is not NOT_MAPPED for i in which)
+
+
+# -- varying manual axes (jax.shard_map with check_vma=True) ---------------------------
+
+
+def vma(aval) -> frozenset:
+  """The manual mesh axes over which a value of type ``aval`` varies inside
+  ``jax.shard_map`` (empty outside it, and with ``check_vma=False``)."""
+  mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10: ShapedArray.mat.varying
+  if mat is not None:
+    return frozenset(mat.varying)
+  return frozenset(getattr(aval, "vma", ()))  # earlier jax: ShapedArray.vma
+
+
+def with_vma(aval, axes: frozenset, mesh_of):
+  """``aval`` typed varying over ``axes`` (and no others). ``mesh_of``: an aval
+  of the same shard_map, whose (manual) mesh a result without one takes."""
+  if vma(aval) == axes:
+    return aval
+  if not hasattr(aval, "manual_axis_type"):
+    return aval.update(vma=axes)
+  sharding = aval.sharding
+  if sharding.mesh.empty:
+    sharding = sharding.update(mesh=mesh_of.sharding.mesh)
+  return aval.update(sharding=sharding,
+                     manual_axis_type=aval.manual_axis_type.update(varying=axes))
+
+
+def results_varying_like(avals_in, avals_out) -> tuple:
+  """Every result varies over the union of the operands' varying axes."""
+  varying = [a for a in avals_in if vma(a)]
+  if not varying:
+    return tuple(avals_out)
+  axes = frozenset().union(*(vma(a) for a in varying))
+  return tuple(with_vma(a, axes, varying[0]) for a in avals_out)
+
+
+def vary(x, axes: frozenset):
+  """``x`` cast to varying over ``axes`` too: a no-op on the data, whose
+  transpose sums the cotangent over the axes ``x`` did not vary over."""
+  missing = tuple(sorted(axes - vma(jax.typeof(x)), key=str))
+  if not missing:
+    return x
+  pcast = getattr(jax.lax, "pcast", None)  # jax >= 0.8; jax.lax.pvary before it
+  return pcast(x, missing, to="varying") if pcast is not None else jax.lax.pvary(x, missing)
+
+
+def same_vma(args) -> tuple:
+  """``args`` each cast to vary over the union of their varying axes (what a
+  primitive's operands are given before its bind, so that JVP, batching and
+  transpose see one ``vma``)."""
+  axes = [vma(jax.typeof(a)) for a in args]
+  union = frozenset().union(*axes)
+  if all(a == union for a in axes):
+    return tuple(args)
+  return tuple(vary(a, union) for a in args)
 
 
 # -- choosing an implementation ------------------------------------------------
