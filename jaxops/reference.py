@@ -231,13 +231,15 @@ def adamw_leaf(grads, params, m, v, scalars, *, apply_updates, nesterov, decay):
 
 def attention_allowed(batch, num_heads, q_len, kv_len, *, mask=None, is_causal=False,
                       query_seq_lengths=None, key_value_seq_lengths=None,
-                      local_window_size=None, query_offset=0):
+                      local_window_size=None, query_offset=0, query_segment_ids=None,
+                      key_value_segment_ids=None):
   """Boolean [B|1, N|1, T, S]: which keys each query row attends.
 
   Query row t sits at position t + query_offset: causal keeps keys j <= that
   position, a (left, right) window keeps position - left <= j <= position +
   right; sequence lengths drop rows t >= query_seq_lengths[b] and keys
-  j >= key_value_seq_lengths[b]; ``mask`` (bool, broadcastable) is and-ed in.
+  j >= key_value_seq_lengths[b]; segment ids ([B, T] and [B, S]) keep key j
+  for row t only where they are equal; ``mask`` (bool, broadcastable) is and-ed in.
   """
   del batch, num_heads
   position = jnp.arange(q_len, dtype=jnp.int32)[:, None] + jnp.asarray(query_offset, jnp.int32)
@@ -257,6 +259,9 @@ def attention_allowed(batch, num_heads, q_len, kv_len, *, mask=None, is_causal=F
   if key_value_seq_lengths is not None:
     keys = jnp.arange(kv_len)[None, :] < key_value_seq_lengths[:, None]
     allowed = allowed & keys[:, None, None, :]
+  if query_segment_ids is not None:
+    same = query_segment_ids[:, :, None] == key_value_segment_ids[:, None, :]
+    allowed = allowed & same[:, None]
   if mask is not None:
     allowed = allowed & mask
   return allowed
@@ -265,20 +270,28 @@ def attention_allowed(batch, num_heads, q_len, kv_len, *, mask=None, is_causal=F
 def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=None,
                              is_causal=False, query_seq_lengths=None,
                              key_value_seq_lengths=None, local_window_size=None,
-                             query_offset=0, precision=None):
-  """Attention on [B, T, N, H] query and [B, S, K, H] key/value (N % K == 0).
+                             query_offset=0, precision=None, logits_soft_cap=None,
+                             query_segment_ids=None, key_value_segment_ids=None, sinks=None):
+  """Attention on [B, T, N, H] query, [B, S, K, H] key and [B, S, K, Hv] value
+  (N % K == 0).
 
-  Returns the output [B, T, N, H] in the query's dtype and the log-sum-exp
+  Returns the output [B, T, N, Hv] in the query's dtype and the log-sum-exp
   of the logits [B, N, T] (float32 for the kernels' dtypes, else the compute
-  dtype). logits = scale * q.k + bias over the attended keys (see
-  ``attention_allowed``); a row with no attended key gives output 0 and
-  log-sum-exp -inf, and no NaN in any derivative. Complex inputs take the
-  complex softmax ``exp(z) / sum(exp(z))`` (as jax.nn's), shifted by the row
-  maximum of the real part. ``precision``: the two products' (``lax.dot``'s
+  dtype). Each logit, in this order: ``s = scale * q.k``; with
+  ``logits_soft_cap``, ``cap * tanh(s / cap)`` (Gemma's formula); ``+ bias``;
+  then the masks (``attention_allowed``: causal and window on positions,
+  sequence lengths, segment ids, ``mask``). The softmax runs over the attended
+  keys plus, with ``sinks`` ([N]), one extra logit ``sinks[n]`` per row of
+  head n whose value vector is zero (gpt-oss), which the log-sum-exp includes.
+  A row with no attended key gives output 0 (and log-sum-exp -inf, or its
+  sink), and no NaN in any derivative. Complex inputs take the complex
+  softmax ``exp(z) / sum(exp(z))`` (as jax.nn's), shifted by the row maximum
+  of the real part. ``precision``: the two products' (``lax.dot``'s
   argument; None follows ``jax.default_matmul_precision``).
   """
   B, T, N, H = query.shape
   S, K = key.shape[1], key.shape[2]
+  Hv = value.shape[3]
   G = N // K
   scale = 1.0 / math.sqrt(H) if scale is None else scale
   dtype = compute_dtype(query.dtype, key.dtype)
@@ -286,19 +299,28 @@ def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=N
   logits = jnp.einsum("btkgh,bskh->bkgts", grouped, key, preferred_element_type=dtype,
                       precision=precision)
   logits = logits.reshape(B, N, T, S) * jnp.asarray(scale, _real_dtype(dtype))
+  if logits_soft_cap is not None:
+    cap = jnp.asarray(logits_soft_cap, _real_dtype(dtype))
+    logits = cap * jnp.tanh(logits / cap)
   if bias is not None:
     logits = logits + bias.astype(dtype)
   allowed = attention_allowed(
       B, N, T, S, mask=mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
       key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
-      query_offset=query_offset)
+      query_offset=query_offset, query_segment_ids=query_segment_ids,
+      key_value_segment_ids=key_value_segment_ids)
   logits = jnp.where(allowed, logits, -jnp.inf)
   # initial=-inf: with S = 0 keys every row attends none (output 0, as jax.nn).
-  row_max = lax.stop_gradient(jnp.max(jnp.real(logits), axis=-1, keepdims=True,
-                                      initial=-jnp.inf))
+  row_max = jnp.max(jnp.real(logits), axis=-1, keepdims=True, initial=-jnp.inf)
+  if sinks is not None:
+    sink = sinks.astype(_real_dtype(dtype))[None, :, None, None]
+    row_max = jnp.maximum(row_max, sink)
+  row_max = lax.stop_gradient(row_max)
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   unnormalized = jnp.exp(logits - row_max)
   total = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  if sinks is not None:
+    total = total + jnp.exp(sink - row_max)
   # != 0, not > 0: a NaN row (NaN total) keeps NaN in its log-sum-exp too.
   attended = total != 0
   safe_total = jnp.where(attended, total, 1.0)
@@ -306,22 +328,28 @@ def attention_with_logsumexp(query, key, value, bias=None, mask=None, *, scale=N
   out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, G, T, S), value,
                    preferred_element_type=dtype, precision=precision)
   lse = jnp.where(attended, row_max + jnp.log(safe_total), -jnp.inf)[..., 0]
-  return out.reshape(B, T, N, H).astype(query.dtype), lse
+  return out.reshape(B, T, N, Hv).astype(query.dtype), lse
 
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
               query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-              return_residual=False, query_offset=0):
-  """``jax.nn.dot_product_attention``'s arguments and results (plus query_offset).
+              return_residual=False, query_offset=0, logits_soft_cap=None,
+              query_segment_ids=None, key_value_segment_ids=None, sinks=None):
+  """``jax.nn.dot_product_attention``'s arguments and results (plus query_offset,
+  and the soft cap, segment ids and sinks of ``attention_with_logsumexp``).
 
-  Also accepts the unbatched [T, N, H] / [S, K, H] forms; bias and mask may
-  have rank < 4 (leading axes are added). With ``return_residual`` also
-  returns the log-sum-exp [B, T, N] (or [T, N]) in the query's dtype. A row
-  with no attended key gives 0 (jax.nn averages V there instead).
+  Also accepts the unbatched [T, N, H] / [S, K, H] forms (segment ids [T] /
+  [S]); bias and mask may have rank < 4 (leading axes are added). With
+  ``return_residual`` also returns the log-sum-exp [B, T, N] (or [T, N]) in
+  the query's dtype. A row with no attended key gives 0 (jax.nn averages V
+  there instead).
   """
   unbatched = query.ndim == 3
   if unbatched:
     query, key, value = query[None], key[None], value[None]
+    if query_segment_ids is not None:
+      query_segment_ids, key_value_segment_ids = (query_segment_ids[None],
+                                                  key_value_segment_ids[None])
 
   def four_d(x):
     return None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape)
@@ -331,7 +359,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   out, lse = attention_with_logsumexp(
       query, key, value, four_d(bias), four_d(mask), scale=scale, is_causal=is_causal,
       query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-      local_window_size=local_window_size, query_offset=query_offset)
+      local_window_size=local_window_size, query_offset=query_offset,
+      logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
+      key_value_segment_ids=key_value_segment_ids, sinks=sinks)
   lse = jnp.transpose(lse, (0, 2, 1)).astype(query.dtype)
   if unbatched:
     out, lse = out[0], lse[0]

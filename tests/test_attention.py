@@ -587,10 +587,11 @@ def kernel_jvp(primals, tangents, mask, q_lengths, kv_lengths, query_offset, *, 
   window_left, window_right = window or (-1, -1)
   out, lse, dout, dlse = call(
       q, k, v, absent(bias, jnp.float32), absent(mask, jnp.bool_), absent(q_lengths, jnp.int32),
-      absent(kv_lengths, jnp.int32), query_offset,
+      absent(kv_lengths, jnp.int32), _absent(jnp.int32), _absent(jnp.int32), query_offset,
       *(absent(t, x.dtype if x is not None else jnp.float32) for t, x in zip(tangents, primals)),
       scale=np.float32(scale), is_causal=np.bool_(is_causal), window_left=np.int64(window_left),
-      window_right=np.int64(window_right), allow_tf32=np.bool_(False))  # as the float32 reference
+      window_right=np.int64(window_right), logits_soft_cap=np.float32(0.0),
+      allow_tf32=np.bool_(False))  # as the float32 reference
   return (out, lse), (dout, dlse)
 
 
@@ -830,7 +831,7 @@ _q, _k, _v = (jnp.ones((2, 5, 4, 8)), jnp.ones((2, 6, 2, 8)), jnp.ones((2, 6, 2,
     (lambda: jaxops.attention(_q[0, 0], _k, _v), ValueError, r"query must have rank in \[3, 4\]: \[B, T, N, H\] or \[T, N, H\], got shape \(4, 8\)"),
     (lambda: jaxops.attention(_q, _k[0], _v), ValueError, "key must have rank 4: the rank of query"),
     (lambda: jaxops.attention(_q, _k[..., :4], _v[..., :4]), ValueError, "head dim"),
-    (lambda: jaxops.attention(_q, _k, _v[:, :5]), ValueError, "value must have the shape of key"),
+    (lambda: jaxops.attention(_q, _k, _v[:, :5]), ValueError, "value must share key's batch, sequence and heads"),
     (lambda: jaxops.attention(_q[:, :, :3], _k, _v), ValueError, "key must have a number of heads K that divides query's N = 3, got K = 2"),
     (lambda: jaxops.attention(_q, _k, _v.astype(jnp.bfloat16)), TypeError, r"value must have the dtype of key \(float32\), got bfloat16"),
     (lambda: jaxops.attention(_q.astype(jnp.int32), _k, _v), TypeError, "query must have a floating"),
@@ -865,15 +866,17 @@ def test_bad_input_is_a_clear_error(call, error, match):
 def _fwd_operands(q_shape=(1, 3, 2, 4), k_shape=(1, 5, 1, 4), bias=np.zeros((0,), np.float32),
                   mask=np.zeros((0,), bool), lengths=np.zeros((0,), np.int32)):
   return [np.ones(q_shape, np.float32), np.ones(k_shape, np.float32), np.ones(k_shape, np.float32),
-          bias, mask, lengths, np.zeros((0,), np.int32), np.int32(0)]
+          bias, mask, lengths, np.zeros((0,), np.int32), np.zeros((0,), np.int32),
+          np.zeros((0,), np.int32), np.int32(0)]
 
 
 _ATTRS = dict(scale=np.float32(0.5), is_causal=np.bool_(False), window_left=np.int64(-1),
-              window_right=np.int64(-1), allow_tf32=np.bool_(False))
+              window_right=np.int64(-1), logits_soft_cap=np.float32(0.0),
+              allow_tf32=np.bool_(False))
 
 
 @pytest.mark.parametrize("operands,results,attrs,match", [
-    (_fwd_operands(), [((1, 3, 2, 5), np.float32), ((1, 2, 3), np.float32)], _ATTRS, "out has shape"),
+    (_fwd_operands(), [((1, 3, 2, 5), np.float32), ((1, 2, 3), np.float32)], _ATTRS, "out must be"),
     (_fwd_operands(k_shape=(1, 5, 1, 3)), [((1, 3, 2, 4), np.float32), ((1, 2, 3), np.float32)],
      _ATTRS, "key must be"),
     (_fwd_operands(k_shape=(1, 5, 3, 4)), [((1, 3, 2, 4), np.float32), ((1, 2, 3), np.float32)],

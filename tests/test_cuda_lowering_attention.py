@@ -16,7 +16,8 @@ import jaxops
 from jaxops._src import ffi_targets
 from support.lowering import DTYPES, T, check_binding, custom_calls
 
-OPERANDS = (T, T, T, "f32", "i1", "i32", "i32", "i32")
+# q, k, v, bias, mask, the two sequence lengths, the two segment ids, query_offset.
+OPERANDS = (T, T, T, "f32", "i1", "i32", "i32", "i32", "i32", "i32")
 # target -> (operand dtypes, result dtypes); the attributes come from the contract.
 BUFFERS = {
     "jaxops_attention_fwd": (OPERANDS, (T, "f32", "ui8")),
@@ -53,7 +54,8 @@ def test_attention_lowers_to_the_cuda_targets(dtype):
     check_binding(call, dtype, BUFFERS)
     operands, text = call.operands, call.text
     # The traced query_offset is a scalar operand; bias and mask arrive unbroadcast.
-    assert [shape for shape, _ in operands[3:8]] == [(1, N, TQ, S), (B, 1, 1, S), (B,), (B,), ()]
+    assert [shape for shape, _ in operands[3:10]] == [(1, N, TQ, S), (B, 1, 1, S), (B,), (B,),
+                                                      (0,), (0,), ()]
     assert "window_left = 3 : i64" in text and "window_right = 1 : i64" in text
   bwd_results = calls[1][2]
   assert bwd_results[3][0] == (1, N, TQ, S)          # dbias, bias-shaped
@@ -65,7 +67,7 @@ def test_absent_operands_and_no_dbias():
   calls = custom_calls(jax.grad(lambda q: jaxops.attention(q, k, v, implementation="ffi").sum()),
                         q)
   fwd, bwd = calls
-  assert [shape for shape, _ in fwd[1][3:7]] == [(0,), (0,), (0,), (0,)]
+  assert [shape for shape, _ in fwd[1][3:9]] == [(0,), (0,), (0,), (0,), (0,), (0,)]
   assert "with_dbias = false" in bwd[4]
   assert bwd[2][3][0] == (0,)
 
@@ -111,4 +113,4 @@ def test_forward_mode_lowers_to_the_one_fused_cuda_kernel(dtype):
   # The bias tangent is bias-shaped; a zero tangent (none of v here) is absent.
   (call,) = custom_calls(lambda q, b: jax.jvp(lambda q, b: f(q, k, v, b, 0), (q, b), (q, b)),
                           q, bias)
-  assert [shape for shape, _ in call[1][8:]] == [q.shape, (0,), (0,), bias.shape]
+  assert [shape for shape, _ in call[1][10:]] == [q.shape, (0,), (0,), bias.shape]

@@ -222,3 +222,66 @@ def test_inputs_kv_and_the_two_caches():
   nnx_module = jnnx.MultiHeadAttention(2, 8, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"MultiHeadAttention: decode must be False with kv_cache"):
     nnx_module(_x[:, :1], kv_cache=cache, decode=True)
+
+
+# -- jaxops.attention's arguments for current models (soft cap, sinks, segment ids) --------
+
+
+def _manual_attention(module_params, x, heads, **kwargs):
+  """The module's projections by hand, then the jnp reference with ``kwargs``."""
+  project = lambda name: jnp.einsum("btd,dnh->btnh", x, module_params[name]["kernel"]) + \
+      module_params[name]["bias"]
+  q, k, v = (project(name) for name in ("query", "key", "value"))
+  out = jaxops.reference.attention(q, k, v, **kwargs)
+  return jnp.einsum("btnh,nhd->btd", out, module_params["out"]["kernel"]) + \
+      module_params["out"]["bias"]
+
+
+def test_linen_soft_cap_sinks_and_segment_ids():
+  ids = jnp.array([[0, 0, 1, 1, 1], [2, 2, 2, 3, 3]])
+  module = jlinen.MultiHeadDotProductAttention(num_heads=2, logits_soft_cap=3.0,
+                                               learnable_sinks=True, is_causal=True)
+  params = module.init(jax.random.key(0), _x, query_segment_ids=ids)["params"]
+  assert params["sinks"].shape == (2,) and not jnp.any(params["sinks"])
+  params = {**params, "sinks": jnp.array([0.5, -1.0])}
+  out = module.apply({"params": params}, _x, query_segment_ids=ids)
+  expected = _manual_attention(params, _x, 2, logits_soft_cap=3.0, sinks=params["sinks"],
+                               is_causal=True, query_segment_ids=ids, key_value_segment_ids=ids)
+  assert_tree_close(out, expected, reduce_size=8)
+  grads = jax.grad(lambda p: jnp.sum(module.apply({"params": p}, _x,
+                                                  query_segment_ids=ids) ** 2))(params)
+  assert jnp.all(jnp.isfinite(grads["sinks"])) and jnp.any(grads["sinks"])
+  assert "jaxops_attention_fwd" in custom_call_targets(
+      lambda x: module.apply({"params": params}, x, query_segment_ids=ids), _x)
+
+
+def test_nnx_soft_cap_sinks_and_segment_ids():
+  ids = jnp.array([[0, 0, 1, 1, 1], [2, 2, 2, 3, 3]])
+  module = jnnx.MultiHeadAttention(num_heads=2, in_features=8, logits_soft_cap=3.0,
+                                   learnable_sinks=True, is_causal=True, decode=False,
+                                   rngs=nnx.Rngs(0))
+  assert module.sinks[...].shape == (2,)
+  module.sinks[...] = jnp.array([0.5, -1.0])
+  out = module(_x, query_segment_ids=ids)
+  params = {name: {"kernel": getattr(module, name).kernel[...],
+                   "bias": getattr(module, name).bias[...]}
+            for name in ("query", "key", "value", "out")}
+  expected = _manual_attention(params, _x, 2, logits_soft_cap=3.0, sinks=module.sinks[...],
+                               is_causal=True, query_segment_ids=ids, key_value_segment_ids=ids)
+  assert_tree_close(out, expected, reduce_size=8)
+  grads = nnx.grad(lambda m: jnp.sum(m(_x, query_segment_ids=ids) ** 2))(module)
+  assert jnp.any(grads.sinks[...])
+
+
+def test_flax_paths_fold_segment_ids_and_refuse_the_rest():
+  """Where Flax's own function runs (sown weights), segment ids become its mask;
+  a soft cap or sinks are a clear error there."""
+  ids = jnp.array([[0, 0, 1, 1, 1], [2, 2, 2, 3, 3]])
+  module = jlinen.MultiHeadDotProductAttention(num_heads=2)
+  params = module.init(jax.random.key(0), _x)
+  sown, _ = module.apply(params, _x, query_segment_ids=ids, sow_weights=True,
+                         mutable=["intermediates"])
+  assert_tree_close(sown, module.apply(params, _x, query_segment_ids=ids), reduce_size=8)
+  capped = jlinen.MultiHeadDotProductAttention(num_heads=2, logits_soft_cap=2.0)
+  with pytest.raises(ValueError, match="logits_soft_cap runs on jaxops.attention only"):
+    capped.apply(params, _x, sow_weights=True, mutable=["intermediates"])

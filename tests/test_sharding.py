@@ -70,6 +70,7 @@ q = _normal(6, (4, 16, 8, 32))
 kv = _normal(7, (4, 16, 2, 32))
 bias = _normal(8, (1, 8, 16, 16))
 w_vocab = _normal(15, (32, 40)) * 0.2
+segment_ids = jnp.repeat(jnp.array([[0, 1], [2, 2], [3, 4], [5, 6]], jnp.int32), 8, axis=1)
 
 # name: (fn, args, shardings of the args, argnums differentiated)
 LOCAL_CASES = {
@@ -104,6 +105,14 @@ LOCAL_CASES = {
     "attention broadcast bias": (
         lambda q, k, v, b: jaxops.attention(q, k, v, bias=b), [q, q, 2 * q, bias],
         [P("data"), P("data"), P("data"), None], (0, 1, 2, 3)),
+    # Segment ids follow the batch; a value head dim of its own, a soft cap and
+    # sinks (merged after the kernel, per head) change nothing in the layout.
+    "attention packed, capped, sinks, Hv != H": (
+        lambda q, k, v, qs, ks: jaxops.attention(
+            q, k, v, is_causal=True, logits_soft_cap=5.0, query_segment_ids=qs,
+            key_value_segment_ids=ks, sinks=np.linspace(-1.0, 1.0, 8, dtype=np.float32)),
+        [q, kv, kv[..., :24], segment_ids, segment_ids],
+        [P("data", None, "model")] * 3 + [P("data"), P("data")], (0, 1, 2)),
 }
 
 

@@ -47,71 +47,82 @@ def _window(window_left, window_right):
 
 
 # -- primitives -------------------------------------------------------------------
+#
+# Operands of the forward: q, k, v, bias, mask, q_lengths, kv_lengths,
+# q_segments, kv_segments, query_offset (the int32 scalar, at _OFFSET); the
+# forward-mode kernel appends the tangents dq, dk, dv, dbias, the backward out,
+# lse, dout, dlse. Sinks are not an operand: they merge into the results by
+# log-sum-exp outside the kernels (_add_sinks).
+
+_OFFSET = 9
+_FORWARD_OPERANDS = 10
 
 
-def _fwd_abstract_eval(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, **params):
+def _fwd_abstract_eval(q, k, v, *operands, **params):
   B, T, N, _ = q.shape
-  return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray((B, N, T), _F32))
+  return (jax.core.ShapedArray((B, T, N, v.shape[3]), q.dtype),
+          jax.core.ShapedArray((B, N, T), _F32))
 
 
-def _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, *, scale,
-                   is_causal, window_left, window_right, allow_tf32):
+def _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, q_segments, kv_segments,
+                   query_offset, *, scale, is_causal, window_left, window_right,
+                   logits_soft_cap, allow_tf32):
   return reference.attention_with_logsumexp(
       q, k, v, _optional(bias), _optional(mask), scale=scale, is_causal=is_causal,
       query_seq_lengths=_optional(q_lengths), key_value_seq_lengths=_optional(kv_lengths),
       local_window_size=_window(window_left, window_right), query_offset=query_offset,
-      precision=matmul_precision.dot_precision(allow_tf32))
+      precision=matmul_precision.dot_precision(allow_tf32),
+      logits_soft_cap=logits_soft_cap or None, query_segment_ids=_optional(q_segments),
+      key_value_segment_ids=_optional(kv_segments))
 
 
-def _bwd_abstract_eval(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dout,
-                       dlse, *, with_dbias, **params):
+def _bwd_abstract_eval(q, k, v, bias, *operands, with_dbias, **params):
   dbias_shape = bias.shape if with_dbias else (0,)
   return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
           jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(dbias_shape, _F32))
 
 
-def _bwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dout, dlse,
-                   *, with_dbias, **params):
-  def forward(q, k, v, bias):
-    return _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, **params)
+def _bwd_reference(*args, with_dbias, **params):
+  operands, (out, lse, dout, dlse) = args[:_FORWARD_OPERANDS], args[_FORWARD_OPERANDS:]
+  del out, lse  # recomputed, so that the reference differentiates exactly
 
-  (_, lse_ref), vjp = jax.vjp(forward, q, k, v, bias)
+  def forward(q, k, v, bias):
+    return _fwd_reference(q, k, v, bias, *operands[4:], **params)
+
+  (_, lse_ref), vjp = jax.vjp(forward, *operands[:4])
   dlse = jnp.zeros_like(lse_ref) if is_absent(dlse) else dlse
   dq, dk, dv, dbias = vjp((dout, dlse))
   return dq, dk, dv, dbias if with_dbias else absent(_F32)
 
 
-def _fwd_jvp_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, dq, dk, dv,
-                       dbias, **params):
-  def forward(q, k, v, bias):
-    return _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, **params)
+def _fwd_jvp_reference(*args, **params):
+  operands, tangents = args[:_FORWARD_OPERANDS], args[_FORWARD_OPERANDS:]
 
-  primals = (q, k, v, bias)
-  tangents = tuple(jnp.zeros_like(p) if is_absent(t) else t
-                   for p, t in zip(primals, (dq, dk, dv, dbias)))
+  def forward(q, k, v, bias):
+    return _fwd_reference(q, k, v, bias, *operands[4:], **params)
+
+  primals = operands[:4]
+  tangents = tuple(jnp.zeros_like(p) if is_absent(t) else t for p, t in zip(primals, tangents))
   (out, lse), (dout, dlse) = jax.jvp(forward, primals, tangents)
   return out, lse, dout, dlse
 
 
 def _fwd_jvp_abstract_eval(q, *operands, **params):
-  out, lse = _fwd_abstract_eval(q, *operands[:7], **params)
+  out, lse = _fwd_abstract_eval(q, *operands[:_FORWARD_OPERANDS - 1], **params)
   return out, lse, out, lse
 
 
-def _jvp_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse, dq, dk,
-                   dv, dbias, **params):
-  del out, lse  # recomputed, so that the reference differentiates exactly
-  return _fwd_jvp_reference(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, dq, dk, dv,
-                            dbias, **params)[2:]
+def _jvp_reference(*args, **params):
+  # out and lse are recomputed, so that the reference differentiates exactly.
+  operands, tangents = args[:_FORWARD_OPERANDS], args[_FORWARD_OPERANDS + 2:]
+  return _fwd_jvp_reference(*operands, *tangents, **params)[2:]
 
 
-def _jvp_with_fused_kernel(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse,
-                           dq, dk, dv, dbias, **params):
+def _jvp_with_fused_kernel(*args, **params):
   """The tangents alone (e.g. evaluating a linearized attention): the fused
   forward-mode kernel, its primal results dropped."""
-  del out, lse
-  return attention_fwd_jvp_p(q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, dq, dk,
-                             dv, dbias, **params)[2:]
+  operands, tangents = args[:_FORWARD_OPERANDS], args[_FORWARD_OPERANDS + 2:]
+  return attention_fwd_jvp_p(*operands, *tangents, **params)[2:]
 
 
 # -- batching: the vmapped axis folds into the batch axis B --------------------------
@@ -151,25 +162,26 @@ def _fwd_batch_rule(prim, args, dims, **params):
   """The forward and the forward-mode primitives: every operand but
   query_offset folds into B (a bias, a mask and the bias tangent, always last,
   may stay broadcast)."""
-  if dims[7] is not NOT_MAPPED:  # a per-example query_offset: vmap the reference
+  if dims[_OFFSET] is not NOT_MAPPED:  # a per-example query_offset: vmap the reference
     return None
   size, batch = _sizes(args, dims)
-  order = [i for i in range(len(args)) if i != 7]
-  may_broadcast = (3, 4, len(order) - 1) if len(args) > 8 else (3, 4)
+  order = [i for i in range(len(args)) if i != _OFFSET]
+  with_tangents = len(args) > _FORWARD_OPERANDS
+  may_broadcast = (3, 4, len(order) - 1) if with_tangents else (3, 4)
   folded = _fold_all([args[i] for i in order], [dims[i] for i in order], size, batch,
                      may_broadcast)
   bias, dbias = folded[3], folded[-1]
-  if len(args) > 8 and not is_absent(dbias) and dbias.shape != bias.shape:
+  if with_tangents and not is_absent(dbias) and dbias.shape != bias.shape:
     # A tangent has its primal's shape: where one of them is batched, neither
     # stays broadcast along B.
     shape = np.broadcast_shapes(bias.shape, dbias.shape)
     folded[3], folded[-1] = jnp.broadcast_to(bias, shape), jnp.broadcast_to(dbias, shape)
-  outs = prim(*folded[:7], args[7], *folded[7:], **params)
+  outs = prim(*folded[:_OFFSET], args[_OFFSET], *folded[_OFFSET:], **params)
   return [o.reshape(size, batch, *o.shape[1:]) for o in outs], (0,) * len(outs)
 
 
 def _bwd_batch_rule(prim, args, dims, *, with_dbias, **params):
-  if dims[7] is not NOT_MAPPED:
+  if dims[_OFFSET] is not NOT_MAPPED:
     return None
   size, batch = _sizes(args, dims)
   args, dims = list(args), list(dims)
@@ -180,9 +192,10 @@ def _bwd_batch_rule(prim, args, dims, *, with_dbias, **params):
     # slots are summed back over b where the bias was broadcast along B.
     args[3] = jnp.broadcast_to(bias, (size, batch, *bias.shape[2:]))
     dims[3] = 0
-  order = [0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11]
+  order = [i for i in range(len(args)) if i != _OFFSET]
   folded = _fold_all([args[i] for i in order], [dims[i] for i in order], size, batch)
-  dq, dk, dv, dbias = prim(*folded[:7], args[7], *folded[7:], with_dbias=with_dbias, **params)
+  dq, dk, dv, dbias = prim(*folded[:_OFFSET], args[_OFFSET], *folded[_OFFSET:],
+                           with_dbias=with_dbias, **params)
   unfold = lambda x: x.reshape(size, batch, *x.shape[1:])
   if with_dbias:
     dbias = unfold(dbias)
@@ -234,9 +247,12 @@ def _sharding(extra_operands, results):
         return ("batch", heads, None)
       if layout == "b":  # sequence lengths
         return ("batch",)
+      if layout == "bt":  # segment ids: [B, T] or [B, S]; the sequence stays whole
+        return ("batch", None)
       return (None,) * aval.ndim  # query_offset
 
-    operands = ["q", "kv", "kv", "bnts", "bnts", "b", "b", "scalar", *extra_operands]
+    operands = ["q", "kv", "kv", "bnts", "bnts", "b", "b", "bt", "bt", "scalar",
+                *extra_operands]
     return Factors([dims(a, l) for a, l in zip(avals_in, operands)],
                    [dims(a, l) for a, l in zip(avals_out, results)], sizes)
 
@@ -256,7 +272,8 @@ attention_fwd_jvp_p = FfiPrimitive(
 
 attention_jvp_p = FfiPrimitive(
     name="jaxops_attention_jvp", target=None,
-    abstract_eval=lambda q, *operands, **params: _fwd_abstract_eval(q, *operands[:7], **params),
+    abstract_eval=lambda q, *operands, **params: _fwd_abstract_eval(
+        q, *operands[:_FORWARD_OPERANDS - 1], **params),
     reference=_jvp_reference, composite=_jvp_with_fused_kernel,
     # Folding the primals too keeps the fused kernel's batch rule on its batched path.
     batch_rule=_fwd_batch_rule)
@@ -271,10 +288,10 @@ attention_bwd_p = FfiPrimitive(
 def _transpose(cotangents, saved, wanted, **params):
   """The backward kernel; dbias (an extra pass) only when the bias is differentiated."""
   dout, dlse = cotangents
-  q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse = saved
+  operands, (out, lse) = saved[:_FORWARD_OPERANDS], saved[_FORWARD_OPERANDS:]
   with_dbias = wanted[3] is not None
   dq, dk, dv, dbias = attention_bwd_p(
-      q, k, v, bias, mask, q_lengths, kv_lengths, query_offset, out, lse,
+      *operands, out, lse,
       jnp.zeros_like(out) if dout is None else dout, absent(_F32) if dlse is None else dlse,
       with_dbias=with_dbias, **params)
   return dq, dk, dv, dbias if with_dbias else None
@@ -282,7 +299,8 @@ def _transpose(cotangents, saved, wanted, **params):
 
 Differentiable(
     forward=attention_fwd_p, tangent=attention_jvp_p, fused=attention_fwd_jvp_p,
-    transpose=_transpose, tangent_inputs=(0, 1, 2, 3), saved_inputs=tuple(range(8)),
+    transpose=_transpose, tangent_inputs=(0, 1, 2, 3),
+    saved_inputs=tuple(range(_FORWARD_OPERANDS)),
     saved_outputs=(0, 1), checkpoint_name="jaxops.attention")
 
 
@@ -291,40 +309,75 @@ Differentiable(
 
 def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
               query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-              return_residual=False, query_offset=0, precision=None, implementation=None):
+              return_residual=False, query_offset=0, logits_soft_cap=None,
+              query_segment_ids=None, key_value_segment_ids=None, sinks=None, precision=None,
+              implementation=None):
   """Scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
 
   ``softmax(scale * query @ key^T + bias, masked) @ value`` per head, computed
-  by a fused flash-attention kernel (no [T, S] matrix is ever stored).
+  by a fused flash-attention kernel (no [T, S] matrix is ever stored), with
+  the soft cap (Gemma), segment ids (packed sequences), sinks (gpt-oss) and a
+  value head dim of its own (MLA) of current models. Each logit is computed
+  in this order, on every path:
+
+  1. ``s = scale * q . k`` (float32 accumulation);
+  2. with ``logits_soft_cap``: ``s = cap * tanh(s / cap)``;
+  3. ``s + bias``;
+  4. the masks, all and-ed: ``is_causal`` and ``local_window_size`` on
+     positions ``t + query_offset`` and ``j``; the sequence lengths; equal
+     segment ids; ``mask``;
+  5. a softmax over the kept keys plus, with ``sinks``, one extra logit
+     ``sinks[n]`` whose value vector is zero;
+  6. ``out = P @ value``, of the value's head dim.
 
   Same arguments and values as jax.nn's for float32, bfloat16 and float16.
   Differences: ``return_residual``'s log-sum-exp is differentiable (jax.nn
   stops its gradient), a row with no attended key gives 0 (below), and the
-  extra ``query_offset`` and ``precision``. float64 and complex inputs run the jnp reference and
-  match ``flax.linen.dot_product_attention`` (the complex softmax
+  extra ``query_offset``, ``logits_soft_cap``, segment ids, ``sinks`` and
+  ``precision``. float64 and complex inputs run the jnp reference and match
+  ``flax.linen.dot_product_attention`` (the complex softmax
   ``exp(z) / sum(exp(z))``); jax.nn's casts the logits to float32 there,
   dropping their imaginary part and float64 precision.
 
   Args:
     query: [B, T, N, H] (or [T, N, H]): float32, bfloat16 or float16 (the
       kernel), or float64 or complex (the jnp reference).
-    key, value: [B, S, K, H] (or [S, K, H]) with N a multiple of K (grouped-query
-      and multi-query attention), the query's dtype (as jax.nn requires).
-    bias: optional float array added to the logits, broadcastable to [B, N, T, S]
-      (rank <= 4; missing leading axes are added, as jax.nn does); complex
-      only for complex inputs.
+    key: [B, S, K, H] (or [S, K, H]) with N a multiple of K (grouped-query and
+      multi-query attention), the query's dtype (as jax.nn requires).
+    value: [B, S, K, Hv] (or [S, K, Hv]), the key's dtype; Hv may differ from
+      H (multi-head latent attention: H = 192, Hv = 128).
+    bias: optional float array added to the logits after the soft cap,
+      broadcastable to [B, N, T, S] (rank <= 4; missing leading axes are added,
+      as jax.nn does); complex only for complex inputs.
     mask: optional boolean array broadcastable to [B, N, T, S]; True attends.
     scale: logit scale; default 1 / sqrt(H).
     is_causal: query row t attends keys j <= t + query_offset.
-    query_seq_lengths, key_value_seq_lengths: optional int32 [B]: rows t >=
-      query_seq_lengths[b] output 0; keys j >= key_value_seq_lengths[b] are masked.
+    query_seq_lengths: optional int32 [B]: rows t >= query_seq_lengths[b]
+      output 0.
+    key_value_seq_lengths: optional int32 [B]: keys j >= key_value_seq_lengths[b]
+      are masked.
     local_window_size: optional int or (left, right): row t attends keys with
       t + query_offset - left <= j <= t + query_offset + right.
-    return_residual: also return the log-sum-exp of the logits, [B, T, N] (or
-      [T, N]) in the query's dtype; differentiable.
+    return_residual: also return the log-sum-exp of the logits (the sink's
+      term included), [B, T, N] (or [T, N]) in the query's dtype; differentiable.
     query_offset: absolute position of query row 0 for the causal and window
       masks (decoding T new tokens against S cached ones: S - T). A Python int
       or an int32 scalar array, which may be traced.
+    logits_soft_cap: optional Python float > 0: each scaled product becomes
+      ``cap * tanh(s / cap)`` before the bias and the masks (Gemma 2 uses 50).
+      Differentiable in query, key, value and bias.
+    query_segment_ids: optional integer [B, T] (or [T]), with
+      ``key_value_segment_ids`` [B, S] (or [S]): both or neither, any int32
+      values, may be traced. Query t attends key j only where the two ids are
+      equal (packed sequences: one id per document). Causal and windows still
+      use the row's positions. A key tile that no query of a tile can attend
+      is skipped whole, so packed attention costs about the sum of its
+      documents'. Not differentiable.
+    key_value_segment_ids: see ``query_segment_ids``.
+    sinks: optional float [N] (float32 or the query's dtype): one logit per
+      query head added to every row's softmax denominator with a zero value
+      vector (gpt-oss's attention sinks). Differentiable; a NaN sink makes its
+      head's rows NaN.
     precision: the float32 products' precision, as ``lax.dot``'s argument;
       None follows ``jax.default_matmul_precision``. As XLA's GPU dots, the
       CUDA kernels (forward, backward and JVP) may use TF32 tensor cores at the
@@ -335,12 +388,32 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       (docs/precision.md).
     implementation: None (the fused kernel where one exists, else the jnp
       reference), "ffi" (the kernel, or an error) or "xla" (the reference).
+      The CPU kernels take every argument; the CUDA kernels do not yet take
+      ``logits_soft_cap``, segment ids or Hv != H (None runs the reference
+      there, "ffi" raises).
 
   Returns:
-    The attention output shaped like ``query`` (and the log-sum-exp when
-    ``return_residual``). A row with no attended key returns 0 (jax.nn returns
-    the mean of V there, an artifact of its large-negative fill) and log-sum-exp
-    -inf, with zero gradients.
+    The attention output [B, T, N, Hv] (or [T, N, Hv]) in the query's dtype,
+    and the log-sum-exp when ``return_residual``. A row with no attended key
+    returns 0 (jax.nn returns the mean of V there, an artifact of its
+    large-negative fill) and log-sum-exp -inf (or its sink), with zero
+    gradients.
+
+  Raises:
+    TypeError: an argument of the wrong type or dtype (a traced
+      ``logits_soft_cap``, non-integer segment ids, non-float sinks).
+    ValueError: a wrong shape or value (key/value axes that do not match the
+      query's, segment ids of the wrong shape or only one of them, sinks of a
+      length other than N, ``logits_soft_cap`` <= 0 or NaN).
+
+  Example:
+    >>> import jax.numpy as jnp, jaxops
+    >>> q = k = v = jnp.ones((1, 4, 2, 8))
+    >>> ids = jnp.array([[0, 0, 1, 1]])
+    >>> out = jaxops.attention(q, k, v, is_causal=True, logits_soft_cap=50.0,
+    ...                        query_segment_ids=ids, key_value_segment_ids=ids)
+    >>> out.shape
+    (1, 4, 2, 8)
   """
   op = "jaxops.attention"
   query = validation.float_array(op, "query", query, complex=True)
@@ -354,14 +427,21 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     query, key, value = query[None], key[None], value[None]
   B, T, N, H = query.shape
   _, S, K, _ = key.shape
-  validation.same_as(op, "value", value, "key", key)
+  Hv = value.shape[3]
   if key.shape[0] != B or key.shape[3] != H:
     raise validation.value_error(
         op, "key", f"share query's batch ({B}) and head dim ({H}) in [B, S, K, H]",
         f"shape {key.shape} for query {query.shape}")
+  if value.shape[:3] != key.shape[:3]:
+    raise validation.value_error(
+        op, "value", f"share key's batch, sequence and heads {key.shape[:3]} in [B, S, K, Hv]",
+        f"shape {value.shape}")
   if key.dtype != query.dtype:
     raise validation.type_error(op, "key", f"have the dtype of query ({query.dtype})",
                                 str(key.dtype))
+  if value.dtype != key.dtype:
+    raise validation.type_error(op, "value", f"have the dtype of key ({key.dtype})",
+                                str(value.dtype))
   if K == 0 or N % K != 0:
     raise validation.value_error(
         op, "key", f"have a number of heads K that divides query's N = {N}", f"K = {K}")
@@ -375,15 +455,22 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                               unbatched)
   q_lengths = _check_lengths(op, "query_seq_lengths", query_seq_lengths, B, unbatched)
   kv_lengths = _check_lengths(op, "key_value_seq_lengths", key_value_seq_lengths, B, unbatched)
+  q_segments, kv_segments = _check_segment_ids(op, query_segment_ids, key_value_segment_ids,
+                                               B, T, S, unbatched)
   window = _check_window(op, local_window_size)
   scale = (1.0 / math.sqrt(H) if scale is None
            else validation.static_float(op, "scale", scale))
+  soft_cap = (None if logits_soft_cap is None else validation.static_float(
+      op, "logits_soft_cap", logits_soft_cap, low=0.0, low_open=True))
+  sinks = _check_sinks(op, sinks, N, query.dtype)
   is_causal = validation.static_bool(op, "is_causal", is_causal)
   return_residual = validation.static_bool(op, "return_residual", return_residual)
   query_offset = validation.int_scalar(op, "query_offset", query_offset)
   allow_tf32 = matmul_precision.allow_tf32(op, precision)
 
-  if _use_kernel(op, implementation, query.dtype, H):
+  features = _Features(soft_cap=soft_cap is not None, segments=q_segments is not None,
+                       head_dims=(H, Hv))
+  if _use_kernel(op, implementation, query.dtype, features):
     window_left, window_right = window if window else (-1, -1)
     out, lse = attention_fwd_p(
         query, key, value,
@@ -391,13 +478,19 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         absent(jnp.bool_) if mask is None else mask,
         absent(_I32) if q_lengths is None else q_lengths,
         absent(_I32) if kv_lengths is None else kv_lengths,
+        absent(_I32) if q_segments is None else q_segments,
+        absent(_I32) if kv_segments is None else kv_segments,
         query_offset, scale=scale, is_causal=is_causal, window_left=window_left,
-        window_right=window_right, allow_tf32=allow_tf32)
+        window_right=window_right, logits_soft_cap=soft_cap or 0.0, allow_tf32=allow_tf32)
+    if sinks is not None:
+      out, lse = _add_sinks(out, lse, sinks)
   else:
     out, lse = reference.attention_with_logsumexp(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
-        local_window_size=window, query_offset=query_offset, precision=precision)
+        local_window_size=window, query_offset=query_offset, precision=precision,
+        logits_soft_cap=soft_cap, query_segment_ids=q_segments,
+        key_value_segment_ids=kv_segments, sinks=sinks)
   if unbatched:
     out, lse = out[0], lse[0]
   if not return_residual:
@@ -405,27 +498,112 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   return out, jnp.swapaxes(lse, -1, -2).astype(query.dtype)
 
 
+def _add_sinks(out, lse, sinks):
+  """The results with each head's sink logit in the softmax: its zero value
+  vector adds exp(sink) to the denominator only, so the output rescales by
+  exp(lse - lse') with lse' = logaddexp(lse, sink). This is the exact merge of
+  two partial softmaxes (as split-K decoding and ring attention combine
+  blocks), done once, after the kernel: one elementwise pass that XLA fuses,
+  on every backend and kernel (forward, backward through JAX's own rules for
+  these few operations, forward mode), and differentiable in the sinks.
+  """
+  sink = sinks.astype(_F32)[None, :, None]
+  merged = jnp.logaddexp(lse, sink)
+  # A row with no attended key (lse -inf) keeps output 0, whatever its sink.
+  attended = lse != -jnp.inf
+  weight = jnp.where(attended, jnp.exp(jnp.where(attended, lse, 0.0) - merged), 0.0)
+  out = out * jnp.swapaxes(weight, 1, 2)[..., None].astype(out.dtype)
+  return out, merged
+
+
+class _Features:
+  """What a call asks of the kernels beyond the original attention."""
+
+  def __init__(self, *, soft_cap, segments, head_dims):
+    self.soft_cap, self.segments, self.head_dims = soft_cap, segments, head_dims
+
+  def cuda_lacks(self):
+    """The arguments the CUDA kernels do not take yet, as words."""
+    lacks = (["logits_soft_cap"] if self.soft_cap else []) + (
+        ["segment ids"] if self.segments else [])
+    if self.head_dims[0] != self.head_dims[1]:
+      lacks.append("a value head dim other than the query's")
+    return lacks
+
+
 # -- argument checks ---------------------------------------------------------------------
 
 
-def _use_kernel(op, implementation, dtype, head_dim):
+def _use_kernel(op, implementation, dtype, features):
   """primitive.use_kernel, and the platform's module must have the attention targets
   (the CPU one has; a CUDA build without them takes the reference) for this head
-  dim (the CUDA kernel keeps whole head vectors in shared memory)."""
+  dim (the CUDA kernel keeps whole head vectors in shared memory) and these
+  features."""
   if not primitive.use_kernel(op, implementation, {"query": dtype}):
     return False
-  platform = primitive.current_platform()
-  if platform == "cuda" and head_dim > _CUDA_MAX_HEAD_DIM:
+  head_dim, value_head_dim = features.head_dims
+  if head_dim != value_head_dim and min(head_dim, value_head_dim) == 0:
+    # An empty head dim on one side only: the reference's (rare) case.
     if implementation == "ffi":
-      raise ValueError(f"{op}: implementation='ffi': the CUDA attention kernel supports head "
-                       f"dims up to {_CUDA_MAX_HEAD_DIM}, got {head_dim}")
+      raise ValueError(f"{op}: implementation='ffi': the kernels need head dims both > 0 "
+                       f"when they differ, got H = {head_dim}, Hv = {value_head_dim}")
     return False
+  platform = primitive.current_platform()
+  if platform == "cuda":
+    reasons = []
+    if max(head_dim, value_head_dim) > _CUDA_MAX_HEAD_DIM:
+      reasons.append(f"head dims up to {_CUDA_MAX_HEAD_DIM}, got "
+                     f"{max(head_dim, value_head_dim)}")
+    if features.cuda_lacks():
+      reasons.append("no " + ", ".join(features.cuda_lacks()) + " yet")
+    if reasons:
+      if implementation == "ffi":
+        raise ValueError(f"{op}: implementation='ffi': the CUDA attention kernel supports "
+                         + "; ".join(reasons))
+      return False
   if attention_fwd_p.target in ffi_targets.targets(platform):
     return True
   if implementation == "ffi":
     raise ValueError(f"{op}: implementation='ffi': jaxops has no attention kernel for the "
                      f"{platform!r} backend")
   return False
+
+
+def _check_segment_ids(op, query_ids, key_value_ids, batch, q_len, kv_len, unbatched):
+  """Both or neither; integer [B, T] and [B, S] ([T] and [S] unbatched), as int32."""
+  if query_ids is None and key_value_ids is None:
+    return None, None
+  if query_ids is None or key_value_ids is None:
+    given, missing = (("query_segment_ids", "key_value_segment_ids") if key_value_ids is None
+                      else ("key_value_segment_ids", "query_segment_ids"))
+    raise validation.value_error(op, missing, f"be given with {given} (both or neither)",
+                                 "None")
+  checked = []
+  for name, ids, length, axis in (("query_segment_ids", query_ids, q_len, "T"),
+                                  ("key_value_segment_ids", key_value_ids, kv_len, "S")):
+    ids = validation.integer_array(op, name, ids)
+    if unbatched:
+      validation.shape(op, name, ids, (length,), of=f"[{axis}]")
+      ids = ids[None]
+    else:
+      validation.shape(op, name, ids, (batch, length), of=f"[B, {axis}]")
+    checked.append(ids.astype(_I32))
+  return tuple(checked)
+
+
+def _check_sinks(op, sinks, num_heads, query_dtype):
+  """None, or a float [N] array of float32 or the query's dtype."""
+  if sinks is None:
+    return None
+  if jnp.iscomplexobj(jnp.zeros((), query_dtype)):
+    raise validation.type_error(op, "sinks", "be None with complex inputs",
+                                validation.describe(sinks))
+  sinks = validation.float_array(op, "sinks", sinks)
+  if sinks.dtype not in (jnp.dtype(_F32), jnp.dtype(query_dtype)):
+    raise validation.type_error(op, "sinks", f"have dtype float32 or the query's ({query_dtype})",
+                                str(sinks.dtype))
+  validation.shape(op, "sinks", sinks, (num_heads,), of="[N] (one per query head)")
+  return sinks
 
 
 def _broadcast_operand(op, name, x, full, unbatched):

@@ -28,13 +28,19 @@ from jaxops.flax._dtypes import is_kernel_dtype
 from jaxops.flax._serving_caches import SERVING_CACHES
 
 
+# jaxops.attention's arguments for current models that Flax's attention
+# functions do not have: the wrappers pass them through to the kernel.
+FEATURES = ("logits_soft_cap", "query_segment_ids", "key_value_segment_ids", "sinks")
+
+
 def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_offset=0,
-           precision=None, implementation=None):
+           precision=None, implementation=None, logits_soft_cap=None, query_segment_ids=None,
+           key_value_segment_ids=None, sinks=None):
   """``jaxops.attention`` over any number of batch axes.
 
-  query [batch..., T, N, H], key/value [batch..., S, K, H]; bias and mask
-  broadcastable to [batch..., N, T, S]. As in Flax, a mask of any dtype
-  attends where it is nonzero.
+  query [batch..., T, N, H], key/value [batch..., S, K, H or Hv]; bias and mask
+  broadcastable to [batch..., N, T, S]; segment ids [batch..., T] and
+  [batch..., S]. As in Flax, a mask of any dtype attends where it is nonzero.
   """
   mask = None if mask is None else jnp.asarray(mask).astype(bool)
   batch_shape = query.shape[:-3]
@@ -51,10 +57,18 @@ def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_of
       return x.reshape((1,) + x.shape[n:])
     return flat(jnp.broadcast_to(x, batch_shape + x.shape[n:]))
 
+  def flat_ids(ids):
+    if ids is None:
+      return None
+    ids = jnp.asarray(ids)
+    return jnp.broadcast_to(ids, batch_shape + ids.shape[-1:]).reshape(-1, ids.shape[-1])
+
   out = jaxops.attention(flat(query), flat(key), flat(value), flat_broadcastable(bias),
                          flat_broadcastable(mask), is_causal=is_causal,
                          query_offset=query_offset, precision=precision,
-                         implementation=implementation)
+                         implementation=implementation, logits_soft_cap=logits_soft_cap,
+                         query_segment_ids=flat_ids(query_segment_ids),
+                         key_value_segment_ids=flat_ids(key_value_segment_ids), sinks=sinks)
   return out.reshape(batch_shape + out.shape[1:])
 
 
@@ -87,7 +101,8 @@ def self_attention_inputs(inputs_q, inputs_k, inputs_v, inputs_kv=None):
 
 
 def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False, rope=None,
-                  precision=None, implementation=None):
+                  precision=None, implementation=None, logits_soft_cap=None, sinks=None,
+                  query_segment_ids=None, key_value_segment_ids=None):
   """Attention of T new query rows against a fixed-length key/value cache.
 
   query [B, T, N, H]; key/value [B, T, K, H] are the new rows' projections,
@@ -96,13 +111,21 @@ def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False,
   so a decode loop compiles once). Cache rows past the written ones are masked
   through ``key_value_seq_lengths``; ``is_causal`` masks as for the full
   sequence. ``rope`` sees absolute positions for both query and new keys.
-  Returns (output [B, T, N, H], updated cache).
+  Returns (output [B, T, N, H], updated cache). The soft cap and sinks apply
+  as in ``jaxops.attention``; segment ids do not go with a cache (a cache
+  holds one sequence per row).
 
   ``kv_cache`` may also be a serving cache (jaxops/flax/_serving_caches.py:
   paged, or one row per sequence), whose sequences each have their own
   position; ``query_offset`` is then unused.
   """
+  if query_segment_ids is not None or key_value_segment_ids is not None:
+    raise ValueError("attend_cached: segment ids do not go with kv_cache (one sequence per "
+                     "cache row)")
   if isinstance(kv_cache, SERVING_CACHES):
+    if logits_soft_cap is not None or sinks is not None:
+      raise ValueError("attend_cached: logits_soft_cap and sinks do not go with a serving "
+                       "cache yet")
     return kv_cache.attend(query, key, value, rope=rope, precision=precision,
                            implementation=implementation)
   validation.rank("attend_cached", "query", query, low=4, high=4, labels="[B, T, N, H]")
@@ -117,8 +140,50 @@ def attend_cached(query, key, value, kv_cache, *, query_offset, is_causal=False,
   out = jaxops.attention(query, cached_key.astype(query.dtype), cached_value.astype(query.dtype),
                          is_causal=is_causal, query_offset=offset,
                          key_value_seq_lengths=lengths, precision=precision,
-                         implementation=implementation)
+                         implementation=implementation, logits_soft_cap=logits_soft_cap,
+                         sinks=sinks)
   return out, (cached_key, cached_value)
+
+
+def model_features(op, logits_soft_cap, sinks, query_segment_ids, key_value_segment_ids,
+                   dtype):
+  """A module's soft cap and sink parameter and its call's segment ids, as
+  ``jaxops.attention`` keyword arguments (the key's ids default to the
+  query's: self-attention over packed rows). The sinks go in the query's dtype
+  when it is a kernel dtype, else float32."""
+  if key_value_segment_ids is None:
+    key_value_segment_ids = query_segment_ids
+  elif query_segment_ids is None:
+    raise ValueError(f"{op}: key_value_segment_ids needs query_segment_ids")
+  if sinks is not None:
+    sinks = jnp.asarray(sinks).astype(dtype if is_kernel_dtype(dtype) else jnp.float32)
+  return dict(logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
+              key_value_segment_ids=key_value_segment_ids, sinks=sinks)
+
+
+def only_on_jaxops(op, features):
+  """Another ``attention_fn`` than jaxops' cannot take these features."""
+  given = [name for name, value in features.items() if value is not None]
+  if given:
+    raise ValueError(f"{op}: {', '.join(given)} need jaxops' attention_fn (the default)")
+
+
+def fold_features(op, mask, features):
+  """For Flax's own attention functions (the weights must exist): segment ids
+  become part of ``mask``; a soft cap or sinks, which Flax's functions cannot
+  compute, are an error naming them."""
+  for name in ("logits_soft_cap", "sinks"):
+    if features.get(name) is not None:
+      raise ValueError(f"{op}: {name} runs on jaxops.attention only, not on Flax's "
+                       "dot_product_attention (taken for sow_weights, dropout on the "
+                       "weights, custom einsums or float64/complex inputs)")
+  q_ids, kv_ids = features.get("query_segment_ids"), features.get("key_value_segment_ids")
+  if q_ids is None and kv_ids is None:
+    return mask
+  if q_ids is None or kv_ids is None:
+    raise ValueError(f"{op}: give query_segment_ids and key_value_segment_ids together")
+  same = jnp.asarray(q_ids)[..., None, :, None] == jnp.asarray(kv_ids)[..., None, None, :]
+  return _and(mask, same)
 
 
 def _causal_mask(query, key, query_offset):
@@ -144,7 +209,9 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
                                 dtype=None, precision=None, module=None,
                                 force_fp32_for_softmax=False, einsum_dot_general=None,
                                 qk_attn_weights_einsum=None, attn_weights_value_einsum=None,
-                                *, is_causal=False, query_offset=0, implementation=None):
+                                *, is_causal=False, query_offset=0, implementation=None,
+                                logits_soft_cap=None, query_segment_ids=None,
+                                key_value_segment_ids=None, sinks=None):
   """``flax.linen.dot_product_attention`` on ``jaxops.attention``: the same
   signature (so ``flax.linen.MultiHeadDotProductAttention`` passes it every
   argument), and Flax's own function wherever the kernel cannot give Flax's result.
@@ -158,16 +225,21 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
   inputs' dtypes), with softmax statistics in float32 whatever the dtype; with
   ``force_fp32_for_softmax`` the output is float32, as Flax's is.
 
-  Beyond Flax: grouped-query key/value (fewer heads dividing the query's) and
-  ``is_causal`` (at ``query_offset``). Differences on the kernel path:
+  Beyond Flax: grouped-query key/value (fewer heads dividing the query's),
+  ``is_causal`` (at ``query_offset``) and ``jaxops.attention``'s
+  ``logits_soft_cap``, segment ids (Flax's path folds them into the mask) and
+  ``sinks`` (the kernel path only). Differences on the kernel path:
   ``precision`` sets the kernel's float32 products as it sets Flax's einsums
   (module docstring), and a query row whose keys are all masked gives 0 where
   Flax averages the values.
   """
+  features = dict(logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
+                  key_value_segment_ids=key_value_segment_ids, sinks=sinks)
   query, key, value = nn.dtypes.promote_dtype(query, key, value, dtype=dtype)
   if (module is not None or (dropout_rate > 0.0 and not deterministic)
       or einsum_dot_general is not None or qk_attn_weights_einsum is not None
       or attn_weights_value_einsum is not None or not is_kernel_dtype(query.dtype)):
+    mask = fold_features("jaxops.flax.linen.dot_product_attention", mask, features)
     key, value, mask = flax_inputs(query, key, value, mask, is_causal=is_causal,
                                    query_offset=query_offset)
     return nn.dot_product_attention(
@@ -175,7 +247,7 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
         deterministic, dtype, precision, module, force_fp32_for_softmax, einsum_dot_general,
         qk_attn_weights_einsum, attn_weights_value_einsum)
   out = attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
-               precision=precision, implementation=implementation)
+               precision=precision, implementation=implementation, **features)
   # Flax's fp32 softmax leaves float32 weights, whose product with V is float32.
   return out.astype(jnp.float32) if force_fp32_for_softmax else out
 
@@ -184,7 +256,8 @@ def nnx_dot_product_attention(query, key, value, bias=None, mask=None, broadcast
                               dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
                               precision=None, module=None,
                               promote_dtype=nnx_dtypes.promote_dtype, is_causal=False,
-                              *, query_offset=0, implementation=None):
+                              *, query_offset=0, implementation=None, logits_soft_cap=None,
+                              query_segment_ids=None, key_value_segment_ids=None, sinks=None):
   """``flax.nnx.dot_product_attention`` on ``jaxops.attention``, with its
   signature; pass it as ``attention_fn`` to ``flax.nnx.MultiHeadAttention``.
 
@@ -193,19 +266,23 @@ def nnx_dot_product_attention(query, key, value, bias=None, mask=None, broadcast
   ``nnx.Intermediate``; dropout on the weights active) and for dtypes the
   kernel lacks (float64, complex); otherwise the fused kernel on the inputs
   promoted by ``promote_dtype`` (grouped-query key/value and ``is_causal`` at
-  ``query_offset`` included). ``precision`` sets the kernel's float32
+  ``query_offset`` included, and ``jaxops.attention``'s ``logits_soft_cap``,
+  segment ids and ``sinks``). ``precision`` sets the kernel's float32
   products as it sets Flax's einsums (module docstring); a query row whose
   keys are all masked gives 0.
   """
+  features = dict(logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
+                  key_value_segment_ids=key_value_segment_ids, sinks=sinks)
   query, key, value = promote_dtype((query, key, value), dtype=dtype)
   if (module is not None or (dropout_rate > 0.0 and not deterministic)
       or not is_kernel_dtype(query.dtype)):
+    mask = fold_features("jaxops.flax.nnx.dot_product_attention", mask, features)
     mask, is_causal = nnx_causality(query, key, mask, is_causal, query_offset)
     return nnx.dot_product_attention(
         query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
         deterministic, dtype, precision, module, promote_dtype, is_causal)
   return attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
-                precision=precision, implementation=implementation)
+                precision=precision, implementation=implementation, **features)
 
 
 def nnx_causality(query, key, mask, is_causal, query_offset):

@@ -223,7 +223,7 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     the ``cache`` collection) works as in Flax.
   - ``implementation``: passed to ``jaxops.attention``.
   - ``logits_soft_cap``: ``jaxops.attention``'s soft cap (Gemma: 50.0).
-  - ``sinks``: True gives the module a learnable per-head sink logit, the
+  - ``learnable_sinks``: True gives the module a learnable per-head sink logit, the
     parameter ``sinks`` [num_heads] (zeros at init; gpt-oss).
   - ``query_segment_ids``, ``key_value_segment_ids`` (call): packed
     sequences, [batch..., T] and [batch..., S] (``key_value_segment_ids``
@@ -240,7 +240,7 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
   rope: Callable[[Any, Any], Any] | None = None
   implementation: str | None = None
   logits_soft_cap: float | None = None
-  sinks: bool = False
+  learnable_sinks: bool = False
 
   @nn.compact
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
@@ -270,7 +270,7 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
                                     implementation=self.implementation, name=name)
       query, key = norm("query_ln")(query), norm("key_ln")(key)
     sinks = (self.param("sinks", nn.initializers.zeros_init(), (self.num_heads,),
-                        self.param_dtype) if self.sinks else None)
+                        self.param_dtype) if self.learnable_sinks else None)
     features = model_features(_MHA, self.logits_soft_cap, sinks, query_segment_ids,
                               key_value_segment_ids, query.dtype)
     if kv_cache is not None:

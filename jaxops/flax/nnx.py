@@ -178,7 +178,7 @@ class RotaryEmbedding(nnx.Module):
 _MHA = "jaxops.flax.nnx.MultiHeadAttention"
 _MULTI_HEAD_ATTENTION = extended(
     nnx.MultiHeadAttention.__init__, attention_fn=dot_product_attention, is_causal=False,
-    rope=None, implementation=None, logits_soft_cap=None, sinks=False)
+    rope=None, implementation=None, logits_soft_cap=None, learnable_sinks=False)
 
 
 class MultiHeadAttention(nnx.MultiHeadAttention):
@@ -205,7 +205,7 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   ``query_offset``, attends over the cached prefix and returns
   ``(output, kv_cache)``. ``decode`` left unset means False (Flax raises).
   ``logits_soft_cap`` (constructor) is ``jaxops.attention``'s soft cap;
-  ``sinks=True`` gives the module a learnable per-head sink logit, the
+  ``learnable_sinks=True`` gives the module a learnable per-head sink logit, the
   parameter ``sinks`` [num_heads] (zeros at init; gpt-oss); the call
   arguments ``query_segment_ids`` [batch..., T] and ``key_value_segment_ids``
   [batch..., S] (default: the query's, for self-attention) pack sequences.
@@ -216,10 +216,10 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   """
 
   def __init__(self, *args, attention_fn=dot_product_attention, is_causal=False, rope=None,
-               implementation=None, logits_soft_cap=None, sinks=False, **kwargs):
+               implementation=None, logits_soft_cap=None, learnable_sinks=False, **kwargs):
     a = bind(_MULTI_HEAD_ATTENTION, self, *args, attention_fn=attention_fn,
              is_causal=is_causal, rope=rope, implementation=implementation,
-             logits_soft_cap=logits_soft_cap, sinks=sinks, **kwargs)
+             logits_soft_cap=logits_soft_cap, learnable_sinks=learnable_sinks, **kwargs)
     _arguments.attention_heads(
         _MHA, qkv_features=a["qkv_features"] or a["in_features"], num_heads=a["num_heads"],
         num_kv_heads=a["num_kv_heads"], dropout_rate=a["dropout_rate"], is_causal=is_causal,
@@ -227,8 +227,8 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
     super().__init__(*args, attention_fn=attention_fn, **kwargs)
     self.is_causal, self.rope, self.implementation = is_causal, rope, implementation
     self.logits_soft_cap = logits_soft_cap
-    self.sinks = (nnx.Param(jnp.zeros((a["num_heads"],), a["param_dtype"])) if sinks
-                  else None)
+    self.sinks = (nnx.Param(jnp.zeros((a["num_heads"],), a["param_dtype"]))
+                  if learnable_sinks else None)
 
   __init__.__signature__ = _MULTI_HEAD_ATTENTION
 
