@@ -7,7 +7,7 @@
   y = jaxops.sparse.linear(x, sparse_w, bias)   # x [..., in] -> [..., out]
   w_dense = jaxops.sparse.decompress(sparse_w)
 
-The packed layout is described in :mod:`jaxops._src.sparse`.
+The packed layout: docs/training.md, "2:4 sparse linear".
 """
 
 from jaxops._src.sparse import SparseWeight, compress, decompress, linear, metadata_cols, prune_2_4

@@ -2,8 +2,8 @@
 
 Every public module's docstring examples (``>>>``) run as doctests, with
 ``jax``, ``jax.numpy as jnp``, ``numpy as np`` and ``jaxops`` imported, so that
-a stale example fails here; so do the README's quick start and the getting
-started page's code. The site (docs/, README "Documentation") is built
+a stale example fails here; so do the README's quick start and the code of
+the landing and getting-started pages. The site (docs/, README "Documentation") is built
 with warnings as errors, with the examples' execution off: their code runs in
 tests/test_docs_examples.py, one process per example.
 """
@@ -81,18 +81,19 @@ def test_readme_quick_start_runs():
   exec(compile(quick_start, "README.md", "exec"), {})
 
 
-def test_getting_started_runs():
-  blocks = _fenced_python((DOCS / "getting-started.md").read_text())
+@pytest.mark.parametrize("page", ["index.md", "getting-started.md"])
+def test_page_code_runs(page):
+  blocks = _fenced_python((DOCS / page).read_text())
   assert blocks
   namespace = {}
   for block in blocks:
     if block.startswith(">>>"):
-      test = doctest.DocTestParser().get_doctest(block, namespace, "getting-started", None, 0)
+      test = doctest.DocTestParser().get_doctest(block, namespace, page, None, 0)
       runner = doctest.DocTestRunner(optionflags=OPTIONS)
       output = []
       assert runner.run(test, out=output.append).failed == 0, "".join(output)
     else:
-      exec(compile(block, "getting-started.md", "exec"), namespace)
+      exec(compile(block, page, "exec"), namespace)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sphinx") is None

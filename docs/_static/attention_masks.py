@@ -28,15 +28,15 @@ panels = [
     ("is_causal, query_offset=4\n(4 new rows, 8 keys)", cols <= np.arange(4)[:, None] + 4, 4),
     ("key_value_seq_lengths=5", np.broadcast_to(cols < 5, (T, S)), T),
     ("segment ids 0 0 0 1 1 1 1 2\nwith is_causal", causal & (segments[:, None] == segments[None, :]), T),
-    ("all of the above ANDed\nwith mask[:, 1] = False",
+    ("causal, lengths=5, segments, and\nmask[:, 1] = False: all ANDed",
      causal & (segments[:, None] == segments[None, :]) & (cols < 5) & boolean, T),
 ]
 
-fig, axes = plt.subplots(1, len(panels), figsize=(2.3 * len(panels), 2.9))
-for ax, (title, kept, t) in zip(axes, panels):
+fig, axes = plt.subplots(2, 3, figsize=(8.4, 6.4))
+for ax, (title, kept, t) in zip(axes.flat, panels):
   kept = np.asarray(kept)[:t]
   ax.imshow(kept, cmap="Blues", vmin=-0.3, vmax=1.0, aspect="equal")
-  ax.set_title(title, fontsize=8)
+  ax.set_title(title, fontsize=9)
   ax.set_xticks(range(S))
   ax.set_yticks(range(t))
   ax.set_yticklabels(range(8 - t, 8) if t < T else range(t))
@@ -45,7 +45,8 @@ for ax, (title, kept, t) in zip(axes, panels):
   ax.set_yticks(np.arange(-0.5, t), minor=True)
   ax.grid(which="minor", color="white", linewidth=1)
   ax.set_xlabel("key position j", fontsize=7)
-axes[0].set_ylabel("query position t (+ offset)", fontsize=7)
+for ax in axes[:, 0]:
+  ax.set_ylabel("query position t (+ offset)", fontsize=7)
 fig.tight_layout()
 out = pathlib.Path(__file__).with_name("attention-masks.png")
 fig.savefig(out, dpi=130)
