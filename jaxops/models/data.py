@@ -18,7 +18,17 @@ VOCAB_SIZE = 256
 
 def stdlib_corpus(max_bytes: int = 4 << 20) -> np.ndarray:
   """The bytes of the standard library's .py files, in sorted path order, up to
-  ``max_bytes``; third-party packages (site-/dist-packages) are skipped."""
+  ``max_bytes``; third-party packages (site-/dist-packages) are skipped.
+
+  Args:
+    max_bytes: the most bytes to read.
+
+  Returns:
+    uint8 numpy array of the bytes.
+
+  Raises:
+    RuntimeError: no ``.py`` file was found.
+  """
   root = os.path.dirname(os.__file__)
   chunks, total = [], 0
   for directory, subdirs, files in os.walk(root):
@@ -47,6 +57,24 @@ def batch_at(corpus: np.ndarray, position: int, batch: int, seq_len: int) -> np.
   Row i reads at ``position + i * stride`` (wrapping), stride = corpus / batch,
   so the rows of a batch come from different files; the next batch is at
   ``position + seq_len``.
+
+  Args:
+    corpus: uint8 bytes (:func:`stdlib_corpus`).
+    position: the data position of the batch.
+    batch: rows.
+    seq_len: tokens per row (each row holds ``seq_len + 1``).
+
+  Returns:
+    int32 ``[batch, seq_len + 1]``.
+
+  Raises:
+    ValueError: the corpus is shorter than a row.
+
+  Examples:
+    >>> from jaxops.models import data
+    >>> corpus = np.frombuffer(b"hello, world! " * 10, np.uint8)
+    >>> data.decode_text(data.batch_at(corpus, 0, 2, 6)[0])
+    'hello, '
   """
   span = len(corpus) - seq_len - 1
   if span <= 0:

@@ -103,7 +103,24 @@ class DecoderLMNNX(nnx.Module):
 
 
 def init_params(config: DecoderConfig, seed: int = 0):
-  """Linen parameters ({"params": ...}) of a fresh model."""
+  """Linen parameters ({"params": ...}) of a fresh model.
+
+  Args:
+    config: the model's configuration.
+    seed: the initialisation seed.
+
+  Returns:
+    ``{"params": ...}``, the variables :class:`DecoderLM` applies.
+
+  Examples:
+    >>> from jaxops.models import decoder
+    >>> from jaxops.models.config import DecoderConfig
+    >>> variables = decoder.init_params(DecoderConfig(d_model=32, num_layers=1))
+    >>> logits = decoder.linen_model(DecoderConfig(d_model=32, num_layers=1)).apply(
+    ...     variables, jnp.zeros((1, 8), jnp.int32))
+    >>> logits.shape
+    (1, 8, 256)
+  """
   return linen_model(config).init(jax.random.key(seed), jnp.zeros((1, 8), jnp.int32))
 
 

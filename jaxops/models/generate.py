@@ -30,7 +30,23 @@ def _step(variables, config, token, position, caches):
 @functools.partial(jax.jit, static_argnames=("config", "num_new"))
 def generate(variables, prompt, key, *, config: DecoderConfig, num_new: int,
              temperature: float = 1.0):
-  """Samples ``num_new`` tokens after ``prompt`` [B, P]; returns [B, P + num_new]."""
+  """Samples ``num_new`` tokens after ``prompt`` with a KV cache.
+
+  One ``jit``: the prompt is read in one cached call (prefill), then a
+  ``lax.fori_loop`` decodes one token per step with the position as a traced
+  ``query_offset``, so the loop compiles once.
+
+  Args:
+    variables: the linen variables ``{"params": ...}`` of a :class:`DecoderLM`.
+    prompt: int32 ``[B, P]`` token ids, ``P >= 1``.
+    key: a PRNG key for the sampling.
+    config: the model's :class:`~jaxops.models.config.DecoderConfig`.
+    num_new: how many tokens to generate.
+    temperature: the sampling temperature (0: greedy).
+
+  Returns:
+    int32 ``[B, P + num_new]``: the prompt followed by the new tokens.
+  """
   batch, prompt_len = prompt.shape
   logits, caches = _prefill(variables, config, prompt, prompt_len + num_new)
   tokens = jnp.concatenate([prompt, jnp.zeros((batch, num_new), prompt.dtype)], axis=1)
@@ -50,9 +66,21 @@ def generate(variables, prompt, key, *, config: DecoderConfig, num_new: int,
 
 @functools.partial(jax.jit, static_argnames=("config", "prefill_len"))
 def decode_logits(variables, tokens, *, config: DecoderConfig, prefill_len: int):
-  """Logits [B, L, vocab] of ``tokens`` [B, L] computed as a decode would: the
-  first ``prefill_len`` in one cached call, the rest one at a time (teacher
-  forcing). They equal the full-sequence forward's; the tests check it."""
+  """The logits a decode computes, for testing it against the full forward.
+
+  The first ``prefill_len`` tokens are read in one cached call, the rest one at
+  a time (teacher forcing). They equal the full-sequence forward's logits; the
+  tests check it.
+
+  Args:
+    variables: the linen variables of a :class:`DecoderLM`.
+    tokens: int32 ``[B, L]``.
+    config: the model's configuration.
+    prefill_len: tokens read by the first call, in ``[1, L]``.
+
+  Returns:
+    float ``[B, L, vocab]``.
+  """
   batch, length = tokens.shape
   logits, caches = _prefill(variables, config, tokens[:, :prefill_len], length)
   all_logits = jnp.zeros((batch, length, logits.shape[-1]), logits.dtype)

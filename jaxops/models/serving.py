@@ -155,7 +155,27 @@ def serve(variables, config: DecoderConfig, prompts: Sequence[np.ndarray],
   arrays) with continuous batching; ``progress(done, total, new_tokens, seconds)``
   is called after every iteration. Returns the new tokens and the measurements.
   ``warmup`` first serves one two-token request, untimed, so that ``seconds``
-  excludes compilation and first-call costs."""
+  excludes compilation and first-call costs.
+
+  Args:
+    variables: the linen variables of a :class:`~jaxops.models.decoder.DecoderLM`.
+    config: the model's configuration.
+    prompts: one int token array per request.
+    max_new_tokens: the tokens to generate for each request.
+    serve_config: the scheduler's sizes and sampling parameters.
+    key: a PRNG key for the sampling (default ``jax.random.key(0)``).
+    paged: a paged KV cache (``jaxops.paged_attention``), or with False a
+      contiguous ``[max_batch, max_seq_len]`` cache on the jnp reference path.
+    progress: called as ``progress(done, total, new_tokens, seconds)``.
+    warmup: serve a two-token request first, untimed.
+
+  Returns:
+    A :class:`ServeResult`.
+
+  Raises:
+    ValueError: a request has an empty prompt, asks for no token, needs more
+      than ``max_seq_len`` tokens or more pages than the pool holds.
+  """
   plan = serve_config
   _validate(plan, prompts, max_new_tokens, paged)
   key = jax.random.key(0) if key is None else key

@@ -41,7 +41,16 @@ def make_optimizer(opt: OptimizerConfig, implementation: str | None):
 
 
 def loss_fn(variables, batch, config: DecoderConfig):
-  """Next-token loss of ``batch`` [B, T + 1]: inputs batch[:, :-1], labels batch[:, 1:]."""
+  """Next-token loss of ``batch`` [B, T + 1]: inputs batch[:, :-1], labels batch[:, 1:].
+
+  Args:
+    variables: the linen variables of a :class:`~jaxops.models.decoder.DecoderLM`.
+    batch: int32 ``[B, T + 1]``.
+    config: the model's configuration.
+
+  Returns:
+    The mean next-token cross-entropy, a float32 scalar.
+  """
   logits = linen_model(config).apply(variables, batch[:, :-1])
   return lm_loss(logits, batch[:, 1:], ignore_index=config.ignore_index,
                  implementation=config.implementation)
@@ -64,6 +73,14 @@ def make_train_step(config: DecoderConfig, tx, mesh: Mesh | None = None):
   kernel). With ``mesh`` the batch is split over its "data" axis and the
   parameters and optimizer state are replicated: data parallelism, the
   gradient all-reduce inserted by XLA's partitioner.
+
+  Args:
+    config: the model's configuration.
+    tx: the optimizer, a :func:`jaxops.optim.adamw` (its ``step`` is used).
+    mesh: optional mesh with a ``"data"`` axis (:func:`data_mesh`).
+
+  Returns:
+    The jitted step.
   """
 
   def step(variables, opt_state, batch):
@@ -99,7 +116,19 @@ def run_steps(compiled_step, variables, opt_state, batches, *, mesh: Mesh | None
   """Runs ``compiled_step`` over the iterable ``batches`` (numpy [B, T + 1]);
   returns (variables, opt_state, losses as floats). ``on_step(i, loss,
   variables, opt_state)`` sees each step's result (the float conversion of the
-  loss waits for the step to finish, so timings taken there are real)."""
+  loss waits for the step to finish, so timings taken there are real).
+
+  Args:
+    compiled_step: a step from :func:`make_train_step`.
+    variables: the model's variables.
+    opt_state: the optimizer's state.
+    batches: an iterable of int32 ``[B, T + 1]`` numpy batches.
+    mesh: the step's mesh, if any: batches are sharded over its ``"data"`` axis.
+    on_step: optional callback ``on_step(i, loss, variables, opt_state)``.
+
+  Returns:
+    ``(variables, opt_state, losses)``.
+  """
   losses = []
   for i, batch in enumerate(batches):
     variables, opt_state, loss = compiled_step(variables, opt_state,
