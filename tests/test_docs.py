@@ -3,7 +3,8 @@
 Every public module's docstring examples (``>>>``) run as doctests, with
 ``jax``, ``jax.numpy as jnp``, ``numpy as np`` and ``jaxops`` imported, so that
 a stale example fails here; so do the README's quick start and the code of
-the landing and getting-started pages. The site (docs/, README "Documentation") is built
+the landing and getting-started pages. The README stays one screen and holds
+the commands .ci/run runs. The site (docs/, README "Documentation") is built
 with warnings as errors, with the examples' execution off: their code runs in
 tests/test_docs_examples.py, one process per example.
 """
@@ -69,6 +70,16 @@ def test_docstring_example(module, name):
   output = []
   result = runner.run(test, out=output.append)
   assert result.failed == 0, "".join(output)
+
+
+def test_readme_is_one_screen_and_holds_what_ci_runs():
+  readme = (ROOT / "README.md").read_text()
+  assert len(readme.splitlines()) <= 150
+  ci = (ROOT / ".ci" / "run").read_text().splitlines()
+  commands = [line for line in ci if line.strip() and not line.startswith(("#", "set ", "cd "))]
+  assert len(commands) == 2  # the tests, and the Bazel build
+  for command in commands:
+    assert command in readme.splitlines(), f"README.md lacks .ci/run's command {command!r}"
 
 
 def _fenced_python(text: str) -> list[str]:

@@ -461,13 +461,15 @@ def _mu_dtype(value):
 
 
 class AdamW(optax.GradientTransformationExtraArgs):
-  """An ``optax.GradientTransformationExtraArgs`` (``init``, ``update``), the
+  """The optimizer :func:`adamw` returns.
+
+  An ``optax.GradientTransformationExtraArgs`` (``init``, ``update``), the
   class ``optax.adamw`` returns, with one more method, :meth:`step`, that also
-  applies the update."""
+  applies the update.
+  """
 
   def step(self, grads, state: AdamWState, params, **extra_args):
-    """``update`` then ``optax.apply_updates`` in one kernel call for all
-    leaves; returns (new params, new state).
+    """``update`` then ``optax.apply_updates`` in one kernel call for all leaves.
 
     Donate params and state to update them in place. ``jax.jit`` pairs donated
     buffers with results of the same shape and dtype in order, so pass them in
@@ -475,6 +477,15 @@ class AdamW(optax.GradientTransformationExtraArgs):
     ``f(grads, params, state) -> (params, state)`` (or keep both in one
     train-state pytree); in another order each buffer is paired with another
     leaf's result and XLA copies around the in-place kernel.
+
+    Args:
+      grads: the gradients, a pytree of the parameters' structure.
+      state: the :class:`AdamWState`.
+      params: the parameters.
+      **extra_args: accepted and ignored, as ``update``'s.
+
+    Returns:
+      ``(new_params, new_state)``.
     """
     return self.update.step(grads, state, params, **extra_args)
 
