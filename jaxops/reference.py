@@ -507,9 +507,11 @@ def paged_gather(pages, block_tables, scales=None):
 def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, kv_lens,
                                    query_lens=None, *, scale=None, logits_soft_cap=None,
                                    local_window_size=None, key_scales=None,
-                                   value_scales=None):
+                                   value_scales=None, sinks=None):
   """Attention of query [B, T, N, H] over the paged cache: the output
   [B, T, N, H] in the query's dtype and the log-sum-exp [B, N, T] float32.
+  With ``sinks`` ([N]), each row's softmax has one extra logit ``sinks[n]``
+  whose value is zero (as in ``attention_with_logsumexp``).
 
   Query row t < query_lens[b] sits at position kv_lens[b] - query_lens[b] + t
   and attends keys j <= position (and j >= position - local_window_size);
@@ -548,9 +550,14 @@ def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, 
   read = jnp.any(allowed, axis=1)[:, :, None, None]
   values = jnp.where(read, values, jnp.zeros((), values.dtype))
   row_max = jnp.max(logits, axis=-1, keepdims=True)
+  if sinks is not None:
+    sink = sinks.astype(dtype)[None, :, None, None]
+    row_max = jnp.maximum(row_max, sink)
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   unnormalized = jnp.exp(logits - row_max)
   total = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  if sinks is not None:
+    total = total + jnp.exp(sink - row_max)
   attended = total != 0
   probs = unnormalized / jnp.where(attended, total, 1.0)
   out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, G, T, S), values.astype(dtype),
@@ -561,14 +568,15 @@ def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, 
 
 def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, query_lens=None,
                     scale=None, logits_soft_cap=None, local_window_size=None,
-                    return_residual=False, key_scales=None, value_scales=None):
+                    return_residual=False, key_scales=None, value_scales=None, sinks=None):
   """jaxops.paged_attention's arguments and results: query [B, N, H] (decode)
   or [B, T, N, H]; the log-sum-exp [B, N] or [B, N, T] with return_residual."""
   decode = query.ndim == 3
   out, lse = paged_attention_with_logsumexp(
       query[:, None] if decode else query, key_pages, value_pages, block_tables, kv_lens,
       query_lens, scale=scale, logits_soft_cap=logits_soft_cap,
-      local_window_size=local_window_size, key_scales=key_scales, value_scales=value_scales)
+      local_window_size=local_window_size, key_scales=key_scales, value_scales=value_scales,
+      sinks=sinks)
   if decode:
     out, lse = out[:, 0], lse[..., 0]
   return (out, lse) if return_residual else out

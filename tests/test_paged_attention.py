@@ -187,6 +187,37 @@ def test_soft_cap_window_and_scale(backend, options):
   check_against_reference(cache, query_lens=jnp.array([3, 2], jnp.int32), **options)
 
 
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("dtype,q_len", [(jnp.float32, None), (jnp.bfloat16, 3), (INT8, None)],
+                         ids=["float32-decode", "bfloat16-prefill", "int8-decode"])
+def test_sinks(backend, dtype, q_len):
+  """Per-head sinks (gpt-oss) merge into the kernel's results as the
+  reference's extra logit; a row with no key keeps output 0, its lse the sink."""
+  cache = make_cache(2, batch=3, heads=4, kv_heads=2, head_dim=16, page_size=4, max_pages=3,
+                     dtype=dtype, q_len=q_len)
+  sinks = jnp.array([0.5, -1.0, 2.0, 0.0], jnp.float32)
+  query_lens = None if q_len is None else jnp.array([3, 1, 2], jnp.int32)
+  check_against_reference(cache, query_lens=query_lens, sinks=sinks, logits_soft_cap=5.0)
+  query, kp, vp, tables, _, scales = cache
+  out, lse = jaxops.paged_attention(query, kp, vp, tables, jnp.array([0, 5, 1], jnp.int32),
+                                    sinks=sinks, return_residual=True, **_scale_kwargs(scales),
+                                    **FFI)
+  assert not jnp.any(out[0]) and jnp.allclose(lse[0], sinks if q_len is None else sinks[:, None])
+
+
+def test_sinks_nan_and_bad_sinks():
+  cache = make_cache(3, batch=2, heads=4, kv_heads=2, head_dim=8, page_size=4, max_pages=2,
+                     dtype=jnp.float32)
+  query, kp, vp, tables, kv_lens, _ = cache
+  out = jaxops.paged_attention(query, kp, vp, tables, jnp.maximum(kv_lens, 1),
+                               sinks=jnp.array([0.0, jnp.nan, 0.0, 0.0]))
+  assert jnp.isnan(out[:, 1]).all() and not jnp.isnan(out[:, [0, 2, 3]]).any()
+  with pytest.raises(ValueError, match="sinks must have shape"):
+    jaxops.paged_attention(query, kp, vp, tables, kv_lens, sinks=jnp.zeros((3,)))
+  with pytest.raises(TypeError, match="sinks must have"):
+    jaxops.paged_attention(query, kp, vp, tables, kv_lens, sinks=jnp.zeros((4,), jnp.int32))
+
+
 def _attended_slots(tables, kv_lens, query_lens, T, num_pages, page_size, window):
   """[num_pages, page_size] bool: the slots some query row attends. Sequence
   b's rows attend positions max(0, kv - rows - window) .. kv - 1 together

@@ -52,7 +52,7 @@ def _window(window_left, window_right):
 # q_segments, kv_segments, query_offset (the int32 scalar, at _OFFSET); the
 # forward-mode kernel appends the tangents dq, dk, dv, dbias, the backward out,
 # lse, dout, dlse. Sinks are not an operand: they merge into the results by
-# log-sum-exp outside the kernels (_add_sinks).
+# log-sum-exp outside the kernels (merge_sinks).
 
 _OFFSET = 9
 _FORWARD_OPERANDS = 10
@@ -462,7 +462,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
            else validation.static_float(op, "scale", scale))
   soft_cap = (None if logits_soft_cap is None else validation.static_float(
       op, "logits_soft_cap", logits_soft_cap, low=0.0, low_open=True))
-  sinks = _check_sinks(op, sinks, N, query.dtype)
+  sinks = check_sinks(op, sinks, N, query.dtype)
   is_causal = validation.static_bool(op, "is_causal", is_causal)
   return_residual = validation.static_bool(op, "return_residual", return_residual)
   query_offset = validation.int_scalar(op, "query_offset", query_offset)
@@ -483,7 +483,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         query_offset, scale=scale, is_causal=is_causal, window_left=window_left,
         window_right=window_right, logits_soft_cap=soft_cap or 0.0, allow_tf32=allow_tf32)
     if sinks is not None:
-      out, lse = _add_sinks(out, lse, sinks)
+      out, lse = merge_sinks(out, lse, sinks)
   else:
     out, lse = reference.attention_with_logsumexp(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
@@ -498,7 +498,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   return out, jnp.swapaxes(lse, -1, -2).astype(query.dtype)
 
 
-def _add_sinks(out, lse, sinks):
+def merge_sinks(out, lse, sinks):
   """The results with each head's sink logit in the softmax: its zero value
   vector adds exp(sink) to the denominator only, so the output rescales by
   exp(lse - lse') with lse' = logaddexp(lse, sink). This is the exact merge of
@@ -523,12 +523,12 @@ class _Features:
     self.soft_cap, self.segments, self.head_dims = soft_cap, segments, head_dims
 
   def cuda_lacks(self):
-    """The arguments the CUDA kernels do not take yet, as words."""
-    lacks = (["logits_soft_cap"] if self.soft_cap else []) + (
-        ["segment ids"] if self.segments else [])
-    if self.head_dims[0] != self.head_dims[1]:
-      lacks.append("a value head dim other than the query's")
-    return lacks
+    """The arguments the CUDA kernels do not take yet, as words: none. The
+    tensor-core and SIMT kernels take the soft cap, segment ids and every pair
+    of head dims up to _CUDA_MAX_HEAD_DIM (which _use_kernel checks); the
+    decode kernels take the soft cap, and the CUDA handler gives calls with
+    segment ids or Hv != H to the tiled kernels."""
+    return []
 
 
 # -- argument checks ---------------------------------------------------------------------
@@ -591,7 +591,7 @@ def _check_segment_ids(op, query_ids, key_value_ids, batch, q_len, kv_len, unbat
   return tuple(checked)
 
 
-def _check_sinks(op, sinks, num_heads, query_dtype):
+def check_sinks(op, sinks, num_heads, query_dtype):
   """None, or a float [N] array of float32 or the query's dtype."""
   if sinks is None:
     return None

@@ -35,6 +35,7 @@ from jax.interpreters import ad
 
 from jaxops import reference
 from jaxops._src import matmul_precision, primitive, validation
+from jaxops._src.attention import check_sinks, merge_sinks
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, is_absent
 from jaxops._src.sharding import Factors
 
@@ -252,7 +253,7 @@ def _pages(op, key_pages, value_pages, key_scales, value_scales):
 def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, query_lens=None,
                     scale=None, logits_soft_cap=None, local_window_size=None,
                     return_residual=False, key_scales=None, value_scales=None,
-                    precision=None, implementation=None):
+                    sinks=None, precision=None, implementation=None):
   """Attention of new queries over a paged KV cache (decode and chunked prefill).
 
   Sequence b's cached tokens are ``kv_lens[b]``; token i lives in page
@@ -263,7 +264,9 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
   including that position (causal against the cache), and with
   ``local_window_size=w`` only the last ``w + 1`` of them (keys ``j >=
   position - w``). Per head, ``softmax(scale * q.k)`` over those keys, with
-  ``logits_soft_cap * tanh(logits / logits_soft_cap)`` applied first when given.
+  ``logits_soft_cap * tanh(logits / logits_soft_cap)`` applied first when given,
+  and with ``sinks`` one extra logit ``sinks[n]`` of value zero in each row's
+  softmax (as ``jaxops.attention``'s).
   GQA/MQA: query head n reads kv head ``n // (num_heads // num_kv_heads)``.
 
   Traced data is clamped, never trusted (so no kernel reads outside the
@@ -295,6 +298,9 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
       or [batch, num_heads, T], float32.
     key_scales, value_scales: float32 [num_pages, page_size, num_kv_heads], the
       scale of each int8 row (the real value is ``pages * scales``).
+    sinks: optional float [num_heads] (float32 or the query's dtype): per-head
+      sink logits (gpt-oss), merged into the kernel's results by log-sum-exp;
+      the log-sum-exp includes them.
     precision: as ``lax.dot``'s (None follows ``jax.default_matmul_precision``):
       the kernels carry it (``allow_tf32``) but compute in full float32 at every
       setting, on the CPU and on CUDA: decoding is bandwidth-bound
@@ -348,6 +354,7 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
   if local_window_size is not None:
     local_window_size = validation.non_negative_int(op, "local_window_size", local_window_size)
   return_residual = validation.static_bool(op, "return_residual", return_residual)
+  sinks = check_sinks(op, sinks, N, query.dtype)
   allow_tf32 = matmul_precision.allow_tf32(op, precision)
   dtypes = {"query": query.dtype}
   if key_pages.dtype != _INT8:
@@ -361,11 +368,13 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
         scale=scale, logits_soft_cap=logits_soft_cap or 0.0,
         window_left=-1 if local_window_size is None else local_window_size,
         allow_tf32=allow_tf32)
+    if sinks is not None:
+      out, lse = merge_sinks(out, lse, sinks)
   else:
     out, lse = reference.paged_attention_with_logsumexp(
         query, key_pages, value_pages, block_tables, kv_lens, query_lens, scale=scale,
         logits_soft_cap=logits_soft_cap, local_window_size=local_window_size,
-        key_scales=key_scales, value_scales=value_scales)
+        key_scales=key_scales, value_scales=value_scales, sinks=sinks)
   if decode:
     out, lse = out[:, 0], lse[..., 0]
   return (out, lse) if return_residual else out
