@@ -172,14 +172,13 @@ def topk_router(logits, k: int, *, score: str = "softmax", renormalize: bool = T
       reference), "ffi" (the kernel, or an error) or "xla" (the reference).
 
   Returns:
-    weights: [..., k] float32 (float64 for float64 logits): routers compute in
-      float32 and MoE layers combine expert outputs with float32 weights; cast
-      them where the layer wants the activations' dtype.
-    experts: [..., k] int32, in descending order of the selection key.
-
-  Differentiable in ``logits`` (the weights' gradient flows to the chosen
-  experts' logits, and through softmax's normaliser to all of them); the
-  experts are integers (float0 tangents).
+    ``(weights, experts)``. ``weights``: ``[..., k]`` float32 (float64 for
+    float64 logits): routers compute in float32 and MoE layers combine expert
+    outputs with float32 weights; cast them where the layer wants the
+    activations' dtype. Differentiable in ``logits`` (the weights' gradient
+    flows to the chosen experts' logits, and through softmax's normaliser to
+    all of them). ``experts``: ``[..., k]`` int32, in descending order of the
+    selection key (integers: float0 tangents).
 
   Raises:
     TypeError: ``logits`` is not a floating-point array, or ``k``,
