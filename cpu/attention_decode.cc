@@ -58,14 +58,16 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
   std::fill(s.stats.shift, s.stats.shift + rows, 0.0f);
   std::fill(s.stats.l, s.stats.l + rows, 0.0f);
 
-  for (int64_t j0 = tile.key_begin; j0 < tile.key_end; j0 += Bc) {
+  // Key tiles of other documents only are stepped over (Bc is kKeyTile).
+  for (int64_t j0 = next_attended_tile(g, b, tile, tile.key_begin), next; j0 < tile.key_end;
+       j0 = next) {
     const int64_t jn = std::min(Bc, tile.key_end - j0);
     const int64_t at = ((b * g.S + j0) * g.K + kh) * H;
-    if (j0 + jn < tile.key_end) {
-      prefetch_kv_tile(g, k, v, b, kh, j0 + jn, std::min(Bc, tile.key_end - j0 - jn));
+    next = next_attended_tile(g, b, tile, j0 + jn);
+    if (next < tile.key_end) {
+      prefetch_kv_tile(g, k, v, b, kh, next, std::min(Bc, tile.key_end - next));
     }
     const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
-    if (segments.skip) continue;
     const float* kr;
     const float* vr;
     int64_t ld;

@@ -82,15 +82,16 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
     std::fill(s.stats.m, s.stats.m + Br, -kInf);
     std::fill(s.stats.l, s.stats.l + Br, 0.0f);
 
-    for (int64_t j0 = tile.key_begin; j0 < tile.key_end; j0 += kKeyTile) {
+    // Key tiles of other documents only are stepped over before any product.
+    for (int64_t j0 = next_attended_tile(g, b, tile, tile.key_begin), next; j0 < tile.key_end;
+         j0 = next) {
       const int64_t jn = std::min(kKeyTile, tile.key_end - j0);
-      if (j0 + jn < tile.key_end) {
-        prefetch_kv_tile(g, k, v, b, kh, j0 + jn, std::min(kKeyTile, tile.key_end - j0 - jn));
+      next = next_attended_tile(g, b, tile, j0 + jn);
+      if (next < tile.key_end) {
+        prefetch_kv_tile(g, k, v, b, kh, next, std::min(kKeyTile, tile.key_end - next));
       }
       const bool inside = tile.inside(j0, jn);
-      // A key tile of other documents only: skipped before any product.
       const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
-      if (segments.skip) continue;
 #if defined(JAXOPS_BF16_DOT)
       if (bf16_dot) {
         const uint32_t* kp =

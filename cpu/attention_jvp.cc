@@ -95,15 +95,18 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
     std::fill(s.stats.m, s.stats.m + Br, -kInf);
     std::fill(s.stats.l, s.stats.l + Br, 0.0f);
 
-    for (int64_t j0 = tile.key_begin; j0 < tile.key_end; j0 += kKeyTile) {
+    // Key tiles of other documents only are stepped over before any product.
+    for (int64_t j0 = next_attended_tile(g, b, tile, tile.key_begin), next; j0 < tile.key_end;
+         j0 = next) {
       const int64_t jn = std::min(kKeyTile, tile.key_end - j0);
-      if (j0 + jn < tile.key_end) {
-        const int64_t next = std::min(kKeyTile, tile.key_end - j0 - jn);
+      next = next_attended_tile(g, b, tile, j0 + jn);
+      if (next < tile.key_end) {
+        const int64_t next_n = std::min(kKeyTile, tile.key_end - next);
         for (const T* x : {k, d.dk}) {
-          if (x) prefetch_kv_rows(g, x, H, b, kh, j0 + jn, next);
+          if (x) prefetch_kv_rows(g, x, H, b, kh, next, next_n);
         }
         for (const T* x : {v, d.dv}) {
-          if (x) prefetch_kv_rows(g, x, Hv, b, kh, j0 + jn, next);
+          if (x) prefetch_kv_rows(g, x, Hv, b, kh, next, next_n);
         }
       } else {
         // The rows the results go to, written after this last tile: at
@@ -113,7 +116,6 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
         prefetch_tile_rows<true>(g, dout, Hv, b, s.t, s.n, rows);
       }
       const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
-      if (segments.skip) continue;  // other documents only: nothing to add
       int64_t ld, ldv;
       const float* kt = kv_tile_as_float(g, k, H, b, kh, j0, jn, s.kf, &ld);
       const float* vt = kv_tile_as_float(g, v, Hv, b, kh, j0, jn, s.vf, &ldv);

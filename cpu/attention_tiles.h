@@ -138,7 +138,7 @@ inline TileSegments tile_segments(const Geometry& g, int64_t b, const IdRange& r
 inline VecF tanh_of_ratio(VecF x, VecF minus_two_over_c_log2) {
   const VecF ax = vmax(x, -x);
   const VecF e = vexp2(ax * minus_two_over_c_log2);
-  const VecF t = (vsplat(1.0f) - e) / (vsplat(1.0f) + e);
+  const VecF t = (vsplat(1.0f) - e) * vreciprocal_1_2(vsplat(1.0f) + e);
   return x < VecF{} ? -t : t;
 }
 
@@ -417,6 +417,20 @@ inline RowTile plan_row_tile(const Geometry& g, int64_t b, int64_t kh, int64_t r
   tile.max_lo = t_first < 0 ? 0 : g.lo(t_last);
   tile.min_hi = t_first < 0 ? 0 : g.hi(t_first, tile.kv_valid);
   return tile;
+}
+
+// The first key tile at or after j0 (tiles of kKeyTile keys, as the row
+// tile's loop steps them) that the row tile's segment ids may attend; the
+// tile's key_end when there is none. The loops step by it, so that the tile
+// they ask the caches for next is one they will read: over packed documents
+// most tiles before a row tile's document are skipped.
+inline int64_t next_attended_tile(const Geometry& g, int64_t b, const RowTile& tile, int64_t j0) {
+  if (!g.q_segments) return j0;
+  for (; j0 < tile.key_end; j0 += kKeyTile) {
+    const int64_t jn = std::min(kKeyTile, tile.key_end - j0);
+    if (tile.ids.meets(IdRange::of(g.kv_ids(b) + j0, jn))) return j0;
+  }
+  return tile.key_end;
 }
 
 // Asks for the tile's rows (i < rows) of a [B, T, N, d] tensor to be brought

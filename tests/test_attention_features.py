@@ -230,6 +230,20 @@ def test_mla_head_dims():
   vjp_against_reference(jax.jit(f), r, [q, k, v], reduce_size=192)
 
 
+def test_absorbed_mla_decode_head_dims():
+  """DeepSeek's absorbed decode: H = 576 (512 latent + 64 rope) for queries and
+  keys, the value the keys' first 512 features, one query token, 16 heads on
+  one latent head (MQA)."""
+  q, k = random_inputs(38, [(2, 1, 16, 576), (2, 40, 1, 576)])
+  v = k[..., :512]
+  lengths = np.array([40, 23], np.int32)
+  f = lambda q, k, v: jaxops.attention(q, k, v, key_value_seq_lengths=lengths, scale=0.05)
+  r = lambda q, k, v: reference.attention(q, k, v, key_value_seq_lengths=lengths, scale=0.05)
+  out = jax.jit(f)(q, k, v)
+  assert out.shape == (2, 1, 16, 512)
+  assert_close(out, jax.jit(r)(q, k, v), reduce_size=576)
+
+
 @pytest.mark.parametrize("in_axes", [(0, 0, 0, 0, 0), (None, None, None, 0, 0),
                                      (2, None, None, None, 0)])
 def test_vmap(in_axes):
