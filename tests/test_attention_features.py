@@ -380,3 +380,13 @@ def test_value_axes_must_match_the_key(value_shape):
   q, k, _ = qkv(42, B, T, S, N, K, 8)
   with pytest.raises(ValueError, match="value must share key's batch, sequence and heads"):
     jaxops.attention(q, k, jnp.ones(value_shape))
+
+
+def test_empty_query_and_key_head_dim_with_the_default_scale():
+  """H = 0 (no scale to default to): every logit is 0, so each row averages
+  its attended values; no ZeroDivisionError."""
+  q, k = jnp.ones((1, 3, 2, 0)), jnp.ones((1, 4, 2, 0))
+  v = random_inputs(43, [(1, 4, 2, 5)])[0]
+  out = jaxops.attention(q, k, v, is_causal=True)
+  assert_close(out, reference.attention(q, k, v, is_causal=True, scale=1.0))
+  assert_close(out[0, 0], v[0, 0])

@@ -350,7 +350,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       broadcastable to [B, N, T, S] (rank <= 4; missing leading axes are added,
       as jax.nn does); complex only for complex inputs.
     mask: optional boolean array broadcastable to [B, N, T, S]; True attends.
-    scale: logit scale; default 1 / sqrt(H).
+    scale: logit scale; default 1 / sqrt(H) (1 for H = 0, whose logits are 0).
     is_causal: query row t attends keys j <= t + query_offset.
     query_seq_lengths: optional int32 [B]: rows t >= query_seq_lengths[b]
       output 0.
@@ -458,8 +458,11 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   q_segments, kv_segments = _check_segment_ids(op, query_segment_ids, key_value_segment_ids,
                                                B, T, S, unbatched)
   window = _check_window(op, local_window_size)
-  scale = (1.0 / math.sqrt(H) if scale is None
-           else validation.static_float(op, "scale", scale))
+  if scale is None:
+    # An empty head vector's logits are 0 at any scale: 1 stands in for 1 / sqrt(0).
+    scale = 1.0 / math.sqrt(H) if H > 0 else 1.0
+  else:
+    scale = validation.static_float(op, "scale", scale)
   soft_cap = (None if logits_soft_cap is None else validation.static_float(
       op, "logits_soft_cap", logits_soft_cap, low=0.0, low_open=True))
   sinks = check_sinks(op, sinks, N, query.dtype)
