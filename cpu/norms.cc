@@ -123,7 +123,12 @@ void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, float* mea
       const CenteredSums sums = row_centered_sums(xr, first_mu, cols);
       const float correction = sums.linear * inv_cols;
       const float mu = first_mu + correction;
-      const float var = std::max(sums.square * inv_cols - correction * correction, 0.f);
+      // A row whose squares overflow (one 1e30) has an infinite variance, as in
+      // the reference, and rstd 0; the correction's square may overflow too,
+      // and inf - inf must not make it NaN.
+      const float var = std::isinf(sums.square)
+                            ? sums.square
+                            : std::max(sums.square * inv_cols - correction * correction, 0.f);
       const float rs = 1.f / std::sqrt(var + epsilon);
       float* yr = writer.target(y + r * cols);
 #pragma omp simd

@@ -71,9 +71,12 @@ struct MeanM2 {
   float m2;
 };
 
+// An empty side returns the other as it is: its delta^2 * 0 would be NaN where
+// the other's mean is large (a row holding 1e30, whose m2 is rightly inf).
 __device__ __forceinline__ MeanM2 merge(const MeanM2& a, const MeanM2& b) {
+  if (b.count == 0.f) return a;
+  if (a.count == 0.f) return b;
   const float count = a.count + b.count;
-  if (count == 0.f) return a;
   const float delta = b.mean - a.mean;
   const float b_share = __fdividef(b.count, count);
   return {count, a.mean + delta * b_share,

@@ -310,3 +310,23 @@ def test_handler_rejects_inconsistent_buffers(target, operands, results, attrs, 
   call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])
   with pytest.raises(Exception, match=match):
     jax.block_until_ready(call(*operands, **attrs))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@backends.parametrize("cols", {backends.CPU: [37], backends.HARNESS: [37, 300, 9001]})
+def test_layer_norm_row_with_overflowing_square(backend, cols, dtype):
+  """A row holding 1e30: its squares overflow, the reference's variance is inf
+  and rsqrt makes rstd 0, so the row is its bias (finite), with finite
+  gradients and tangents; the kernels must not make inf - inf or 0 * inf of it."""
+  x, w, b = random_inputs(10, [(3, cols), (cols,), (cols,)], dtype)
+  x = x.at[1, cols // 2].set(1e30)
+  w = (1.0 + 0.5 * w).astype(dtype)
+  f = jax.jit(functools.partial(jaxops.layer_norm, implementation="ffi"))
+  out = f(x, w, b)
+  expected = reference.layer_norm(*upcast([x, w, b]))
+  assert bool(jnp.all(jnp.isfinite(out))), "non-finite output"
+  assert_close(out, expected, dtype=dtype, reduce_size=cols)
+  derivative_against_reference("vjp", f, reference.layer_norm, [x, w, b], dtype=dtype,
+                               reduce_size=cols)
+  derivative_against_reference("jvp", f, reference.layer_norm, [x, w, b], dtype=dtype,
+                               reduce_size=cols)
