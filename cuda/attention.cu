@@ -40,8 +40,9 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row = base + static_cast<int64_t>(threadIdx.x % kWarpSize) / kRowLanes;
     float sum = 0.0f;
     if (row < rows) {
-      for (int64_t c = sub; c < p.head_dim; c += kRowLanes) {
-        sum += to_float(out[row * p.head_dim + c]) * to_float(dout[row * p.head_dim + c]);
+      const int64_t hdv = attention_tiles::value_head_dim(p);
+      for (int64_t c = sub; c < hdv; c += kRowLanes) {
+        sum += to_float(out[row * hdv + c]) * to_float(dout[row * hdv + c]);
       }
     }
     sum = group_sum<kRowLanes>(sum);
@@ -85,6 +86,12 @@ Path path(const AttentionParams& p) {
   return tensor_cores ? Path::kTensorCores : Path::kNone;
 }
 
+// Both head dims within the kernels' limit.
+bool head_dims_fit(const AttentionParams& p) {
+  return p.head_dim <= kCudaAttentionMaxHeadDim &&
+         attention_tiles::value_head_dim(p) <= kCudaAttentionMaxHeadDim;
+}
+
 }  // namespace
 
 size_t attention_bwd_workspace_bytes(const AttentionParams& p) {
@@ -94,7 +101,7 @@ size_t attention_bwd_workspace_bytes(const AttentionParams& p) {
 template <typename T>
 cudaError_t attention_fwd(cudaStream_t stream, const AttentionParams& p, const T* query,
                           const T* key, const T* value, T* out, float* logsumexp) {
-  if (p.head_dim > kCudaAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
+  if (!head_dims_fit(p) || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
   if (p.batch * p.num_heads * p.q_len == 0) return cudaSuccess;
   switch (path<T>(p)) {
     case Path::kTensorCores:
@@ -115,7 +122,7 @@ cudaError_t attention_bwd(cudaStream_t stream, const AttentionParams& p, const T
                           const T* key, const T* value, const T* out, const float* logsumexp,
                           const T* dout, const float* dlogsumexp, T* dquery, T* dkey, T* dvalue,
                           float* dbias, void* workspace) {
-  if (p.head_dim > kCudaAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
+  if (!head_dims_fit(p) || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
   const Path chosen = path<T>(p);
   if (chosen == Path::kNone) return cudaErrorInvalidDeviceFunction;
   if (dbias != nullptr) {
@@ -125,12 +132,17 @@ cudaError_t attention_bwd(cudaStream_t stream, const AttentionParams& p, const T
     const cudaError_t status = cudaMemsetAsync(dbias, 0, elements * sizeof(float), stream);
     if (status != cudaSuccess) return status;
   }
-  const int64_t key_rows = p.batch * p.kv_len * p.num_kv_heads * p.head_dim;
+  const int64_t key_rows = p.batch * p.kv_len * p.num_kv_heads;
   if (p.batch * p.num_heads * p.q_len == 0) {
     // No query attends: the key gradients are zero.
-    if (key_rows == 0) return cudaSuccess;
-    cudaError_t status = cudaMemsetAsync(dkey, 0, key_rows * sizeof(T), stream);
-    if (status == cudaSuccess) status = cudaMemsetAsync(dvalue, 0, key_rows * sizeof(T), stream);
+    cudaError_t status = cudaSuccess;
+    if (key_rows * p.head_dim > 0) {
+      status = cudaMemsetAsync(dkey, 0, key_rows * p.head_dim * sizeof(T), stream);
+    }
+    const int64_t value_elements = key_rows * attention_tiles::value_head_dim(p);
+    if (status == cudaSuccess && value_elements > 0) {
+      status = cudaMemsetAsync(dvalue, 0, value_elements * sizeof(T), stream);
+    }
     return status;
   }
   float* d = static_cast<float*>(workspace);

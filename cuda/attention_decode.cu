@@ -75,7 +75,8 @@ cudaError_t attention_decode_fwd(cudaStream_t stream, const params::AttentionPar
                                  void* workspace) {
   if (params::attention_params_error(p) != nullptr ||
       !params::attention_decode_applies(p.q_len, p.num_heads, p.num_kv_heads, p.head_dim,
-                                        p.bias != nullptr, p.mask != nullptr)) {
+                                        p.bias != nullptr, p.mask != nullptr) ||
+      p.q_segment_ids != nullptr || params::value_head_dim(p) != p.head_dim) {
     return cudaErrorInvalidValue;
   }
   kv_decode::DecodeShape shape;
@@ -89,6 +90,7 @@ cudaError_t attention_decode_fwd(cudaStream_t stream, const params::AttentionPar
   shape.causal = p.is_causal;
   shape.window_left = p.window_left;
   shape.window_right = p.window_right;
+  shape.soft_cap = p.logits_soft_cap;
   const DenseRows<T> rows{k,
                           v,
                           nullptr,

@@ -4,9 +4,10 @@
 // No XLA, no Python.
 //
 // Same operation, layouts and results as cuda::attention_fwd (cuda/
-// attention.h) for the calls it applies to: no bias or mask; causal,
-// windows, sequence lengths and the query offset (device memory, read by the
-// kernel) as params/attention.h says; out [B, T, N, H] and logsumexp
+// attention.h) for the calls it applies to: no bias, mask or segment ids
+// and a value head dim equal to H; causal, windows, sequence lengths, the
+// soft cap and the query offset (device memory, read by the kernel) as
+// params/attention.h says; out [B, T, N, H] and logsumexp
 // [B, N, T] (-inf and a zero row where no key is attended). float32
 // arithmetic at every precision (the allow_tf32 policy permits TF32; the
 // decode is bound by memory).

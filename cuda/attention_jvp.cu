@@ -46,39 +46,54 @@ namespace {
 using attention_tiles::BlockIndex;
 using attention_tiles::HeadView;
 using attention_tiles::Range;
+using attention_tiles::TileIds;
 using namespace attention_mma;
 
-// Tile sizes per element type and padded head dim (docs/cuda.md has the
-// registers and shared memory they come to).
-template <typename T, int kHd>
+// Tile sizes per element type and padded head dims of query/key (kHd) and
+// value/out (kHdv) (docs/cuda.md has the registers and shared memory they come
+// to).
+template <typename T, int kHd, int kHdv, bool kFeatures>
 struct JvpTiles {
   static constexpr bool kHalf = sizeof(T) == 2;
   static constexpr int kRowBytes = kHd * static_cast<int>(sizeof(T));
+  static constexpr int kValueRowBytes = kHdv * static_cast<int>(sizeof(T));
   static constexpr int kWarps = kRowBytes <= 512 ? 4 : 1;
   static constexpr int kRows = 16 * kWarps;
   static constexpr int kBc = kHd == 64 ? (kHalf ? 64 : 32) : 16;
   // The columns of O and A a block computes (the others recompute S and dS).
-  static constexpr int kDv = kHalf ? (kHd < 128 ? kHd : 128) : 32;
+  static constexpr int kDv = kHalf ? (kHdv < 128 ? kHdv : 128) : 32;
   static constexpr int kRowTileBytes = kRows * kRowBytes;
   static constexpr int kKeyTileBytes = kBc * kRowBytes;
+  static constexpr int kValueTileBytes = kBc * kValueRowBytes;
+  static constexpr int kStageBytes = 2 * kKeyTileBytes + 2 * kValueTileBytes;
   // Q, dQ, then two stages of K, dK, V, dV.
-  static constexpr int kSharedBytes = 2 * kRowTileBytes + 8 * kKeyTileBytes;
+  static constexpr int kSharedBytes = 2 * kRowTileBytes + 2 * kStageBytes;
   static_assert(kSharedBytes <= kMaxSharedBytes, "fits sm_80's shared memory");
 };
 
-template <typename T, int kHd>
-__global__ void __launch_bounds__(32 * JvpTiles<T, kHd>::kWarps, 1)
-    attention_fwd_jvp_mma_kernel(AttentionParams p, JvpTensors<T> x) {
-  using Tiles = JvpTiles<T, kHd>;
+template <typename T, int kHd, int kHdv, bool kFeatures>
+__global__ void __launch_bounds__(32 * JvpTiles<T, kHd, kHdv, kFeatures>::kWarps, 1)
+    attention_fwd_jvp_mma_kernel(AttentionParams p, attention_tiles::SoftCap call_cap,
+                                 JvpTensors<T> x) {
+  using Tiles = JvpTiles<T, kHd, kHdv, kFeatures>;
+  // Without the features the cap is off at compile time (as are the ids).
+  const attention_tiles::SoftCap cap =
+      kFeatures ? call_cap : attention_tiles::SoftCap{0.0f, 0.0f};
   using Tile = SwizzledTile<T, kHd>;
+  using ValueTile = SwizzledTile<T, kHdv>;
   constexpr int kThreads = 32 * Tiles::kWarps;
   constexpr int kRows = Tiles::kRows, kBc = Tiles::kBc, kDv = Tiles::kDv;
   constexpr int kSteps = kHd / Operand<T>::kK;
   unsigned char* const shared = dynamic_shared_memory<unsigned char>();
   const Tile q_tile{shared}, dq_tile{shared + Tiles::kRowTileBytes};
   // Stage s holds K, dK, V, dV in this order.
+  unsigned char* const stages = shared + 2 * Tiles::kRowTileBytes;
   const auto key_tile = [&](int s, int which) {
-    return Tile{shared + 2 * Tiles::kRowTileBytes + (4 * s + which) * Tiles::kKeyTileBytes};
+    return Tile{stages + s * Tiles::kStageBytes + which * Tiles::kKeyTileBytes};
+  };
+  const auto value_tile = [&](int s, int which) {
+    return ValueTile{stages + s * Tiles::kStageBytes + 2 * Tiles::kKeyTileBytes +
+                     which * Tiles::kValueTileBytes};
   };
 
   const BlockIndex at =
@@ -88,35 +103,64 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd>::kWarps, 1)
   const int g = lane >> 2, t = lane & 3;
   const int d0 = static_cast<int>(blockIdx.y) * kDv;
   const int64_t t0 = at.row0, tw = t0 + 16 * warp;
-  const int64_t hd = p.head_dim;
+  const int64_t hd = p.head_dim, hdv = kFeatures ? attention_tiles::value_head_dim(p) : p.head_dim;
   const int64_t q_stride = p.num_heads * hd, kv_stride = p.num_kv_heads * hd;
+  const int64_t v_stride = p.num_kv_heads * hdv;
   const int64_t q_first = (at.b * p.q_len * p.num_heads + at.head) * hd;
   const int64_t kv_first = (at.b * p.kv_len * p.num_kv_heads + at.kv_head) * hd;
+  const int64_t v_first = (at.b * p.kv_len * p.num_kv_heads + at.kv_head) * hdv;
   // Which tangent products run (the same for the whole block).
   const bool has_dq = x.dquery != nullptr, has_dk = x.dkey != nullptr;
   const bool has_dv = x.dvalue != nullptr;
   const bool logit_tangents = has_dq || has_dk || x.dbias != nullptr;
-  const T* const key_inputs[4] = {x.key, x.dkey, x.value, x.dvalue};
-  const auto vectors_or_absent = [hd](const T* input) {
-    return input == nullptr || vector_rows(input, hd);
+  const auto vectors_or_absent = [](const T* input, int64_t d) {
+    return input == nullptr || vector_rows(input, d);
   };
-  const bool vectors = vector_rows(x.query, hd) && vectors_or_absent(x.dquery) &&
-                       vectors_or_absent(x.key) && vectors_or_absent(x.dkey) &&
-                       vectors_or_absent(x.value) && vectors_or_absent(x.dvalue);
+  const bool vectors = vector_rows(x.query, hd) && vectors_or_absent(x.dquery, hd) &&
+                       vectors_or_absent(x.key, hd) && vectors_or_absent(x.dkey, hd) &&
+                       vectors_or_absent(x.value, hdv) && vectors_or_absent(x.dvalue, hdv);
 
   const Range keys = attention_tiles::key_range(p, h, t0, t0 + kRows);
   const Range warp_keys = attention_tiles::key_range(p, h, tw, tw + 16);
   const int64_t first = keys.begin / kBc * kBc;
   const int tiles = keys.begin < keys.end ? static_cast<int>((keys.end - first + kBc - 1) / kBc) : 0;
-  const auto load_keys = [&](int i) {
+  // Segment ids: the forward's whole-tile skipping.
+  const attention_tiles::Segments ids =
+      kFeatures ? attention_tiles::segments_of(p, at.b) : attention_tiles::Segments{nullptr, nullptr};
+
+  attention_tiles::IdRange block_ids{0, 0}, warp_ids{0, 0};
+  if (ids.on()) {
+    block_ids = attention_tiles::warp_id_range(ids.q, t0,
+                                               attention_tiles::min64(t0 + kRows, h.q_valid));
+    warp_ids = attention_tiles::warp_id_range(ids.q, tw,
+                                              attention_tiles::min64(tw + 16, h.q_valid));
+  }
+  const auto next_tile = [&](int i, TileIds* seen) {
+    *seen = {true, true};
+    if (!ids.on()) return i;
+    return attention_tiles::next_meeting_tile(ids.kv, first, kBc, keys.begin, keys.end, i, tiles,
+                                              block_ids, warp_ids, seen);
+  };
+  const auto load_keys = [&](int i, int s) {
+    const int64_t j0 = first + int64_t{i} * kBc;
+    // Keys no row of the block attends are zeros.
 #pragma unroll
-    for (int which = 0; which < 4; ++which) {
-      if (key_inputs[which] == nullptr) continue;
-      // Keys no row of the block attends are zeros.
-      load_tile<kThreads, kBc>(key_tile(i & 1, which),
-                               TileSource<T>{key_inputs[which] + kv_first, kv_stride, keys.begin,
-                                             keys.end, static_cast<int>(hd), vectors},
-                               first + int64_t{i} * kBc);
+    for (int which = 0; which < 2; ++which) {
+      const T* const input = which == 0 ? x.key : x.dkey;
+      if (input == nullptr) continue;
+      load_tile<kThreads, kBc>(key_tile(s, which),
+                               TileSource<T>{input + kv_first, kv_stride, keys.begin, keys.end,
+                                             static_cast<int>(hd), vectors},
+                               j0);
+    }
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      const T* const input = which == 0 ? x.value : x.dvalue;
+      if (input == nullptr) continue;
+      load_tile<kThreads, kBc>(value_tile(s, which),
+                               TileSource<T>{input + v_first, v_stride, keys.begin, keys.end,
+                                             static_cast<int>(hdv), vectors},
+                               j0);
     }
   };
   load_tile<kThreads, kRows>(
@@ -127,7 +171,9 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd>::kWarps, 1)
         dq_tile,
         TileSource<T>{x.dquery + q_first, q_stride, 0, p.q_len, static_cast<int>(hd), vectors}, t0);
   }
-  if (tiles > 0) load_keys(0);
+  TileIds seen;
+  int i = next_tile(0, &seen);
+  if (i < tiles) load_keys(i, 0);
   mma::cp_async_commit();
   mma::cp_async_wait<0>();
   __syncthreads();
@@ -140,36 +186,46 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd>::kWarps, 1)
   // the running sums l and M; the shift c (the same in the row's 4 lanes).
   float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F}, row_sum[2] = {0.0f, 0.0f};
   float row_dsum[2] = {0.0f, 0.0f}, shift[2] = {0.0f, 0.0f};
-  for (int i = 0; i < tiles; ++i) {
+  const float scale_log2 = p.scale * kLog2e;
+  for (int s = 0; i < tiles; s ^= 1) {
     const int64_t j0 = first + int64_t{i} * kBc;
-    const int s = i & 1;
-    if (i + 1 < tiles) load_keys(i + 1);
+    TileIds next_seen;
+    const int next = next_tile(i + 1, &next_seen);
+    if (next < tiles) load_keys(next, s ^ 1);
     mma::cp_async_commit();
-    if (j0 < warp_keys.end && j0 + kBc > warp_keys.begin) {
+    if (j0 < warp_keys.end && j0 + kBc > warp_keys.begin && seen.meets) {
       float e[kBc / 8][4] = {}, ds[kBc / 8][4] = {};
       mma_abt<T, kSteps>(e, q_tile, 16 * warp, key_tile(s, 0), 0);
       if (has_dq) mma_abt<T, kSteps>(ds, dq_tile, 16 * warp, key_tile(s, 0), 0);
       if (has_dk) mma_abt<T, kSteps>(ds, q_tile, 16 * warp, key_tile(s, 1), 0);
-      const bool whole = attention_tiles::tile_fully_visible(p, h, tw, tw + 16, j0, j0 + kBc);
+      const bool whole = seen.uniform &&
+                         attention_tiles::tile_fully_visible(p, h, tw, tw + 16, j0, j0 + kBc);
 #pragma unroll
       for (int j = 0; j < kBc / 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int64_t row = tw + g + 8 * (c >> 1), col = j0 + 8 * j + 2 * t + (c & 1);
-          const float logit_value =
-              whole ? e[j][c] * p.scale
-                    : attention_tiles::visible_logit(
-                          p, h, row, col, attention_tiles::within(c >> 1 ? keys_g8 : keys_g, col),
-                          e[j][c]);
-          // A masked key contributes nothing, whatever the bias tangent holds there.
+          float slope = 1.0f;
+          float logit;
+          if (whole) {
+            logit = e[j][c] * scale_log2;
+            if (cap.on()) logit = attention_tiles::capped(cap, logit, &slope);
+          } else {
+            logit = attention_tiles::visible_logit(
+                p, h, ids, !seen.uniform, cap, row, col,
+                attention_tiles::within(c >> 1 ? keys_g8 : keys_g, col), e[j][c], scale_log2,
+                &slope);
+          }
+          // A masked key contributes nothing, whatever the bias tangent holds
+          // there; the cap's slope multiplies the products' tangent only.
           float tangent = 0.0f;
-          if (logit_value != -CUDART_INF_F) {
-            tangent = p.scale * ds[j][c];
+          if (logit != -CUDART_INF_F) {
+            tangent = p.scale * ds[j][c] * slope;
             if (x.dbias != nullptr) {
               tangent += x.dbias[attention_tiles::broadcast_offset(p.bias_strides, h, row, col)];
             }
           }
-          e[j][c] = logit_value * kLog2e;
+          e[j][c] = logit;
           ds[j][c] = tangent;
         }
       }
@@ -216,14 +272,18 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd>::kWarps, 1)
           }
         }
       }
-      mma_pb<T>(o, e, key_tile(s, 2), 0, d0);
-      if (logit_tangents) mma_pb<T>(a_acc, ds, key_tile(s, 2), 0, d0);
-      if (has_dv) mma_pb<T>(a_acc, e, key_tile(s, 3), 0, d0);
+      mma_pb<T>(o, e, value_tile(s, 0), 0, d0);
+      if (logit_tangents) mma_pb<T>(a_acc, ds, value_tile(s, 0), 0, d0);
+      if (has_dv) mma_pb<T>(a_acc, e, value_tile(s, 1), 0, d0);
     }
     mma::cp_async_wait<0>();
-    __syncthreads();  // tile i + 1 is in, and every warp is done with stage s
+    __syncthreads();  // the next tile is in, and every warp is done with stage s
+    i = next;
+    seen = next_seen;
   }
 
+  const int64_t out_stride = p.num_heads * hdv;
+  const int64_t out_first = (at.b * p.q_len * p.num_heads + at.head) * hdv;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float sum = quad_sum(row_sum[r]), dsum = quad_sum(row_dsum[r]);
@@ -238,9 +298,9 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd>::kWarps, 1)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int col = d0 + 8 * d + 2 * t + c;
-        if (col >= hd) continue;
+        if (col >= hdv) continue;
         const float out = o[d][2 * r + c] * inverse;
-        const int64_t offset = q_first + row * q_stride + col;
+        const int64_t offset = out_first + row * out_stride + col;
         x.out[offset] = from_float<T>(out);
         x.dout[offset] = from_float<T>(a_acc[d][2 * r + c] * inverse - mean * out);
       }
@@ -253,15 +313,16 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd>::kWarps, 1)
   }
 }
 
-template <typename T, int kHd>
+template <typename T, int kHd, int kHdv, bool kFeatures>
 cudaError_t launch_fwd_jvp(cudaStream_t stream, const AttentionParams& p,
                            const JvpTensors<T>& x) {
-  using Tiles = JvpTiles<T, kHd>;
+  using Tiles = JvpTiles<T, kHd, kHdv, kFeatures>;
   const int64_t grid = attention_tiles::blocks(p.q_len, Tiles::kRows, p.batch * p.num_heads);
   if (!attention_tiles::fits_grid(grid)) return cudaErrorInvalidValue;
   return launch_kernel_dynamic_shared(
-      attention_fwd_jvp_mma_kernel<T, kHd>, dim3(static_cast<unsigned>(grid), kHd / Tiles::kDv),
-      dim3(32 * Tiles::kWarps), Tiles::kSharedBytes, stream, p, x);
+      attention_fwd_jvp_mma_kernel<T, kHd, kHdv, kFeatures>,
+      dim3(static_cast<unsigned>(grid), kHdv / Tiles::kDv), dim3(32 * Tiles::kWarps),
+      Tiles::kSharedBytes, stream, p, attention_tiles::soft_cap(p, kLog2e), x);
 }
 
 }  // namespace
@@ -273,9 +334,16 @@ cudaError_t tensor_core_fwd_jvp(cudaStream_t stream, const AttentionParams& p, c
                                 T* dout, float* dlogsumexp) {
   const JvpTensors<T> x{query, key, value, dquery, dkey, dvalue, dbias, out, logsumexp, dout,
                         dlogsumexp};
-  if (p.head_dim <= 64) return launch_fwd_jvp<T, 64>(stream, p, x);
-  if (p.head_dim <= 128) return launch_fwd_jvp<T, 128>(stream, p, x);
-  return launch_fwd_jvp<T, 256>(stream, p, x);
+  const TensorCoreDims dims = tensor_core_dims(p);
+  if (dims.hdv != dims.hd) return launch_fwd_jvp<T, 256, 128, true>(stream, p, x);
+  if (tensor_core_features(p)) {
+    if (dims.hd == 64) return launch_fwd_jvp<T, 64, 64, true>(stream, p, x);
+    if (dims.hd == 128) return launch_fwd_jvp<T, 128, 128, true>(stream, p, x);
+    return launch_fwd_jvp<T, 256, 256, true>(stream, p, x);
+  }
+  if (dims.hd == 64) return launch_fwd_jvp<T, 64, 64, false>(stream, p, x);
+  if (dims.hd == 128) return launch_fwd_jvp<T, 128, 128, false>(stream, p, x);
+  return launch_fwd_jvp<T, 256, 256, false>(stream, p, x);
 }
 
 #define JAXOPS_TENSOR_CORE_JVP_DEFINE(T)                                                       \
@@ -296,7 +364,10 @@ cudaError_t attention_fwd_jvp(cudaStream_t stream, const AttentionParams& p, con
                               const T* key, const T* value, const T* dquery, const T* dkey,
                               const T* dvalue, const float* dbias, T* out, float* logsumexp,
                               T* dout, float* dlogsumexp) {
-  if (p.head_dim > kCudaAttentionMaxHeadDim || p.num_kv_heads <= 0) return cudaErrorInvalidValue;
+  if (p.head_dim > kCudaAttentionMaxHeadDim ||
+      attention_tiles::value_head_dim(p) > kCudaAttentionMaxHeadDim || p.num_kv_heads <= 0) {
+    return cudaErrorInvalidValue;
+  }
   if (p.batch * p.num_heads * p.q_len == 0) return cudaSuccess;
   const bool tensor_cores = attention_kernels::device_has_tensor_cores();
   if (tensor_cores && (!std::is_same<T, float>::value || p.allow_tf32)) {

@@ -39,6 +39,37 @@ struct JvpTensors {
 // Whether the current device has the tensor cores and cp.async of sm_80.
 bool device_has_tensor_cores();
 
+// The tensor-core kernels' configuration of a call: the padded head dims of
+// query/key (kHd) and of value/out (kHdv), each 64, 128 or 256. Equal padded
+// dims run as they are; a value head dim of its own (MLA: H = 192, Hv = 128)
+// takes the (256, 128) configuration where H pads to 256 and Hv to at most
+// 128, and otherwise the configuration of the larger of the two, the smaller
+// zero-padded to it (correct, with idle columns). So every H, Hv <= 256 runs.
+struct TensorCoreDims {
+  int hd;
+  int hdv;
+};
+
+// Whether a call needs the kernels' instantiations with the soft cap,
+// segment ids and a value head dim of its own (kFeatures): the others run the
+// plain ones, whose registers and tiles stay as they were without them.
+inline bool tensor_core_features(const AttentionParams& p) {
+  return p.logits_soft_cap > 0.0f || p.q_segment_ids != nullptr ||
+         params::value_head_dim(p) != p.head_dim;
+}
+
+inline int tensor_core_padded_dim(int64_t head_dim) {
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
+inline TensorCoreDims tensor_core_dims(const AttentionParams& p) {
+  const int hd = tensor_core_padded_dim(p.head_dim);
+  const int hdv = tensor_core_padded_dim(params::value_head_dim(p));
+  if (hd == 256 && hdv <= 128) return {256, 128};
+  const int both = hd > hdv ? hd : hdv;
+  return {both, both};
+}
+
 template <typename T>
 cudaError_t tensor_core_fwd(cudaStream_t stream, const AttentionParams& p, const T* query,
                             const T* key, const T* value, T* out, float* logsumexp);

@@ -62,10 +62,10 @@ template <typename T>
 struct FwdShared {
   T* q;             // [kBr][ld_t]
   T* k;             // [kBc][ld_t]
-  T* v;             // [kBc][ld_t]
+  T* v;             // [kBc][ld_tv]
   float* s;         // [kBr][ld_s] logits
   T* p;             // [kBr][ld_p] probabilities
-  float* o;         // [kBr][ld_o] unnormalised output
+  float* o;         // [kBr][ld_ov] unnormalised output
   float* row_max;   // [kBr]
   float* row_sum;   // [kBr]
   size_t bytes;
@@ -73,10 +73,10 @@ struct FwdShared {
     SharedCarver c(base);
     q = c.take<T>(int64_t{br} * st.ld_t);
     k = c.take<T>(int64_t{bc} * st.ld_t);
-    v = c.take<T>(int64_t{bc} * st.ld_t);
+    v = c.take<T>(int64_t{bc} * st.ld_tv);
     s = c.take<float>(int64_t{br} * st.ld_s);
     p = c.take<T>(int64_t{br} * st.ld_p);
-    o = c.take<float>(int64_t{br} * st.ld_o);
+    o = c.take<float>(int64_t{br} * st.ld_ov);
     row_max = c.take<float>(br);
     row_sum = c.take<float>(br);
     bytes = c.used();
@@ -87,15 +87,15 @@ struct FwdShared {
 template <typename T>
 struct BwdShared {
   T* q;          // [kBr][ld_t]
-  T* dout;       // [kBr][ld_t]
+  T* dout;       // [kBr][ld_tv]
   T* k;          // [kBc][ld_t]
-  T* v;          // [kBc][ld_t]
+  T* v;          // [kBc][ld_tv]
   float* s;      // [kBr][ld_s] logits, then P
   float* dp;     // [kBr][ld_s] dO V^T
   T* p;          // [kBr][ld_p]
   T* ds;         // [kBr][ld_p]
   float* acc0;   // dk/dv: dK [kBc][ld_o]; dq: dQ [kBr][ld_o]
-  float* acc1;   // dk/dv: dV [kBc][ld_o]; dq: unused
+  float* acc1;   // dk/dv: dV [kBc][ld_ov]; dq: unused
   float* row_lse;
   float* row_d;
   size_t bytes;
@@ -103,15 +103,15 @@ struct BwdShared {
                                 bool key_side) {
     SharedCarver c(base);
     q = c.take<T>(int64_t{br} * st.ld_t);
-    dout = c.take<T>(int64_t{br} * st.ld_t);
+    dout = c.take<T>(int64_t{br} * st.ld_tv);
     k = c.take<T>(int64_t{bc} * st.ld_t);
-    v = c.take<T>(int64_t{bc} * st.ld_t);
+    v = c.take<T>(int64_t{bc} * st.ld_tv);
     s = c.take<float>(int64_t{br} * st.ld_s);
     dp = c.take<float>(int64_t{br} * st.ld_s);
     p = c.take<T>(int64_t{br} * st.ld_p);
     ds = c.take<T>(int64_t{br} * st.ld_p);
     acc0 = c.take<float>(int64_t{key_side ? bc : br} * st.ld_o);
-    acc1 = key_side ? c.take<float>(int64_t{bc} * st.ld_o) : nullptr;
+    acc1 = key_side ? c.take<float>(int64_t{bc} * st.ld_ov) : nullptr;
     row_lse = c.take<float>(br);
     row_d = c.take<float>(br);
     bytes = c.used();
@@ -120,30 +120,47 @@ struct BwdShared {
 
 // -- forward ---------------------------------------------------------------------------
 
+// With segment ids, whether the block's rows (ids `rows`) share a document
+// with any of keys [begin, end) (or its keys with those query rows): every
+// thread computes the same answer from the same ids, so a tile that shares
+// none is skipped by the whole block before it is loaded.
+__device__ __forceinline__ bool tile_meets(const Segments& ids, const IdRange& rows,
+                                           const int32_t* other, int64_t begin, int64_t end) {
+  return !ids.on() || rows.meets(warp_id_range(other, begin, end));
+}
+
 template <typename T, int kBr, int kBc>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_fwd_kernel(AttentionParams p, int hp, const T* query, const T* key,
+    attention_fwd_kernel(AttentionParams p, int hp, int hvp, const T* query, const T* key,
                          const T* value, T* out, float* logsumexp) {
-  const Strides st(hp, kBc);
+  const Strides st(hp, hvp, kBc);
   FwdShared<T> sh(dynamic_shared_memory<unsigned char>(), st, kBr, kBc);
   const BlockIndex at = block_index(p.q_len, kBr, p.num_heads, p.num_heads / p.num_kv_heads);
   const int64_t b = at.b, n = at.head, kv_head = at.kv_head, t0 = at.row0;
   const HeadView h = head_view(p, b, n);
   constexpr int kRowThreads = row_threads<kBr>();
+  const int64_t hdv = attention_tiles::value_head_dim(p);
+  const Segments ids = segments_of(p, b);
+  const SoftCap cap = soft_cap(p, 1.0f);
+  const IdRange row_ids = ids.on() ? warp_id_range(ids.q, t0, min64(t0 + kBr, h.q_valid))
+                                   : IdRange{0, 0};
 
   load_rows(sh.q, st.ld_t, query, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
-  zero(sh.o, st.ld_o, kBr, hp);
+  zero(sh.o, st.ld_ov, kBr, hvp);
   for (int r = threadIdx.x; r < kBr; r += kThreads) {
     sh.row_max[r] = -CUDART_INF_F;
     sh.row_sum[r] = 0.0f;
   }
   const Range keys = key_range(p, h, t0, t0 + kBr);
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
+    if (!tile_meets(ids, row_ids, ids.kv, max64(j0, keys.begin), min64(j0 + kBc, keys.end))) {
+      continue;
+    }
     __syncthreads();  // the previous tile's readers of k, v and p are done
     load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
               keys.begin, keys.end);
-    load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc,
-              hp, keys.begin, keys.end);
+    load_rows(sh.v, st.ld_tv, value, b, p.kv_len, p.num_kv_heads, kv_head, hdv, j0, kBc, hvp,
+              keys.begin, keys.end);
     __syncthreads();
     block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp,
                                    kFullFloat32);
@@ -151,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = threadIdx.x; i < kBr * kBc; i += kThreads) {
       const int r = i / kBc, c = i % kBc;
       float& x = sh.s[r * st.ld_s + c];
-      x = logit(p, h, t0 + r, j0 + c, x);
+      x = logit(p, h, ids, cap, t0 + r, j0 + c, x);
     }
     __syncthreads();
     // Online softmax, kRowThreads neighbouring threads per row (few shuffles);
@@ -174,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sum = group_sum<kRowThreads>(sum);
       const float alpha = old_max == -CUDART_INF_F ? 0.0f : __expf(old_max - new_max);
-      for (int c = sub; c < hp; c += kRowThreads) sh.o[r * st.ld_o + c] *= alpha;
+      for (int c = sub; c < hvp; c += kRowThreads) sh.o[r * st.ld_ov + c] *= alpha;
       __syncwarp();  // the row's threads have read row_max[r]
       if (sub == 0) {
         sh.row_max[r] = new_max;
@@ -182,17 +199,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();
-    block_gemm<false, false, true>(sh.o, st.ld_o, sh.p, st.ld_p, sh.v, st.ld_t, kBr, hp, kBc,
+    block_gemm<false, false, true>(sh.o, st.ld_ov, sh.p, st.ld_p, sh.v, st.ld_tv, kBr, hvp, kBc,
                                    kFullFloat32);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kBr * hp; i += kThreads) {
-    const int r = i / hp, c = i % hp;
+  for (int i = threadIdx.x; i < kBr * hvp; i += kThreads) {
+    const int r = i / hvp, c = i % hvp;
     const int64_t t = t0 + r;
-    if (t >= p.q_len || c >= p.head_dim) continue;
+    if (t >= p.q_len || c >= hdv) continue;
     const float sum = sh.row_sum[r];
-    out[((b * p.q_len + t) * p.num_heads + n) * p.head_dim + c] =
-        from_float<T>(sum != 0.0f ? sh.o[r * st.ld_o + c] / sum : 0.0f);  // NaN sum: NaN row
+    out[((b * p.q_len + t) * p.num_heads + n) * hdv + c] =
+        from_float<T>(sum != 0.0f ? sh.o[r * st.ld_ov + c] / sum : 0.0f);  // NaN sum: NaN row
   }
   for (int r = threadIdx.x; r < kBr; r += kThreads) {
     const int64_t t = t0 + r;
@@ -217,14 +234,17 @@ __device__ __forceinline__ void load_row_stats(const AttentionParams& p, int64_t
 
 // From S = Q K^T (sh.s) and dP = dO V^T (sh.dp) of query rows t0.. and keys
 // j0..: P and dS = P (dP - D) into sh.p and sh.ds, P also into sh.s; with
-// dbias, dS is added to it.
+// dbias, dS is added to it. With a soft cap, sh.ds takes dS by the uncapped
+// logit (times the cap's slope: dQ and dK), dbias dS by the capped one.
 template <typename T, int kBr, int kBc>
 __device__ __forceinline__ void probabilities_and_dscores(const AttentionParams& p, const HeadView& h,
+                                          const Segments& ids, const SoftCap& cap,
                                           const Strides& st, BwdShared<T>& sh, int64_t t0,
                                           int64_t j0, float* dbias) {
   for (int i = threadIdx.x; i < kBr * kBc; i += kThreads) {
     const int r = i / kBc, c = i % kBc;
-    const float x = logit(p, h, t0 + r, j0 + c, sh.s[r * st.ld_s + c]);
+    float slope = 1.0f;
+    const float x = logit(p, h, ids, cap, t0 + r, j0 + c, sh.s[r * st.ld_s + c], &slope);
     const float lse = sh.row_lse[r];
     const float prob = x == -CUDART_INF_F || lse == -CUDART_INF_F ? 0.0f : __expf(x - lse);
     // A masked key has dS = 0 even when its dP is NaN (a NaN V row the row
@@ -232,7 +252,7 @@ __device__ __forceinline__ void probabilities_and_dscores(const AttentionParams&
     const float dscore = x == -CUDART_INF_F ? 0.0f : prob * (sh.dp[r * st.ld_s + c] - sh.row_d[r]);
     sh.s[r * st.ld_s + c] = prob;
     sh.p[r * st.ld_p + c] = from_float<T>(prob);
-    sh.ds[r * st.ld_p + c] = from_float<T>(dscore);
+    sh.ds[r * st.ld_p + c] = from_float<T>(dscore * slope);
     if (dbias != nullptr && x != -CUDART_INF_F) {
       atomicAdd(dbias + broadcast_offset(p.bias_strides, h, t0 + r, j0 + c), dscore);
     }
@@ -241,43 +261,51 @@ __device__ __forceinline__ void probabilities_and_dscores(const AttentionParams&
 
 template <typename T, int kBr, int kBc>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_bwd_dkdv_kernel(AttentionParams p, int hp, const T* query, const T* key,
+    attention_bwd_dkdv_kernel(AttentionParams p, int hp, int hvp, const T* query, const T* key,
                               const T* value, const float* logsumexp, const T* dout,
                               const float* d, T* dkey, T* dvalue) {
-  const Strides st(hp, kBc);
+  const Strides st(hp, hvp, kBc);
   BwdShared<T> sh(dynamic_shared_memory<unsigned char>(), st, kBr, kBc, true);
   const BlockIndex at = block_index(p.kv_len, kBc, p.num_kv_heads, 1);
   const int64_t b = at.b, kv_head = at.head, j0 = at.row0;
   const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t hdv = attention_tiles::value_head_dim(p);
+  const Segments ids = segments_of(p, b);
+  const SoftCap cap = soft_cap(p, 1.0f);
 
   // Keys past the batch's KV length are never read (whatever they hold).
   const int64_t kv_valid = head_view(p, b, kv_head * group).kv_valid;
+  const IdRange key_ids = ids.on() ? warp_id_range(ids.kv, j0, min64(j0 + kBc, kv_valid))
+                                   : IdRange{0, 0};
   load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp, 0,
             kv_valid);
-  load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp, 0,
+  load_rows(sh.v, st.ld_tv, value, b, p.kv_len, p.num_kv_heads, kv_head, hdv, j0, kBc, hvp, 0,
             kv_valid);
   zero(sh.acc0, st.ld_o, kBc, hp);
-  zero(sh.acc1, st.ld_o, kBc, hp);
+  zero(sh.acc1, st.ld_ov, kBc, hvp);
   for (int64_t n = kv_head * group; n < (kv_head + 1) * group; ++n) {
     const HeadView h = head_view(p, b, n);
     const Range rows = query_range(p, h, j0, j0 + kBc);
     for (int64_t t0 = rows.begin / kBr * kBr; t0 < rows.end; t0 += kBr) {
+      if (!tile_meets(ids, key_ids, ids.q, max64(t0, rows.begin), min64(t0 + kBr, rows.end))) {
+        continue;
+      }
       __syncthreads();  // the previous tile's readers of q, dout, p, ds are done
       load_rows(sh.q, st.ld_t, query, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp,
                 rows.begin, rows.end);
-      load_rows(sh.dout, st.ld_t, dout, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp,
+      load_rows(sh.dout, st.ld_tv, dout, b, p.q_len, p.num_heads, n, hdv, t0, kBr, hvp,
                 rows.begin, rows.end);
       load_row_stats(p, b, n, t0, kBr, logsumexp, d, sh.row_lse, sh.row_d);
       __syncthreads();
       block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp,
                                      kFullFloat32);
-      block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_t, sh.v, st.ld_t, kBr, kBc,
-                                     hp, kFullFloat32);
+      block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_tv, sh.v, st.ld_tv, kBr, kBc,
+                                     hvp, kFullFloat32);
       __syncthreads();
-      probabilities_and_dscores<T, kBr, kBc>(p, h, st, sh, t0, j0, nullptr);
+      probabilities_and_dscores<T, kBr, kBc>(p, h, ids, cap, st, sh, t0, j0, nullptr);
       __syncthreads();
-      block_gemm<true, false, true>(sh.acc1, st.ld_o, sh.p, st.ld_p, sh.dout, st.ld_t, kBc, hp,
-                                    kBr, kFullFloat32);
+      block_gemm<true, false, true>(sh.acc1, st.ld_ov, sh.p, st.ld_p, sh.dout, st.ld_tv, kBc,
+                                    hvp, kBr, kFullFloat32);
       block_gemm<true, false, true>(sh.acc0, st.ld_o, sh.ds, st.ld_p, sh.q, st.ld_t, kBc, hp,
                                     kBr, kFullFloat32);
     }
@@ -289,39 +317,53 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (j >= p.kv_len || c >= p.head_dim) continue;
     const int64_t at = ((b * p.kv_len + j) * p.num_kv_heads + kv_head) * p.head_dim + c;
     dkey[at] = from_float<T>(p.scale * sh.acc0[r * st.ld_o + c]);
-    dvalue[at] = from_float<T>(sh.acc1[r * st.ld_o + c]);
+  }
+  for (int i = threadIdx.x; i < kBc * hvp; i += kThreads) {
+    const int r = i / hvp, c = i % hvp;
+    const int64_t j = j0 + r;
+    if (j >= p.kv_len || c >= hdv) continue;
+    const int64_t at = ((b * p.kv_len + j) * p.num_kv_heads + kv_head) * hdv + c;
+    dvalue[at] = from_float<T>(sh.acc1[r * st.ld_ov + c]);
   }
 }
 
 template <typename T, int kBr, int kBc>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_bwd_dq_kernel(AttentionParams p, int hp, const T* query, const T* key,
+    attention_bwd_dq_kernel(AttentionParams p, int hp, int hvp, const T* query, const T* key,
                             const T* value, const float* logsumexp, const T* dout,
                             const float* d, T* dquery, float* dbias) {
-  const Strides st(hp, kBc);
+  const Strides st(hp, hvp, kBc);
   BwdShared<T> sh(dynamic_shared_memory<unsigned char>(), st, kBr, kBc, false);
   const BlockIndex at = block_index(p.q_len, kBr, p.num_heads, p.num_heads / p.num_kv_heads);
   const int64_t b = at.b, n = at.head, kv_head = at.kv_head, t0 = at.row0;
   const HeadView h = head_view(p, b, n);
+  const int64_t hdv = attention_tiles::value_head_dim(p);
+  const Segments ids = segments_of(p, b);
+  const SoftCap cap = soft_cap(p, 1.0f);
+  const IdRange row_ids = ids.on() ? warp_id_range(ids.q, t0, min64(t0 + kBr, h.q_valid))
+                                   : IdRange{0, 0};
 
   load_rows(sh.q, st.ld_t, query, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
-  load_rows(sh.dout, st.ld_t, dout, b, p.q_len, p.num_heads, n, p.head_dim, t0, kBr, hp);
+  load_rows(sh.dout, st.ld_tv, dout, b, p.q_len, p.num_heads, n, hdv, t0, kBr, hvp);
   load_row_stats(p, b, n, t0, kBr, logsumexp, d, sh.row_lse, sh.row_d);
   zero(sh.acc0, st.ld_o, kBr, hp);
   const Range keys = key_range(p, h, t0, t0 + kBr);
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
+    if (!tile_meets(ids, row_ids, ids.kv, max64(j0, keys.begin), min64(j0 + kBc, keys.end))) {
+      continue;
+    }
     __syncthreads();  // the previous tile's readers of k and ds are done
     load_rows(sh.k, st.ld_t, key, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
               keys.begin, keys.end);
-    load_rows(sh.v, st.ld_t, value, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc,
-              hp, keys.begin, keys.end);
+    load_rows(sh.v, st.ld_tv, value, b, p.kv_len, p.num_kv_heads, kv_head, hdv, j0, kBc, hvp,
+              keys.begin, keys.end);
     __syncthreads();
     block_gemm<false, true, false>(sh.s, st.ld_s, sh.q, st.ld_t, sh.k, st.ld_t, kBr, kBc, hp,
                                    kFullFloat32);
-    block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_t, sh.v, st.ld_t, kBr, kBc, hp,
-                                   kFullFloat32);
+    block_gemm<false, true, false>(sh.dp, st.ld_s, sh.dout, st.ld_tv, sh.v, st.ld_tv, kBr, kBc,
+                                   hvp, kFullFloat32);
     __syncthreads();
-    probabilities_and_dscores<T, kBr, kBc>(p, h, st, sh, t0, j0, dbias);
+    probabilities_and_dscores<T, kBr, kBc>(p, h, ids, cap, st, sh, t0, j0, dbias);
     __syncthreads();
     block_gemm<false, false, true>(sh.acc0, st.ld_o, sh.ds, st.ld_p, sh.k, st.ld_t, kBr, hp, kBc,
                                    kFullFloat32);
@@ -339,47 +381,47 @@ __global__ void __launch_bounds__(kThreads, 1)
 // -- launches --------------------------------------------------------------------------
 
 template <typename T>
-size_t fwd_shared_bytes(int hp, int br, int bc) {
-  return FwdShared<T>(nullptr, Strides(hp, bc), br, bc).bytes;
+size_t fwd_shared_bytes(int hp, int hvp, int br, int bc) {
+  return FwdShared<T>(nullptr, Strides(hp, hvp, bc), br, bc).bytes;
 }
 
 template <typename T>
-size_t bwd_shared_bytes(int hp, int br, int bc) {
-  const Strides st(hp, bc);
+size_t bwd_shared_bytes(int hp, int hvp, int br, int bc) {
+  const Strides st(hp, hvp, bc);
   const size_t key_side = BwdShared<T>(nullptr, st, br, bc, true).bytes;
   const size_t query_side = BwdShared<T>(nullptr, st, br, bc, false).bytes;
   return key_side > query_side ? key_side : query_side;
 }
 
 template <typename T, int kBr, int kBc>
-cudaError_t launch_fwd(cudaStream_t stream, const AttentionParams& p, int hp, const T* q,
+cudaError_t launch_fwd(cudaStream_t stream, const AttentionParams& p, int hp, int hvp, const T* q,
                        const T* k, const T* v, T* out, float* lse) {
   const int64_t grid = blocks(p.q_len, kBr, p.batch * p.num_heads);
   if (!fits_grid(grid)) return cudaErrorInvalidValue;
   return launch_kernel_dynamic_shared(attention_fwd_kernel<T, kBr, kBc>,
                                       dim3(static_cast<unsigned>(grid)), dim3(kThreads),
-                                      fwd_shared_bytes<T>(hp, kBr, kBc), stream, p, hp, q, k, v,
-                                      out, lse);
+                                      fwd_shared_bytes<T>(hp, hvp, kBr, kBc), stream, p, hp, hvp,
+                                      q, k, v, out, lse);
 }
 
 template <typename T, int kBr, int kBc>
-cudaError_t launch_bwd(cudaStream_t stream, const AttentionParams& p, int hp, const T* q,
-                       const T* k, const T* v, const float* lse, const T* dout, const float* d,
-                       T* dq, T* dk, T* dv, float* dbias) {
-  const size_t shared = bwd_shared_bytes<T>(hp, kBr, kBc);
+cudaError_t launch_bwd(cudaStream_t stream, const AttentionParams& p, int hp, int hvp,
+                       const T* q, const T* k, const T* v, const float* lse, const T* dout,
+                       const float* d, T* dq, T* dk, T* dv, float* dbias) {
+  const size_t shared = bwd_shared_bytes<T>(hp, hvp, kBr, kBc);
   if (p.kv_len > 0) {
     const int64_t grid = blocks(p.kv_len, kBc, p.batch * p.num_kv_heads);
     if (!fits_grid(grid)) return cudaErrorInvalidValue;
     const cudaError_t status = launch_kernel_dynamic_shared(
         attention_bwd_dkdv_kernel<T, kBr, kBc>, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
-        shared, stream, p, hp, q, k, v, lse, dout, d, dk, dv);
+        shared, stream, p, hp, hvp, q, k, v, lse, dout, d, dk, dv);
     if (status != cudaSuccess) return status;
   }
   const int64_t grid = blocks(p.q_len, kBr, p.batch * p.num_heads);
   if (!fits_grid(grid)) return cudaErrorInvalidValue;
   return launch_kernel_dynamic_shared(attention_bwd_dq_kernel<T, kBr, kBc>,
                                       dim3(static_cast<unsigned>(grid)), dim3(kThreads), shared,
-                                      stream, p, hp, q, k, v, lse, dout, d, dq, dbias);
+                                      stream, p, hp, hvp, q, k, v, lse, dout, d, dq, dbias);
 }
 
 // Leading dimensions beyond the forward's: the side-by-side pairs over the
@@ -387,19 +429,19 @@ cudaError_t launch_bwd(cudaStream_t stream, const AttentionParams& p, int hp, co
 struct JvpStrides : Strides {
   int ld_pair;   // T [rows][2 hp + 8]
   int ld_probs;  // T [kBr][2 kBc + 8]
-  __host__ __device__ JvpStrides(int hp_, int bc)
-      : Strides(hp_, bc), ld_pair(2 * hp_ + 8), ld_probs(2 * bc + 8) {}
+  __host__ __device__ JvpStrides(int hp_, int hvp_, int bc)
+      : Strides(hp_, hvp_, bc), ld_pair(2 * hp_ + 8), ld_probs(2 * bc + 8) {}
 };
 
 template <typename T>
 struct JvpShared {
   T* queries;        // [kBr][ld_pair]: dQ in columns [0, hp), Q in [hp, 2 hp)
-  T* keys;           // [kBc][ld_pair] K | dK, then [2 kBc][ld_t] V over dV
+  T* keys;           // [kBc][ld_pair] K | dK, then [2 kBc][ld_tv] V over dV
   float* s;          // [kBr][ld_s] logits, then e
   float* ds;         // [kBr][ld_s] logit tangents
   T* probs;          // [kBr][ld_probs]: e (ds - c) in columns [0, kBc), e in [kBc, 2 kBc)
-  float* o;          // [kBr][ld_o] O
-  float* a;          // [kBr][ld_o] A
+  float* o;          // [kBr][ld_ov] O
+  float* a;          // [kBr][ld_ov] A
   float* row_max;    // [kBr] m
   float* row_sum;    // [kBr] l
   float* row_dsum;   // [kBr] M
@@ -408,34 +450,36 @@ struct JvpShared {
   __host__ __device__ JvpShared(unsigned char* base, const JvpStrides& st, int br, int bc) {
     SharedCarver c(base);
     queries = c.take<T>(int64_t{br} * st.ld_pair);
-    // 2 kBc rows of ld_t hold the stacked V, dV and cover kBc rows of ld_pair.
-    keys = c.take<T>(int64_t{2 * bc} * st.ld_t);
+    // The stacked V, dV (2 kBc rows of ld_tv) or kBc rows of ld_pair (K | dK).
+    const int64_t pairs = int64_t{bc} * st.ld_pair, stacked = int64_t{2 * bc} * st.ld_tv;
+    keys = c.take<T>(pairs > stacked ? pairs : stacked);
     s = c.take<float>(int64_t{br} * st.ld_s);
     ds = c.take<float>(int64_t{br} * st.ld_s);
     probs = c.take<T>(int64_t{br} * st.ld_probs);
-    o = c.take<float>(int64_t{br} * st.ld_o);
-    a = c.take<float>(int64_t{br} * st.ld_o);
+    o = c.take<float>(int64_t{br} * st.ld_ov);
+    a = c.take<float>(int64_t{br} * st.ld_ov);
     float** const row_statistics[] = {&row_max, &row_sum, &row_dsum, &row_shift};
     for (float** row : row_statistics) *row = c.take<float>(br);
     bytes = c.used();
   }
 };
 
-// scale * dot + dbias for an attended (t, j) (logit x finite), 0 for a masked
+// scale * dot * slope + dbias for an attended (t, j) (logit x finite; slope:
+// the soft cap's, which multiplies the products' tangent only), 0 for a masked
 // one: a masked key contributes nothing, whatever the bias tangent holds there.
 __device__ __forceinline__ float logit_tangent(const AttentionParams& p, const HeadView& h,
                                                int64_t t, int64_t j, float x, float dot,
-                                               const float* dbias) {
+                                               float slope, const float* dbias) {
   if (x == -CUDART_INF_F) return 0.0f;
-  float dx = p.scale * dot;
+  float dx = p.scale * dot * slope;
   if (dbias != nullptr) dx += dbias[broadcast_offset(p.bias_strides, h, t, j)];
   return dx;
 }
 
 template <typename T, int kBr, int kBc>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_fwd_jvp_kernel(AttentionParams p, int hp, JvpTensors<T> tensors) {
-  const JvpStrides st(hp, kBc);
+    attention_fwd_jvp_kernel(AttentionParams p, int hp, int hvp, JvpTensors<T> tensors) {
+  const JvpStrides st(hp, hvp, kBc);
   JvpShared<T> sh(dynamic_shared_memory<unsigned char>(), st, kBr, kBc);
   const BlockIndex at = block_index(p.q_len, kBr, p.num_heads, p.num_heads / p.num_kv_heads);
   const int64_t b = at.b, n = at.head, kv_head = at.kv_head, t0 = at.row0;
@@ -454,6 +498,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* const q_tile = sh.queries + hp;
   T* const e_tile = sh.probs + kBc;
 
+  const int64_t hdv = attention_tiles::value_head_dim(p);
+  const Segments ids = segments_of(p, b);
+  const SoftCap cap = soft_cap(p, 1.0f);
+  const IdRange row_ids = ids.on() ? warp_id_range(ids.q, t0, min64(t0 + kBr, h.q_valid))
+                                   : IdRange{0, 0};
   const Range keys = key_range(p, h, t0, t0 + kBr);
   // Rows of this block's query head and of its key/value head into tiles
   // (keys outside the rows' range are zeros, see load_rows).
@@ -464,11 +513,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_rows(tile, ld, x, b, p.kv_len, p.num_kv_heads, kv_head, p.head_dim, j0, kBc, hp,
               keys.begin, keys.end);
   };
+  const auto load_value_rows = [&](T* tile, const T* x, int64_t j0) {
+    load_rows(tile, st.ld_tv, x, b, p.kv_len, p.num_kv_heads, kv_head, hdv, j0, kBc, hvp,
+              keys.begin, keys.end);
+  };
 
   load_query_rows(q_tile, tensors.query);
   if (tensors.dquery != nullptr) load_query_rows(sh.queries, tensors.dquery);
-  zero(sh.o, st.ld_o, kBr, hp);
-  zero(sh.a, st.ld_o, kBr, hp);
+  zero(sh.o, st.ld_ov, kBr, hvp);
+  zero(sh.a, st.ld_ov, kBr, hvp);
   for (int r = threadIdx.x; r < kBr; r += kThreads) {
     sh.row_max[r] = -CUDART_INF_F;
     sh.row_sum[r] = 0.0f;
@@ -476,6 +529,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     sh.row_shift[r] = 0.0f;
   }
   for (int64_t j0 = keys.begin / kBc * kBc; j0 < keys.end; j0 += kBc) {
+    if (!tile_meets(ids, row_ids, ids.kv, max64(j0, keys.begin), min64(j0 + kBc, keys.end))) {
+      continue;
+    }
     __syncthreads();  // the previous tile's readers of keys and probs are done
     load_key_rows(sh.keys, st.ld_pair, tensors.key, j0);
     if (tensors.dkey != nullptr) load_key_rows(sh.keys + hp, st.ld_pair, tensors.dkey, j0);
@@ -490,17 +546,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     // The products are done with K and dK: V and dV take their place while
     // the logits are masked.
-    load_key_rows(sh.keys, st.ld_t, tensors.value, j0);
-    if (tensors.dvalue != nullptr) {
-      load_key_rows(sh.keys + kBc * st.ld_t, st.ld_t, tensors.dvalue, j0);
-    }
+    load_value_rows(sh.keys, tensors.value, j0);
+    if (tensors.dvalue != nullptr) load_value_rows(sh.keys + kBc * st.ld_tv, tensors.dvalue, j0);
     for (int i = threadIdx.x; i < kBr * kBc; i += kThreads) {
       const int r = i / kBc, c = i % kBc;
       float& s = sh.s[r * st.ld_s + c];
-      s = logit(p, h, t0 + r, j0 + c, s);
+      float slope = 1.0f;
+      s = logit(p, h, ids, cap, t0 + r, j0 + c, s, &slope);
       if (logit_tangents) {
         float& ds = sh.ds[r * st.ld_s + c];
-        ds = logit_tangent(p, h, t0 + r, j0 + c, s, dot_tangents ? ds : 0.0f, tensors.dbias);
+        ds = logit_tangent(p, h, t0 + r, j0 + c, s, dot_tangents ? ds : 0.0f, slope,
+                           tensors.dbias);
       }
     }
     __syncthreads();
@@ -528,9 +584,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sum = group_sum<kRowThreads>(sum);
       const float alpha = old_max == -CUDART_INF_F ? 0.0f : __expf(old_max - new_max);
-      for (int c = sub; c < hp; c += kRowThreads) {
-        sh.o[r * st.ld_o + c] *= alpha;
-        sh.a[r * st.ld_o + c] *= alpha;
+      for (int c = sub; c < hvp; c += kRowThreads) {
+        sh.o[r * st.ld_ov + c] *= alpha;
+        sh.a[r * st.ld_ov + c] *= alpha;
       }
       float shift = sh.row_shift[r], dsum = 0.0f;
       if (logit_tangents) {
@@ -553,26 +609,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();
-    block_gemm<false, false, true>(sh.o, st.ld_o, e_tile, st.ld_probs, sh.keys, st.ld_t, kBr, hp,
-                                   kBc, kFullFloat32);
+    block_gemm<false, false, true>(sh.o, st.ld_ov, e_tile, st.ld_probs, sh.keys, st.ld_tv, kBr,
+                                   hvp, kBc, kFullFloat32);
     if (output_tangents) {
-      block_gemm<false, false, true>(sh.a, st.ld_o, sh.probs + acc_first, st.ld_probs,
-                                     sh.keys + acc_first * st.ld_t, st.ld_t, kBr, hp,
+      block_gemm<false, false, true>(sh.a, st.ld_ov, sh.probs + acc_first, st.ld_probs,
+                                     sh.keys + acc_first * st.ld_tv, st.ld_tv, kBr, hvp,
                                      acc_last - acc_first, kFullFloat32);
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kBr * hp; i += kThreads) {
-    const int r = i / hp, c = i % hp;
+  for (int i = threadIdx.x; i < kBr * hvp; i += kThreads) {
+    const int r = i / hvp, c = i % hvp;
     const int64_t t = t0 + r;
-    if (t >= p.q_len || c >= p.head_dim) continue;
+    if (t >= p.q_len || c >= hdv) continue;
     const float sum = sh.row_sum[r];
     float o = 0.0f, dout = 0.0f;
     if (sum != 0.0f) {  // NaN sum: a NaN row
-      o = sh.o[r * st.ld_o + c] / sum;
-      dout = sh.a[r * st.ld_o + c] / sum - sh.row_dsum[r] / sum * o;
+      o = sh.o[r * st.ld_ov + c] / sum;
+      dout = sh.a[r * st.ld_ov + c] / sum - sh.row_dsum[r] / sum * o;
     }
-    const int64_t offset = ((b * p.q_len + t) * p.num_heads + n) * p.head_dim + c;
+    const int64_t offset = ((b * p.q_len + t) * p.num_heads + n) * hdv + c;
     tensors.out[offset] = from_float<T>(o);
     tensors.dout[offset] = from_float<T>(dout);
   }
@@ -589,18 +645,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 // -- launch ----------------------------------------------------------------------------
 
 template <typename T>
-size_t jvp_shared_bytes(int hp, int br, int bc) {
-  return JvpShared<T>(nullptr, JvpStrides(hp, bc), br, bc).bytes;
+size_t jvp_shared_bytes(int hp, int hvp, int br, int bc) {
+  return JvpShared<T>(nullptr, JvpStrides(hp, hvp, bc), br, bc).bytes;
 }
 
 template <typename T, int kBr, int kBc>
-cudaError_t launch_fwd_jvp(cudaStream_t stream, const AttentionParams& p, int hp,
+cudaError_t launch_fwd_jvp(cudaStream_t stream, const AttentionParams& p, int hp, int hvp,
                            const JvpTensors<T>& tensors) {
   const int64_t grid = blocks(p.q_len, kBr, p.batch * p.num_heads);
   if (!fits_grid(grid)) return cudaErrorInvalidValue;
   return launch_kernel_dynamic_shared(attention_fwd_jvp_kernel<T, kBr, kBc>,
                                       dim3(static_cast<unsigned>(grid)), dim3(kThreads),
-                                      jvp_shared_bytes<T>(hp, kBr, kBc), stream, p, hp, tensors);
+                                      jvp_shared_bytes<T>(hp, hvp, kBr, kBc), stream, p, hp, hvp,
+                                      tensors);
 }
 
 }  // namespace
@@ -608,10 +665,11 @@ cudaError_t launch_fwd_jvp(cudaStream_t stream, const AttentionParams& p, int hp
 cudaError_t simt_fwd(cudaStream_t stream, const AttentionParams& p, const float* query,
                      const float* key, const float* value, float* out, float* logsumexp) {
   const int hp = padded_head_dim(p.head_dim);
-  if (fwd_shared_bytes<float>(hp, 64, 64) <= kSharedBudget) {
-    return launch_fwd<float, 64, 64>(stream, p, hp, query, key, value, out, logsumexp);
+  const int hvp = padded_head_dim(attention_tiles::value_head_dim(p));
+  if (fwd_shared_bytes<float>(hp, hvp, 64, 64) <= kSharedBudget) {
+    return launch_fwd<float, 64, 64>(stream, p, hp, hvp, query, key, value, out, logsumexp);
   }
-  return launch_fwd<float, 32, 32>(stream, p, hp, query, key, value, out, logsumexp);
+  return launch_fwd<float, 32, 32>(stream, p, hp, hvp, query, key, value, out, logsumexp);
 }
 
 cudaError_t simt_bwd(cudaStream_t stream, const AttentionParams& p, const float* query,
@@ -619,16 +677,17 @@ cudaError_t simt_bwd(cudaStream_t stream, const AttentionParams& p, const float*
                      const float* dout, const float* d, float* dquery, float* dkey,
                      float* dvalue, float* dbias) {
   const int hp = padded_head_dim(p.head_dim);
-  if (bwd_shared_bytes<float>(hp, 64, 64) <= kSharedBudget) {
-    return launch_bwd<float, 64, 64>(stream, p, hp, query, key, value, logsumexp, dout, d, dquery,
-                                     dkey, dvalue, dbias);
-  }
-  if (bwd_shared_bytes<float>(hp, 32, 32) <= kSharedBudget) {
-    return launch_bwd<float, 32, 32>(stream, p, hp, query, key, value, logsumexp, dout, d,
+  const int hvp = padded_head_dim(attention_tiles::value_head_dim(p));
+  if (bwd_shared_bytes<float>(hp, hvp, 64, 64) <= kSharedBudget) {
+    return launch_bwd<float, 64, 64>(stream, p, hp, hvp, query, key, value, logsumexp, dout, d,
                                      dquery, dkey, dvalue, dbias);
   }
-  return launch_bwd<float, 16, 16>(stream, p, hp, query, key, value, logsumexp, dout, d, dquery,
-                                   dkey, dvalue, dbias);
+  if (bwd_shared_bytes<float>(hp, hvp, 32, 32) <= kSharedBudget) {
+    return launch_bwd<float, 32, 32>(stream, p, hp, hvp, query, key, value, logsumexp, dout, d,
+                                     dquery, dkey, dvalue, dbias);
+  }
+  return launch_bwd<float, 16, 16>(stream, p, hp, hvp, query, key, value, logsumexp, dout, d,
+                                   dquery, dkey, dvalue, dbias);
 }
 
 cudaError_t simt_fwd_jvp(cudaStream_t stream, const AttentionParams& p, const float* query,
@@ -638,13 +697,14 @@ cudaError_t simt_fwd_jvp(cudaStream_t stream, const AttentionParams& p, const fl
   const JvpTensors<float> tensors{query, key,   value, dquery,    dkey,
                                   dvalue, dbias, out,   logsumexp, dout, dlogsumexp};
   const int hp = padded_head_dim(p.head_dim);
-  if (jvp_shared_bytes<float>(hp, 64, 64) <= kSharedBudget) {
-    return launch_fwd_jvp<float, 64, 64>(stream, p, hp, tensors);
+  const int hvp = padded_head_dim(attention_tiles::value_head_dim(p));
+  if (jvp_shared_bytes<float>(hp, hvp, 64, 64) <= kSharedBudget) {
+    return launch_fwd_jvp<float, 64, 64>(stream, p, hp, hvp, tensors);
   }
-  if (jvp_shared_bytes<float>(hp, 32, 32) <= kSharedBudget) {
-    return launch_fwd_jvp<float, 32, 32>(stream, p, hp, tensors);
+  if (jvp_shared_bytes<float>(hp, hvp, 32, 32) <= kSharedBudget) {
+    return launch_fwd_jvp<float, 32, 32>(stream, p, hp, hvp, tensors);
   }
-  return launch_fwd_jvp<float, 16, 16>(stream, p, hp, tensors);
+  return launch_fwd_jvp<float, 16, 16>(stream, p, hp, hvp, tensors);
 }
 
 }  // namespace jaxops::cuda::attention_kernels

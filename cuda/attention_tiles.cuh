@@ -86,13 +86,17 @@ class SharedCarver {
 // Leading dimensions: element tiles [rows][hp + 8], float tiles [rows][cols + 4]
 // (multiples of 8 and 4 as wmma requires, off the 32-bank period).
 struct Strides {
-  int hp;    // head dim padded to 16
-  int ld_t;  // T tiles over the head dim
-  int ld_o;  // f32 accumulators over the head dim
+  int hp;    // query/key head dim padded to 16
+  int hvp;   // value head dim padded to 16
+  int ld_t;  // T tiles over the query/key head dim
+  int ld_o;  // f32 accumulators over the query/key head dim
+  int ld_tv;  // T tiles over the value head dim
+  int ld_ov;  // f32 accumulators over the value head dim
   int ld_s;  // f32 scores [kBr][kBc]
   int ld_p;  // T probabilities [kBr][kBc]
-  __host__ __device__ Strides(int hp_, int bc) : hp(hp_), ld_t(hp_ + 8), ld_o(hp_ + 4),
-                                                 ld_s(bc + 4), ld_p(bc + 8) {}
+  __host__ __device__ Strides(int hp_, int hvp_, int bc)
+      : hp(hp_), hvp(hvp_), ld_t(hp_ + 8), ld_o(hp_ + 4), ld_tv(hvp_ + 8), ld_ov(hvp_ + 4),
+        ld_s(bc + 4), ld_p(bc + 8) {}
 };
 
 
@@ -222,6 +226,12 @@ __device__ __forceinline__ void block_gemm(float* c, int ldc, const TA* a, int l
 
 // -- masking ---------------------------------------------------------------------------
 
+// params::value_head_dim, on the device too: the head dim of value, out and
+// their gradients.
+__host__ __device__ inline int64_t value_head_dim(const AttentionParams& p) {
+  return p.value_head_dim >= 0 ? p.value_head_dim : p.head_dim;
+}
+
 // What a block needs to mask the rows of one (batch, query head).
 struct HeadView {
   int64_t b;
@@ -249,18 +259,139 @@ __device__ __forceinline__ int64_t broadcast_offset(const int64_t strides[4], co
   return h.b * strides[0] + h.n * strides[1] + t * strides[2] + j * strides[3];
 }
 
-// scale * dot + bias for query row t and key j, or -inf where (t, j) is masked.
-__device__ __forceinline__ float logit(const AttentionParams& p, const HeadView& h, int64_t t,
-                                       int64_t j, float dot) {
+// -- soft cap and segment ids ---------------------------------------------------------
+
+// The soft cap of a call in the units of the logits it applies to (natural or
+// log2): c = logits_soft_cap * units, 0 for none, and k = -2 log2(e) / c.
+struct SoftCap {
+  float c;
+  float k;
+  __host__ __device__ bool on() const { return c > 0.0f; }
+};
+
+__host__ __device__ inline SoftCap soft_cap(const AttentionParams& p, float units) {
+  const float c = p.logits_soft_cap > 0.0f ? p.logits_soft_cap * units : 0.0f;
+  return {c, c > 0.0f ? -2.0f * 1.4426950408889634f / c : 0.0f};
+}
+
+// 2^x by one ex2.approx.ftz (the harness computes exp2f).
+__device__ __forceinline__ float soft_cap_exp2(float x) {
+#ifdef JAXOPS_CUDA_HARNESS
+  return exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
+// c tanh(x / c) for a cap that is on, and into *slope (when not null) its
+// derivative 1 - tanh^2 by x: tanh(y) = sign(y) (1 - e) / (1 + e) with
+// e = 2^(-2 |y| log2(e)) <= 1, no overflow at any x, and 1 - tanh^2 =
+// 4 e / (1 + e)^2 (exact near the cap, where 1 - t * t would cancel). One ex2
+// and one reciprocal on the special-function unit, in registers.
+__device__ __forceinline__ float capped(const SoftCap& cap, float x, float* slope = nullptr) {
+  const float e = soft_cap_exp2(fabsf(x) * cap.k);
+  const float r = __fdividef(1.0f, 1.0f + e);
+  if (slope != nullptr) *slope = 4.0f * e * r * r;
+  return copysignf(cap.c * ((1.0f - e) * r), x);
+}
+
+// The segment ids of a run of rows or keys: [lo, hi] (lo > hi: no ids). Two
+// runs can attend each other only where their ranges meet; where both are one
+// and the same id, no element needs its own test.
+struct IdRange {
+  int lo;
+  int hi;
+  __device__ bool meets(const IdRange& o) const { return lo <= o.hi && o.lo <= hi; }
+  __device__ bool same_single(const IdRange& o) const {
+    return lo == hi && o.lo == o.hi && lo == o.lo;
+  }
+};
+
+// A warp's view of a tile of the other side, as far as segment ids go: whether
+// its rows (or keys) meet the tile's at all, and whether both hold one and
+// the same id (no element needs its own test).
+struct TileIds {
+  bool meets;
+  bool uniform;
+};
+
+// The range of ids[begin .. end) (a run of at most a few tiles), by every lane
+// of the warp: each reads every 32nd id (coalesced), then one redux.sync each
+// for the min and the max. The warp's lanes all call it with the same run.
+__device__ __forceinline__ IdRange warp_id_range(const int32_t* ids, int64_t begin, int64_t end) {
+  constexpr unsigned kAll = 0xffffffffu;
+  int lo = 0x7fffffff, hi = -0x7fffffff - 1;
+  for (int64_t i = begin + static_cast<int>(threadIdx.x) % 32; i < end; i += 32) {
+    const int id = ids[i];
+    lo = id < lo ? id : lo;
+    hi = id > hi ? id : hi;
+  }
+#if __CUDA_ARCH__ >= 800
+  return {__reduce_min_sync(kAll, lo), __reduce_max_sync(kAll, hi)};
+#else
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const int other_lo = __shfl_xor_sync(kAll, lo, offset), other_hi = __shfl_xor_sync(kAll, hi, offset);
+    lo = other_lo < lo ? other_lo : lo;
+    hi = other_hi > hi ? other_hi : hi;
+  }
+  return {lo, hi};
+#endif
+}
+
+// The first tile i' >= i of `tiles` whose ids meet `block` (tile i' holds
+// positions first + i' * size .., clipped to [begin, end), of `ids`), with
+// `warp`'s view of it in *seen; `tiles` where none does. Every warp of a
+// block finds the same tile from the same ids.
+__device__ __forceinline__ int next_meeting_tile(const int32_t* ids, int64_t first, int size,
+                                                 int64_t begin, int64_t end, int i, int tiles,
+                                                 const IdRange& block, const IdRange& warp,
+                                                 TileIds* seen) {
+  for (; i < tiles; ++i) {
+    const int64_t lo = first + int64_t{i} * size;
+    const int64_t from = lo > begin ? lo : begin, to = lo + size < end ? lo + size : end;
+    const IdRange tile = warp_id_range(ids, from, to);
+    if (block.meets(tile)) {
+      *seen = {warp.meets(tile), warp.same_single(tile)};
+      return i;
+    }
+  }
+  return i;
+}
+
+// The segment ids of one batch row's queries and keys (null without ids).
+struct Segments {
+  const int32_t* q;
+  const int32_t* kv;
+  __device__ bool on() const { return q != nullptr; }
+  // Whether query t and key j share a document.
+  __device__ bool same(int64_t t, int64_t j) const { return q[t] == kv[j]; }
+};
+
+__device__ __forceinline__ Segments segments_of(const AttentionParams& p, int64_t b) {
+  if (p.q_segment_ids == nullptr) return {nullptr, nullptr};
+  return {p.q_segment_ids + b * p.q_len, p.kv_segment_ids + b * p.kv_len};
+}
+
+// The natural-unit logit of query row t and key j from their product: scale *
+// dot, soft-capped (its slope into *slope when asked), plus the bias; -inf
+// where (t, j) is masked: the positions, the lengths, the segment ids, the
+// mask (the SIMT kernels: every element).
+__device__ __forceinline__ float logit(const AttentionParams& p, const HeadView& h,
+                                       const Segments& ids, const SoftCap& cap, int64_t t,
+                                       int64_t j, float dot, float* slope = nullptr) {
   if (t >= h.q_valid || j >= h.kv_valid) return -CUDART_INF_F;
   const int64_t pos = t + h.offset;
   if (p.is_causal && j > pos) return -CUDART_INF_F;
   if (p.window_left >= 0 && j < pos - p.window_left) return -CUDART_INF_F;
   if (p.window_right >= 0 && j > pos + p.window_right) return -CUDART_INF_F;
+  if (ids.on() && !ids.same(t, j)) return -CUDART_INF_F;
   if (p.mask != nullptr && !p.mask[broadcast_offset(p.mask_strides, h, t, j)]) {
     return -CUDART_INF_F;
   }
   float x = p.scale * dot;
+  if (cap.on()) x = capped(cap, x, slope);
   if (p.bias != nullptr) x += p.bias[broadcast_offset(p.bias_strides, h, t, j)];
   return x;
 }
@@ -313,16 +444,24 @@ __device__ __forceinline__ bool within(const Limits& limits, int64_t position) {
   return position >= limits.begin && position < limits.end;
 }
 
-// scale * dot + bias for query row t and key j, or -inf where (t, j) is not
-// `visible` (by Limits) or the mask hides it.
+// The log2-unit logit of query row t and key j from their product (the
+// tensor-core kernels): dot * scale * log2(e), soft-capped by `cap` (in log2
+// units; its slope into *slope when asked), plus bias * log2(e); -inf where
+// (t, j) is not `visible` (by Limits), their segment ids differ (with
+// check_ids: the tile does not hold one id on both sides) or the mask hides it.
 __device__ __forceinline__ float visible_logit(const AttentionParams& p, const HeadView& h,
-                                               int64_t t, int64_t j, bool visible, float dot) {
+                                               const Segments& ids, bool check_ids,
+                                               const SoftCap& cap, int64_t t, int64_t j,
+                                               bool visible, float dot, float scale_log2,
+                                               float* slope = nullptr) {
   if (!visible) return -CUDART_INF_F;
+  if (check_ids && !ids.same(t, j)) return -CUDART_INF_F;
   if (p.mask != nullptr && !p.mask[broadcast_offset(p.mask_strides, h, t, j)]) {
     return -CUDART_INF_F;
   }
-  float x = p.scale * dot;
-  if (p.bias != nullptr) x += p.bias[broadcast_offset(p.bias_strides, h, t, j)];
+  float x = dot * scale_log2;
+  if (cap.on()) x = capped(cap, x, slope);
+  if (p.bias != nullptr) x += p.bias[broadcast_offset(p.bias_strides, h, t, j)] * 1.4426950408889634f;
   return x;
 }
 

@@ -25,9 +25,8 @@ using ffi_cuda::dispatch;
 using ffi_cuda::launch_status;
 
 // The shared decoding (xla_ffi/attention_common.h) plus the CUDA kernels' own
-// limits: their tiles hold whole head vectors in shared memory, and they do
-// not yet take a soft cap, segment ids or a value head dim of its own (the
-// Python side takes the jnp reference on the GPU for those).
+// limit: their tiles hold whole head vectors (query/key and value) in shared
+// memory.
 ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                          const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
                          const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_lengths,
@@ -43,10 +42,10 @@ ffi::Error decode_params(const std::string& op, const ffi::AnyBuffer& q, const f
     return invalid(op, "the CUDA kernel supports head_dim <= " +
                            str(params::kCudaAttentionMaxHeadDim) + ", got " + str(p->head_dim));
   }
-  if (p->logits_soft_cap > 0.0f || p->q_segment_ids != nullptr ||
-      params::value_head_dim(*p) != p->head_dim) {
-    return invalid(op, "the CUDA kernels take no logits_soft_cap, segment ids or value head "
-                       "dim other than the query's yet");
+  if (params::value_head_dim(*p) > params::kCudaAttentionMaxHeadDim) {
+    return invalid(op, "the CUDA kernel supports a value head dim <= " +
+                           str(params::kCudaAttentionMaxHeadDim) + ", got " +
+                           str(params::value_head_dim(*p)));
   }
   return ffi::Error::Success();
 }
@@ -69,9 +68,13 @@ ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   JAXOPS_RETURN_IF_ERROR(
       check_fwd_workspace(op, *workspace, fwd_workspace_bytes(p, contract::Platform::kCuda)));
   // Few query rows per kv head (decoding): the split-K decode kernels, whose
-  // partial states the contract sized the workspace for.
-  const bool decode = params::attention_decode_applies(
-      p.q_len, p.num_heads, p.num_kv_heads, p.head_dim, p.bias != nullptr, p.mask != nullptr);
+  // partial states the contract sized the workspace for (they take the soft
+  // cap; segment ids and a value head dim of its own take the tiled kernels,
+  // leaving that workspace unused).
+  const bool decode =
+      params::attention_decode_applies(p.q_len, p.num_heads, p.num_kv_heads, p.head_dim,
+                                       p.bias != nullptr, p.mask != nullptr) &&
+      p.q_segment_ids == nullptr && params::value_head_dim(p) == p.head_dim;
   return dispatch(op, q.element_type(), [&](auto tag) {
     using T = decltype(tag);
     if (decode) {
