@@ -61,6 +61,15 @@ const float* load_broadcast_row(const BroadcastOperand<T>& operand, int64_t offs
   return out;
 }
 
+// A row with a NaN among its visible columns: NaN there, and -inf where the
+// column is invisible (z = -inf), as the reference's log_softmax (z - lse would
+// make -inf - NaN = NaN). out may be z.
+void nan_row_log_probabilities(const float* z, float* out, int64_t n) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) out[c] = z[c] == kNegInf ? kNegInf : kNaN;
+}
+
 // A row converted into a float32 buffer the thread owns, float rows too: a
 // RowBuffer that always copies.
 template <typename T>
@@ -219,14 +228,22 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
       if (m == kNegInf) {
         // max() skips NaN; a NaN beside only invisible columns still poisons the row.
         const bool has_nan = std::any_of(z, z + n, [](float v) { return v != v; });
-        std::fill(out, out + cols, has_nan ? std::numeric_limits<float>::quiet_NaN() : invisible);
+        if (has_nan && log_output) {
+          nan_row_log_probabilities(z, out, n);
+        } else {
+          std::fill(out, out + cols, has_nan ? std::numeric_limits<float>::quiet_NaN() : invisible);
+        }
       } else if (log_output) {
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t c = 0; c < n; ++c) sum += vexp_nonpositive(z[c] - m);
         const float lse = m + std::log(sum);
+        if (lse != lse) {
+          nan_row_log_probabilities(z, out, n);
+        } else {
 #pragma omp simd
-        for (int64_t c = 0; c < n; ++c) out[c] = z[c] - lse;
+          for (int64_t c = 0; c < n; ++c) out[c] = z[c] - lse;
+        }
       } else {
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)

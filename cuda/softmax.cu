@@ -116,7 +116,9 @@ __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
   stats = row_reduce::block_max_sum(stats);
 
   const float invisible = log_output ? -CUDART_INF_F : 0.f;
-  if (stats.max == -CUDART_INF_F) {
+  // A log_softmax row with a NaN and no finite column takes the log path below,
+  // whose lse is NaN: -inf at its -inf columns, NaN elsewhere.
+  if (stats.max == -CUDART_INF_F && !(log_output && stats.sum != stats.sum)) {
     // No visible column; a NaN among the columns still poisons the row.
     float fill[kElems];
 #pragma unroll
@@ -145,11 +147,13 @@ __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
   // The last chunk is still in registers: write it first, re-read the others.
   if (log_output) {
     const float lse = stats.max + logf(stats.sum);
+    // In a NaN row (lse NaN) an invisible column stays -inf, as in the reference.
+    const bool nan_row = lse != lse;
     for (int c = chunks - 1; c >= 0; --c) {
       if (c != chunks - 1) {
         load_visible<T, kVec, kItemCount, kBroadcast>(x_row, where_row, bias_row, c * chunk, n, z);
       }
-      store_out(c, [&](float v) { return v - lse; });
+      store_out(c, [&](float v) { return nan_row && v == -CUDART_INF_F ? v : v - lse; });
     }
     return;
   }
