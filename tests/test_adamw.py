@@ -378,6 +378,28 @@ def test_mixed_dtypes_and_mismatched_gradient_dtype():
     assert_close(updates[key], expected[key].astype(params[key].dtype), dtype=params[key].dtype)
 
 
+@pytest.mark.parametrize("grad_dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("method", ["update", "step"])
+def test_low_precision_gradients_of_float32_parameters_run_the_kernel(backend, method, grad_dtype):
+  """float16/bfloat16 gradients of float32 parameters under implementation="ffi":
+  converted exactly and run on the kernel, with the jnp path's result."""
+  params = {"w": random_inputs(4, [(7, 33)])[0], "b": jnp.zeros(5)}
+  grads = jax.tree.map(lambda p: (jnp.cos(p) * 0.1 + 0.05).astype(grad_dtype), params)
+  results = {}
+  for implementation in ("ffi", "xla"):
+    tx = jaxops.optim.adamw(1e-2, weight_decay=0.01, implementation=implementation)
+    call = jax.jit(getattr(tx, method))
+    results[implementation] = call(grads, tx.init(params), params)
+    if implementation == "ffi":
+      assert "jaxops_adamw" in str(jax.make_jaxpr(getattr(tx, method))(grads, tx.init(params),
+                                                                        params))
+  out, state = results["ffi"]
+  for leaf in jax.tree.leaves(out):
+    assert leaf.dtype == jnp.float32
+  assert_tree_close((out, state.mu, state.nu),
+                    (results["xla"][0], results["xla"][1].mu, results["xla"][1].nu))
+
+
 def _mixed_tree():
   """Leaves of every kernel dtype (so first moments of every dtype), sizes
   around the CUDA kernel's 2048-element tile (full tiles of 16-byte packs and
@@ -585,6 +607,27 @@ def test_update_and_fused_step_match_optax(backend):
     (lambda: jaxops.optim.adamw(1e-3).update({"w": jnp.ones(4)}, jaxops.optim.adamw(1e-3).init(
         {"w": jnp.ones(3)}), {"w": jnp.ones(3)}), ValueError,
      r"grads\['w'\] must have shape params\['w'\].shape = \(3,\), got \(4,\)"),
+    # A gradient tree unlike the parameters': named, with the leaves that differ.
+    (lambda: jaxops.optim.adamw(1e-3).step(
+        {"w": jnp.ones(3), "x": jnp.ones(2)},
+        jaxops.optim.adamw(1e-3).init({"w": jnp.ones(3), "b": jnp.ones(2)}),
+        {"w": jnp.ones(3), "b": jnp.ones(2)}), ValueError,
+     r"jaxops.optim.adamw: grads must have the tree structure of params \(2 leaves\), "
+     r"got lacks \['b'\]; has \['x'\]"),
+    (lambda: jaxops.optim.adamw(1e-3).update(
+        [jnp.ones(3)], jaxops.optim.adamw(1e-3).init((jnp.ones(3),)), (jnp.ones(3),)),
+     ValueError, r"jaxops.optim.adamw: grads must have the tree structure of params"),
+    (lambda: jaxops.optim.adamw(1e-3).step(
+        {"w": jnp.ones(3)}, jaxops.optim.adamw(1e-3).init({"v": jnp.ones(3)}),
+        {"w": jnp.ones(3)}), ValueError,
+     r"state.mu must have the tree structure of params \(1 leaves\), got lacks \['w'\]"),
+    # Under "ffi" the kernel reads gradients of the parameter's dtype: a wider
+    # one is refused (rounding it would change the step).
+    (lambda: jaxops.optim.adamw(1e-3, implementation="ffi").step(
+        {"w": jnp.ones(3, jnp.float32)}, jaxops.optim.adamw(1e-3).init(
+            {"w": jnp.ones(3, jnp.bfloat16)}), {"w": jnp.ones(3, jnp.bfloat16)}), TypeError,
+     r"grads\['w'\] must have params\['w'\]'s dtype bfloat16 \(or one that converts to it "
+     r"exactly\) for implementation='ffi', got float32"),
 ])
 def test_bad_input_is_a_clear_error(call, error, match):
   with pytest.raises(error, match=match):

@@ -45,6 +45,7 @@ _OP = "jaxops.optim.adamw"
 # parameters' own, optax's default for them, or mu_dtype=jnp.bfloat16 to save memory).
 # In params/adamw.h's order (AdamWFloat), which indexes b1 for each in the scalars.
 _KERNEL_MOMENT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_KERNEL_PARAM_DTYPES = _KERNEL_MOMENT_DTYPES
 # Index of the first of those three b1 values (kAdamWB1Moment).
 _B1_MOMENT = 11
 
@@ -318,6 +319,9 @@ class _AdamWUpdate:
     if not isinstance(state, AdamWState):
       raise validation.type_error(_OP, "state", "be the AdamWState made by init",
                                   validation.describe(state))
+    _check_structure("grads", grads, params)
+    _check_structure("state.mu", state.mu, params)
+    _check_structure("state.nu", state.nu, params)
     scalars = self._scalars(state.count)
     options = dict(apply_updates=apply_updates, nesterov=self.nesterov)
     kernel_leaves = []
@@ -327,6 +331,7 @@ class _AdamWUpdate:
       where = jax.tree_util.keystr(path)
       validation.shape(_OP, f"grads{where}", g, jnp.shape(p), of=f"params{where}.shape")
       g, p = jnp.asarray(g), jnp.asarray(p)
+      g = self._kernel_gradient(where, g, p)
       if self._kernel_runs(where, g, p, m, v, apply_updates):
         kernel_leaves.append(_KernelLeaf(g, p, m, v, decay))
         return len(kernel_leaves) - 1  # where the kernel's results go
@@ -341,6 +346,26 @@ class _AdamWUpdate:
                for r in treedef.flatten_up_to(placed)]
     out, mu, nu = _unzip(treedef, results, 3)
     return out, AdamWState(count=_safe_increment(state.count), mu=mu, nu=nu)
+
+  def _kernel_gradient(self, where, g, p):
+    """A gradient whose dtype converts exactly to a kernel parameter's (float16
+    or bfloat16 for float32) is converted, and the leaf runs on the kernel with
+    the result the jnp path would give (it promotes g the same way). Under
+    implementation="ffi" any other dtype than the parameter's is a TypeError:
+    the kernel reads gradients of the parameter's dtype, and rounding a wider
+    gradient would change the step."""
+    if g.dtype == p.dtype or self.implementation == "xla":
+      return g
+    exact = (jnp.issubdtype(g.dtype, jnp.floating) and jnp.dtype(p.dtype) in _KERNEL_PARAM_DTYPES
+             and jnp.promote_types(g.dtype, p.dtype) == p.dtype)
+    if exact:
+      return g.astype(p.dtype)
+    if self.implementation == "ffi" and jnp.dtype(p.dtype) in _KERNEL_PARAM_DTYPES:
+      raise validation.type_error(
+          _OP, f"grads{where}",
+          f"have params{where}'s dtype {p.dtype} (or one that converts to it exactly) for "
+          "implementation='ffi'", str(g.dtype))
+    return g
 
   def _kernel_runs(self, where, g, p, m, v, apply_updates) -> bool:
     """The kernel takes float32, bfloat16 and float16 parameters (gradients of
@@ -412,6 +437,24 @@ def _safe_increment(count):
   return jnp.where(count < top, count + jnp.ones((), count.dtype), top)
 
 
+def _check_structure(name, tree, params):
+  """A tree that must have the parameters' structure (grads, the moments): a
+  ValueError naming it and the leaves it lacks or has in excess, at trace time."""
+  tree_def, params_def = jax.tree.structure(tree), jax.tree.structure(params)
+  if tree_def == params_def:
+    return
+  paths = lambda t: [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(t)[0]]
+  theirs, ours = paths(tree), paths(params)
+  missing = [k for k in ours if k not in theirs]
+  extra = [k for k in theirs if k not in ours]
+  parts = ([f"lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"] if missing
+           else []) + ([f"has {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"] if extra
+                       else [])
+  detail = "; ".join(parts) if parts else f"{len(theirs)} leaves in {tree_def}"
+  raise validation.value_error(_OP, name, "have the tree structure of params "
+                               f"({len(ours)} leaves)", detail)
+
+
 def _mask_flag(flag) -> bool:
   # optax tests the mask's leaves with Python's `if`: they must be known now.
   if isinstance(flag, (bool, np.bool_)) or (
@@ -479,13 +522,22 @@ class AdamW(optax.GradientTransformationExtraArgs):
     leaf's result and XLA copies around the in-place kernel.
 
     Args:
-      grads: the gradients, a pytree of the parameters' structure.
+      grads: the gradients, a pytree of the parameters' structure; each leaf
+        of its parameter's shape, in its dtype or one that converts to it
+        exactly (see :func:`adamw`, "Gradient dtypes").
       state: the :class:`AdamWState`.
       params: the parameters.
       **extra_args: accepted and ignored, as ``update``'s.
 
     Returns:
       ``(new_params, new_state)``.
+
+    Raises:
+      ValueError: ``grads``, ``state.mu`` or ``state.nu`` does not have the
+        tree structure of ``params`` (the message names the leaves that
+        differ), or a gradient's shape is not its parameter's.
+      TypeError: with ``implementation="ffi"``, a gradient's dtype neither is
+        its parameter's nor converts to it exactly.
     """
     return self.update.step(grads, state, params, **extra_args)
 
@@ -537,6 +589,15 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
   * the state is one :class:`AdamWState` (count, mu, nu), not optax's chain
     of states (``optax.tree_utils.tree_get(state, "mu")`` finds mu in both).
 
+  Gradient dtypes: a gradient in its parameter's dtype, or in one that
+  converts to it exactly (float16 or bfloat16 gradients of float32
+  parameters, e.g. from a mixed-precision backward), runs on the kernel; the
+  latter is converted first (one more pass over that gradient), which gives
+  the jnp path's result, as that promotes it the same way. Any other
+  combination (a float32 gradient of a bfloat16 parameter, whose rounding
+  would change the step) runs the jnp reference under ``implementation=None``
+  and is a ``TypeError`` under ``implementation="ffi"``.
+
   Args:
     learning_rate: a Python float, a scalar array (e.g. traced by
       ``optax.inject_hyperparams``) or an optax schedule (count -> scalar).
@@ -567,7 +628,12 @@ def adamw(learning_rate: ScalarOrSchedule, b1: Scalar = 0.9, b2: Scalar = 0.999,
   Raises:
     TypeError: a hyper-parameter is neither a real number, a scalar array nor
       (learning rate, weight decay) a callable; ``nesterov`` is not a bool.
-    ValueError: a Python-number hyper-parameter is out of its range.
+      When ``update`` or ``step`` is traced, with ``implementation="ffi"``: a
+      gradient's dtype neither is its parameter's nor converts to it exactly.
+    ValueError: a Python-number hyper-parameter is out of its range. When
+      ``update`` or ``step`` is traced: the gradients (or the state's moments)
+      do not have the tree structure of the parameters (the message names the
+      leaves that differ), or a gradient's shape is not its parameter's.
 
   Examples:
     >>> params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
