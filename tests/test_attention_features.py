@@ -2,10 +2,9 @@
 the logit soft cap (Gemma), segment ids (packed sequences), sinks (gpt-oss)
 and a value head dim of its own (MLA), alone and with every other argument.
 
-The CPU kernels take all of them (forward, backward, the fused forward-mode
-kernel, the decode path); the CUDA kernels do not yet, so these tests run on
-the CPU backend, and the selection test checks that a CUDA platform takes the
-reference for them (implementation=None) or raises ("ffi").
+These run on the CPU kernels (forward, backward, the fused forward-mode
+kernel, the decode path); tests/test_attention_features_harness.py runs the
+CUDA kernels on the same features in the harness.
 """
 
 import functools
@@ -311,25 +310,21 @@ def test_the_unbatched_form():
 
 
 def test_kernel_selection_on_cuda(monkeypatch):
-  """The CUDA kernels take none of the new features yet: None takes the
-  reference there, "ffi" says which argument it cannot take; sinks alone
-  need no kernel support (they merge after the kernel)."""
+  """The CUDA kernels take the soft cap, segment ids and Hv != H (their harness
+  tests are tests/test_attention_features_harness.py): only head dims past
+  their shared-memory limit take the reference (None) or raise ("ffi"), and an
+  empty head dim on one side only takes the reference on every platform."""
   monkeypatch.setattr(attention_src.primitive, "current_platform", lambda: "cuda")
   monkeypatch.setattr(attention_src.ffi_targets, "targets",
                       lambda platform: {attention_src.attention_fwd_p.target})
   use = functools.partial(attention_src._use_kernel, "jaxops.attention")
-  features = attention_src._Features
-  plain = features(soft_cap=False, segments=False, head_dims=(64, 64))
-  assert use(None, jnp.float32, plain)
-  for lacking, words in ((features(soft_cap=True, segments=False, head_dims=(64, 64)),
-                          "logits_soft_cap"),
-                         (features(soft_cap=False, segments=True, head_dims=(64, 64)),
-                          "segment ids"),
-                         (features(soft_cap=False, segments=False, head_dims=(192, 128)),
-                          "value head dim")):
-    assert not use(None, jnp.float32, lacking)
-    with pytest.raises(ValueError, match=words):
-      use("ffi", jnp.float32, lacking)
+  assert use(None, jnp.float32, 64, 64) and use(None, jnp.bfloat16, 192, 128)
+  assert not use(None, jnp.float32, 576, 512)
+  with pytest.raises(ValueError, match="head dims up to 256, got 576"):
+    use("ffi", jnp.float32, 576, 512)
+  assert not use(None, jnp.float32, 0, 8)
+  with pytest.raises(ValueError, match="both > 0"):
+    use("ffi", jnp.float32, 0, 8)
 
 
 def test_kernel_lowering_carries_the_features():

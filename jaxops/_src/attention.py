@@ -388,9 +388,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       (docs/precision.md).
     implementation: None (the fused kernel where one exists, else the jnp
       reference), "ffi" (the kernel, or an error) or "xla" (the reference).
-      The CPU kernels take every argument; the CUDA kernels do not yet take
-      ``logits_soft_cap``, segment ids or Hv != H (None runs the reference
-      there, "ffi" raises).
+      The CPU and CUDA kernels take every argument (CUDA: head dims up to
+      256; beyond, None runs the reference and "ffi" raises).
 
   Returns:
     The attention output [B, T, N, Hv] (or [T, N, Hv]) in the query's dtype,
@@ -471,9 +470,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   query_offset = validation.int_scalar(op, "query_offset", query_offset)
   allow_tf32 = matmul_precision.allow_tf32(op, precision)
 
-  features = _Features(soft_cap=soft_cap is not None, segments=q_segments is not None,
-                       head_dims=(H, Hv))
-  if _use_kernel(op, implementation, query.dtype, features):
+  if _use_kernel(op, implementation, query.dtype, H, Hv):
     window_left, window_right = window if window else (-1, -1)
     out, lse = attention_fwd_p(
         query, key, value,
@@ -519,32 +516,16 @@ def merge_sinks(out, lse, sinks):
   return out, merged
 
 
-class _Features:
-  """What a call asks of the kernels beyond the original attention."""
-
-  def __init__(self, *, soft_cap, segments, head_dims):
-    self.soft_cap, self.segments, self.head_dims = soft_cap, segments, head_dims
-
-  def cuda_lacks(self):
-    """The arguments the CUDA kernels do not take yet, as words: none. The
-    tensor-core and SIMT kernels take the soft cap, segment ids and every pair
-    of head dims up to _CUDA_MAX_HEAD_DIM (which _use_kernel checks); the
-    decode kernels take the soft cap, and the CUDA handler gives calls with
-    segment ids or Hv != H to the tiled kernels."""
-    return []
-
-
 # -- argument checks ---------------------------------------------------------------------
 
 
-def _use_kernel(op, implementation, dtype, features):
+def _use_kernel(op, implementation, dtype, head_dim, value_head_dim):
   """primitive.use_kernel, and the platform's module must have the attention targets
-  (the CPU one has; a CUDA build without them takes the reference) for this head
-  dim (the CUDA kernel keeps whole head vectors in shared memory) and these
-  features."""
+  (the CPU one has; a CUDA build without them takes the reference) for these
+  head dims (the CUDA kernels keep whole head vectors in shared memory). Every
+  other argument runs on the kernels of both platforms."""
   if not primitive.use_kernel(op, implementation, {"query": dtype}):
     return False
-  head_dim, value_head_dim = features.head_dims
   if head_dim != value_head_dim and min(head_dim, value_head_dim) == 0:
     # An empty head dim on one side only: the reference's (rare) case.
     if implementation == "ffi":
@@ -552,18 +533,11 @@ def _use_kernel(op, implementation, dtype, features):
                        f"when they differ, got H = {head_dim}, Hv = {value_head_dim}")
     return False
   platform = primitive.current_platform()
-  if platform == "cuda":
-    reasons = []
-    if max(head_dim, value_head_dim) > _CUDA_MAX_HEAD_DIM:
-      reasons.append(f"head dims up to {_CUDA_MAX_HEAD_DIM}, got "
-                     f"{max(head_dim, value_head_dim)}")
-    if features.cuda_lacks():
-      reasons.append("no " + ", ".join(features.cuda_lacks()) + " yet")
-    if reasons:
-      if implementation == "ffi":
-        raise ValueError(f"{op}: implementation='ffi': the CUDA attention kernel supports "
-                         + "; ".join(reasons))
-      return False
+  if platform == "cuda" and max(head_dim, value_head_dim) > _CUDA_MAX_HEAD_DIM:
+    if implementation == "ffi":
+      raise ValueError(f"{op}: implementation='ffi': the CUDA attention kernel supports head "
+                       f"dims up to {_CUDA_MAX_HEAD_DIM}, got {max(head_dim, value_head_dim)}")
+    return False
   if attention_fwd_p.target in ffi_targets.targets(platform):
     return True
   if implementation == "ffi":
