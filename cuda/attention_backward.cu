@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(32 * BackwardTiles<T, kHd, kHdv, kFeatures>::k
   const Range warp_rows = attention_tiles::query_range(p, h0, jw, jw + 16);
   // With segment ids, the query tiles that share no document with the block's
   // keys are skipped whole (the same tiles for every head of the group).
-  const attention_tiles::Segments ids =
-      kFeatures ? attention_tiles::segments_of(p, b) : attention_tiles::Segments{nullptr, nullptr};
+  const attention_tiles::Segments ids = kFeatures ? attention_tiles::segments_of(p, b)
+                                                  : attention_tiles::Segments{nullptr, nullptr};
   attention_tiles::IdRange block_ids{0, 0}, warp_ids{0, 0};
   if (ids.on()) {
     block_ids = attention_tiles::warp_id_range(ids.kv, j0,
@@ -288,7 +288,9 @@ __global__ void __launch_bounds__(32 * BackwardTiles<T, kHd, kHdv, kFeatures>::k
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = d0 + 8 * c + 2 * t + e;
-        if (col < hd) dkey[kv_first + j * kv_stride + col] = from_float<T>(p.scale * dk[c][2 * r + e]);
+        if (col < hd) {
+          dkey[kv_first + j * kv_stride + col] = from_float<T>(p.scale * dk[c][2 * r + e]);
+        }
         if (col < hdv) dvalue[v_first + j * v_stride + col] = from_float<T>(dv[c][2 * r + e]);
       }
     }
@@ -299,9 +301,10 @@ __global__ void __launch_bounds__(32 * BackwardTiles<T, kHd, kHdv, kFeatures>::k
 
 template <typename T, int kHd, int kHdv, bool kFeatures>
 __global__ void __launch_bounds__(32 * BackwardTiles<T, kHd, kHdv, kFeatures>::kQueryWarps, 1)
-    attention_bwd_dq_mma_kernel(AttentionParams p, attention_tiles::SoftCap call_cap, const T* query,
-                                const T* key, const T* value, const float* logsumexp,
-                                const T* dout, const float* d, T* dquery, float* dbias) {
+    attention_bwd_dq_mma_kernel(AttentionParams p, attention_tiles::SoftCap call_cap,
+                                const T* query, const T* key, const T* value,
+                                const float* logsumexp, const T* dout, const float* d, T* dquery,
+                                float* dbias) {
   using Tiles = BackwardTiles<T, kHd, kHdv, kFeatures>;
   // Without the features the cap is off at compile time (as are the ids).
   const attention_tiles::SoftCap cap =
@@ -345,8 +348,8 @@ __global__ void __launch_bounds__(32 * BackwardTiles<T, kHd, kHdv, kFeatures>::k
   const int64_t first = keys.begin / kBc * kBc;
   const int tiles = keys.begin < keys.end ? static_cast<int>((keys.end - first + kBc - 1) / kBc) : 0;
   // Segment ids: the forward's whole-tile skipping.
-  const attention_tiles::Segments ids =
-      kFeatures ? attention_tiles::segments_of(p, at.b) : attention_tiles::Segments{nullptr, nullptr};
+  const attention_tiles::Segments ids = kFeatures ? attention_tiles::segments_of(p, at.b)
+                                                  : attention_tiles::Segments{nullptr, nullptr};
 
   attention_tiles::IdRange block_ids{0, 0}, warp_ids{0, 0};
   if (ids.on()) {

@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // document with are skipped whole (never loaded): the ids' ranges of the
   // block's and each warp's valid rows, against each tile's (every warp
   // computes the block's decisions alike, from the same ids).
-  const attention_tiles::Segments ids =
-      kFeatures ? attention_tiles::segments_of(p, at.b) : attention_tiles::Segments{nullptr, nullptr};
+  const attention_tiles::Segments ids = kFeatures ? attention_tiles::segments_of(p, at.b)
+                                                  : attention_tiles::Segments{nullptr, nullptr};
 
   // The first tile from i on that the block attends, and the warp's view of it.
   attention_tiles::IdRange block_ids{0, 0}, warp_ids{0, 0};

@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd, kHdv, kFeatures>::kWarps
   const int64_t first = keys.begin / kBc * kBc;
   const int tiles = keys.begin < keys.end ? static_cast<int>((keys.end - first + kBc - 1) / kBc) : 0;
   // Segment ids: the forward's whole-tile skipping.
-  const attention_tiles::Segments ids =
-      kFeatures ? attention_tiles::segments_of(p, at.b) : attention_tiles::Segments{nullptr, nullptr};
+  const attention_tiles::Segments ids = kFeatures ? attention_tiles::segments_of(p, at.b)
+                                                  : attention_tiles::Segments{nullptr, nullptr};
 
   attention_tiles::IdRange block_ids{0, 0}, warp_ids{0, 0};
   if (ids.on()) {

@@ -261,6 +261,8 @@ __device__ __forceinline__ int64_t broadcast_offset(const int64_t strides[4], co
 
 // -- soft cap and segment ids ---------------------------------------------------------
 
+constexpr float kLog2e = 1.4426950408889634f;
+
 // The soft cap of a call in the units of the logits it applies to (natural or
 // log2): c = logits_soft_cap * units, 0 for none, and k = -2 log2(e) / c.
 struct SoftCap {
@@ -271,7 +273,7 @@ struct SoftCap {
 
 __host__ __device__ inline SoftCap soft_cap(const AttentionParams& p, float units) {
   const float c = p.logits_soft_cap > 0.0f ? p.logits_soft_cap * units : 0.0f;
-  return {c, c > 0.0f ? -2.0f * 1.4426950408889634f / c : 0.0f};
+  return {c, c > 0.0f ? -2.0f * kLog2e / c : 0.0f};
 }
 
 // 2^x by one ex2.approx.ftz (the harness computes exp2f).
@@ -332,7 +334,8 @@ __device__ __forceinline__ IdRange warp_id_range(const int32_t* ids, int64_t beg
   return {__reduce_min_sync(kAll, lo), __reduce_max_sync(kAll, hi)};
 #else
   for (int offset = 16; offset > 0; offset /= 2) {
-    const int other_lo = __shfl_xor_sync(kAll, lo, offset), other_hi = __shfl_xor_sync(kAll, hi, offset);
+    const int other_lo = __shfl_xor_sync(kAll, lo, offset);
+    const int other_hi = __shfl_xor_sync(kAll, hi, offset);
     lo = other_lo < lo ? other_lo : lo;
     hi = other_hi > hi ? other_hi : hi;
   }
@@ -461,7 +464,9 @@ __device__ __forceinline__ float visible_logit(const AttentionParams& p, const H
   }
   float x = dot * scale_log2;
   if (cap.on()) x = capped(cap, x, slope);
-  if (p.bias != nullptr) x += p.bias[broadcast_offset(p.bias_strides, h, t, j)] * 1.4426950408889634f;
+  if (p.bias != nullptr) {
+    x += p.bias[broadcast_offset(p.bias_strides, h, t, j)] * kLog2e;
+  }
   return x;
 }
 
