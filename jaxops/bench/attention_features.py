@@ -44,9 +44,9 @@ PRESETS = {
     "gpu": {"shapes": ["4x8192x16x128"], "dtypes": ["bfloat16"], "cases": _CASES,
             "passes": _PASSES, "runs": 3},
 }
-QUICK = {"cpu": {"shapes": ["1x1024x4x64"], "dtypes": ["float32"], "cases": ["packed"],
+QUICK = {"cpu": {"shapes": ["1x4096x8x64"], "dtypes": ["float32"], "cases": ["packed"],
                  "passes": ["fwd"]},
-         "gpu": {"shapes": ["4x4096x16x128"], "dtypes": ["bfloat16"], "cases": ["packed"],
+         "gpu": {"shapes": ["4x8192x16x128"], "dtypes": ["bfloat16"], "cases": ["packed"],
                  "passes": ["fwd"]}}
 _SOFT_CAP = 50.0
 
