@@ -246,12 +246,13 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
         ? load_backward_kv_tile(g, plan.in_place, k, v, b, kh, j0, jn, s, &ld_k) : nullptr;
     for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
       const int64_t rows = std::min(Br, t_end - t0);
-      const int32_t* tile_key_ids = nullptr;
+      TileSegments segments;
       if (g.q_segments) {
-        const IdRange row_ids = IdRange::of(g.q_ids(b) + t0, rows);
-        if (!row_ids.meets(key_ids)) continue;
-        if (!row_ids.same_single(key_ids)) tile_key_ids = g.kv_ids(b) + j0;
+        segments = segments_between(IdRange::of(g.q_ids(b) + t0, rows), key_ids,
+                                    g.kv_ids(b) + j0);
+        if (segments.skip) continue;
       }
+      const int32_t* tile_key_ids = segments.key_ids;
       for (int64_t gi = 0; gi < g.G; ++gi) {
         const int64_t n = kh * g.G + gi;
         int64_t ld_q, ld_d;
@@ -323,12 +324,13 @@ void dbias_item(const AttentionParams& p, const Geometry& g, const BackwardPlan&
         load_backward_kv_tile(g, plan.in_place, k, v, b, kh, j0, jn, s, &ld_k);
         for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
           const int64_t rows = std::min(Br, t_end - t0);
-          const int32_t* tile_key_ids = nullptr;
+          TileSegments segments;
           if (g.q_segments) {
-            const IdRange row_ids = IdRange::of(g.q_ids(b) + t0, rows);
-            if (!row_ids.meets(key_ids)) continue;  // dbias stays 0 there
-            if (!row_ids.same_single(key_ids)) tile_key_ids = g.kv_ids(b) + j0;
+            segments = segments_between(IdRange::of(g.q_ids(b) + t0, rows), key_ids,
+                                        g.kv_ids(b) + j0);
+            if (segments.skip) continue;  // dbias stays 0 there
           }
+          const int32_t* tile_key_ids = segments.key_ids;
           int64_t ld_q, ld_d;
           const float* qr =
               query_side_rows(g, plan.in_place, q, g.H, b, n, t0, rows, s.qn, &ld_q);

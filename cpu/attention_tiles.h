@@ -122,15 +122,20 @@ struct TileSegments {
   const int32_t* key_ids = nullptr;  // ids of keys j0..; null: no elementwise test
 };
 
+// The same from the two ranges: rows' ids against the keys' (whose ids are key_ids).
+inline TileSegments segments_between(const IdRange& rows, const IdRange& keys,
+                                     const int32_t* key_ids) {
+  TileSegments ts;
+  ts.skip = !rows.meets(keys);
+  if (!ts.skip && !rows.same_single(keys)) ts.key_ids = key_ids;
+  return ts;
+}
+
 inline TileSegments tile_segments(const Geometry& g, int64_t b, const IdRange& rows, int64_t j0,
                                   int64_t jn) {
-  TileSegments ts;
-  if (!g.q_segments || jn <= 0) return ts;
+  if (!g.q_segments || jn <= 0) return TileSegments{};
   const int32_t* ids = g.kv_ids(b) + j0;
-  const IdRange keys = IdRange::of(ids, jn);
-  ts.skip = !rows.meets(keys);
-  if (!ts.skip && !rows.same_single(keys)) ts.key_ids = ids;
-  return ts;
+  return segments_between(rows, IdRange::of(ids, jn), ids);
 }
 
 // tanh(x / c), c > 0: sign(x) (1 - e) / (1 + e) with e = exp(-2 |x| / c) <= 1,
