@@ -24,18 +24,18 @@ namespace {
 // One work item: all T * G < kLanes query rows of a kv head, row-major.
 struct DecodeScratch : TileRowState {
   float* qn;    // [kLanes][Hp] query rows
-  float* on;    // [kLanes][Hp] unnormalised output rows
+  float* on;    // [kLanes][Hvp] unnormalised output rows
   float* kn;    // [Bc][Hp] key rows as float (when not read in place)
-  float* vn;    // [Bc][Hp]
+  float* vn;    // [Bc][Hvp]
   float* sn;    // [kLanes][Bc] logits / probabilities
 };
 
 DecodeScratch carve_decode(const Geometry& g, Arena& arena) {
   DecodeScratch s;
   s.qn = arena.take<float>(kLanes * g.Hp);
-  s.on = arena.take<float>(kLanes * g.Hp);
+  s.on = arena.take<float>(kLanes * g.Hvp);
   s.kn = arena.take<float>(kKeyTile * g.Hp);
-  s.vn = arena.take<float>(kKeyTile * g.Hp);
+  s.vn = arena.take<float>(kKeyTile * g.Hvp);
   s.sn = arena.take<float>(kLanes * kKeyTile);
   carve_tile_row_state(s, g, kLanes, arena);
   return s;
@@ -45,15 +45,15 @@ template <typename T>
 void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, const T* k,
                     const T* v, T* out, float* lse, int64_t b, int64_t kh,
                     const DecodeScratch& s) {
-  const int64_t H = g.H, Hp = g.Hp, Bc = kKeyTile;
+  const int64_t H = g.H, Hp = g.Hp, Hv = g.Hv, Hvp = g.Hvp, Bc = kKeyTile;
   const RowTile tile = plan_row_tile(g, b, kh, 0, g.T * g.G, s.t, s.n, s.lo, s.hi, s.ids);
   const int64_t rows = tile.rows;
-  const bool in_place = std::is_same_v<T, float> && H == Hp;
+  const bool in_place = std::is_same_v<T, float> && H == Hp && Hv == Hvp;
   for (int64_t i = 0; i < rows; ++i) {
     load_row(q + ((b * g.T + s.t[i]) * g.N + s.n[i]) * H, s.qn + i * Hp, H);
     std::fill(s.qn + i * Hp + H, s.qn + (i + 1) * Hp, 0.0f);
   }
-  std::fill(s.on, s.on + rows * Hp, 0.0f);
+  std::fill(s.on, s.on + rows * Hvp, 0.0f);
   std::fill(s.stats.m, s.stats.m + rows, -kInf);
   std::fill(s.stats.shift, s.stats.shift + rows, 0.0f);
   std::fill(s.stats.l, s.stats.l + rows, 0.0f);
@@ -62,7 +62,7 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
   for (int64_t j0 = next_attended_tile(g, b, tile, tile.key_begin), next; j0 < tile.key_end;
        j0 = next) {
     const int64_t jn = std::min(Bc, tile.key_end - j0);
-    const int64_t at = ((b * g.S + j0) * g.K + kh) * H;
+    const int64_t row = (b * g.S + j0) * g.K + kh;
     next = next_attended_tile(g, b, tile, j0 + jn);
     if (next < tile.key_end) {
       prefetch_kv_tile(g, k, v, b, kh, next, std::min(Bc, tile.key_end - next));
@@ -70,17 +70,19 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
     const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
     const float* kr;
     const float* vr;
-    int64_t ld;
+    int64_t ld, ldv;
     if (in_place) {
-      kr = reinterpret_cast<const float*>(k + at);
-      vr = reinterpret_cast<const float*>(v + at);
+      kr = reinterpret_cast<const float*>(k + row * H);
+      vr = reinterpret_cast<const float*>(v + row * Hv);
       ld = g.K * H;
+      ldv = g.K * Hv;
     } else {
       load_kv_tile(g, k, H, b, kh, j0, jn, s.kn, Hp);
-      load_kv_tile(g, v, H, b, kh, j0, jn, s.vn, Hp);
+      load_kv_tile(g, v, Hv, b, kh, j0, jn, s.vn, Hvp);
       kr = s.kn;
       vr = s.vn;
       ld = Hp;
+      ldv = Hvp;
     }
     // Columns past jn lie past every row's interval unless the tile is inside.
     const bool inside = tile.inside(j0, Bc);
@@ -131,27 +133,30 @@ void decode_kv_head(const AttentionParams& p, const Geometry& g, const T* q, con
         sum += prob;
       }
       s.stats.l[i] = s.stats.l[i] * alpha + vsum(sum);
-      float* oi = s.on + i * Hp;
-      for (int64_t h = 0; h < Hp; h += kLanes) vstore(oi + h, vload(oi + h) * vsplat(alpha));
+      float* oi = s.on + i * Hvp;
+      for (int64_t h = 0; h < Hvp; h += kLanes) vstore(oi + h, vload(oi + h) * vsplat(alpha));
     }
-    gemm<Update::kAdd>(rows, Hp, jn, s.sn, Bc, 1, vr, ld, s.on, Hp);
+    gemm<Update::kAdd>(rows, Hvp, jn, s.sn, Bc, 1, vr, ldv, s.on, Hvp);
   }
 
   // The statistics are set for every row, so `attends` need not be checked.
-  store_forward_rows(g, b, s.t, s.n, rows, true, tile.q_valid, s.stats, s.on, Hp, 1, s.row,
+  store_forward_rows(g, b, s.t, s.n, rows, true, tile.q_valid, s.stats, s.on, Hvp, 1, s.row,
                      out, lse);
 }
 
-// The rows of kv head kh of batch b in a dense [B, S, K, H] cache.
+// The rows of kv head kh of batch b in a dense [B, S, K, H] key and [B, S, K,
+// Hv] value cache.
 template <typename T>
 struct DenseKvRows {
   using Element = T;
-  const T* k;      // key 0 of the head
+  const T* k;        // key 0 of the head
   const T* v;
-  int64_t stride;  // K * H: from one key to the next
+  int64_t stride;    // K * H: from one key to the next
+  int64_t v_stride;  // K * Hv
   const T* key(int64_t j) const { return k + j * stride; }
-  const T* value(int64_t j) const { return v + j * stride; }
+  const T* value(int64_t j) const { return v + j * v_stride; }
   int64_t uniform_stride(int64_t, int64_t) const { return stride; }
+  int64_t uniform_value_stride(int64_t, int64_t) const { return v_stride; }
   int64_t run_length(int64_t, int64_t n) const { return n; }
 };
 
@@ -177,14 +182,14 @@ struct DenseDecodeGroups {
       begin[i] = t < q_valid ? g.lo(t) : 0;
       end[i] = t < q_valid ? g.hi(t, kv_valid) : 0;
     }
-    const int64_t at = (b * g.S * g.K + kh) * g.H;
-    return Source{k + at, v + at, g.K * g.H};
+    return Source{k + (b * g.S * g.K + kh) * g.H, v + (b * g.S * g.K + kh) * g.Hv, g.K * g.H,
+                  g.K * g.Hv};
   }
 
   void store(int64_t group, int64_t i, const float* row, float row_lse) const {
     const int64_t b = group / g.K, kh = group % g.K;
     const int64_t t = i / g.G, n = kh * g.G + i % g.G;
-    store_row(row, out + ((b * g.T + t) * g.N + n) * g.H, g.H);
+    store_row(row, out + ((b * g.T + t) * g.N + n) * g.Hv, g.Hv);
     lse[(b * g.N + n) * g.T + t] = row_lse;
   }
 };
@@ -193,6 +198,7 @@ kv_decode::DecodeShape decode_core_shape(const AttentionParams& p, const Geometr
   kv_decode::DecodeShape shape;
   shape.rows = g.T * g.G;
   shape.head_dim = g.H;
+  shape.value_dim = g.Hv;
   shape.scale = p.scale;
   shape.soft_cap = p.logits_soft_cap;
   // Key j of every kv head of a sequence lies in one block of the [B, S, K, H]

@@ -647,9 +647,9 @@ inline void run_row_tile_items(const Geometry& g, int64_t Br, int threads, void*
 
 inline bool has_few_rows(const Geometry& g) { return g.T * g.G < kLanes; }
 
-// The decode path keeps query and output rows in one padded width: a value
-// head dim of its own takes the row tiles (correct, with idle lanes).
-inline bool takes_decode_path(const Geometry& g) { return has_few_rows(g) && g.Hv == g.H; }
+// Every head dim pair takes it (MLA's 192/128 and 576/512 decode included:
+// the value rows have their own padded width there).
+inline bool takes_decode_path(const Geometry& g) { return has_few_rows(g); }
 
 template <typename T>
 size_t decode_fwd_workspace_bytes(const AttentionParams& p);

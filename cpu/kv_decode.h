@@ -55,14 +55,17 @@
 //   struct MySource {
 //     using Element = float | bfloat16 | float16 | int8_t;
 //     const Element* key(int64_t j) const;    // head_dim elements of key j
-//     const Element* value(int64_t j) const;  // head_dim elements of value j
+//     const Element* value(int64_t j) const;  // value_dim elements of value j
+//                                             // (may be key j's own first ones)
 //     // int8_t rows only: the scales of keys j .. j + n - 1 into out[0, n).
 //     void key_scales(int64_t j, int64_t n, float* out) const;
 //     void value_scales(int64_t j, int64_t n, float* out) const;
-//     // Elements between rows j and j + 1 if every row of keys j .. j + n - 1
-//     // is that far from the previous one (both K and V), else 0. Lets the
-//     // tile be read where it lies (a dense cache; a paged one within a page).
+//     // Elements between key rows j and j + 1 if every key row of keys j ..
+//     // j + n - 1 is that far from the previous one, else 0; the same for
+//     // the value rows. Lets the tile be read where it lies (a dense cache; a
+//     // paged one within a page).
 //     int64_t uniform_stride(int64_t j, int64_t n) const;
+//     int64_t uniform_value_stride(int64_t j, int64_t n) const;
 //     // How many keys from j on (1 .. n) are uniformly strided that way: n
 //     // for a dense cache, up to the end of j's page for a paged one.
 //     int64_t run_length(int64_t j, int64_t n) const;
@@ -81,7 +84,7 @@
 //     // each row's key interval; returns the group's row source.
 //     Source setup(int64_t g, float* q, int64_t ld, int64_t* key_begin,
 //                  int64_t* key_end) const;
-//     // Stores row i of group g: out_row (head_dim floats, normalised) and
+//     // Stores row i of group g: out_row (value_dim floats, normalised) and
 //     // its natural-log logsumexp.
 //     void store(int64_t g, int64_t i, const float* out_row, float lse) const;
 //   };
@@ -123,7 +126,9 @@ inline constexpr int64_t kMinKeysPerSplit = 256;
 // The padded head dimension of query and output rows (a whole number of vectors).
 inline int64_t decode_padded_dim(int64_t head_dim) { return round_up(head_dim, kLanes); }
 
-// What the core computes for one group: `rows` query rows of head_dim.
+// What the core computes for one group: `rows` query rows of head_dim, whose
+// outputs have value_dim (MLA: 192 and 128, or 576 and 512 with the values
+// the keys' first 512 features).
 struct DecodeShape {
   int64_t rows = 0;
   int64_t head_dim = 0;
@@ -136,13 +141,18 @@ struct DecodeShape {
   // false: the float32 few-rows kernels even where the pair kernels
   // (cpu/kv_decode_pairs.h) fit, so that the C++ test runs both on one CPU.
   bool pair_kernels = true;
+  int64_t value_dim = -1;  // the output's head dim; -1: head_dim
 };
+
+inline int64_t decode_value_dim(const DecodeShape& shape) {
+  return shape.value_dim >= 0 ? shape.value_dim : shape.head_dim;
+}
 
 // Online-softmax partial state of a group's rows over some keys.
 struct DecodeState {
   float* m;  // [rows] running max of the log2-unit logits; -inf: no key yet
   float* l;  // [rows] sum of exp2(x - shift), shift = m (0 while m is -inf)
-  float* o;  // [rows][padded_dim] unnormalised output
+  float* o;  // [rows][padded value_dim] unnormalised output
 };
 
 // ---------------------------------------------------------------------------
@@ -187,9 +197,9 @@ struct DecodeScratch {
   float* scores;       // [rows][kDecodeKeyTile] logits, then probabilities
   uint16_t* p_bf16;    // [rows][kDecodeKeyTile] probabilities as bf16 (bf16 dot path)
   float* k_rows;       // [kDecodeKeyTile][Hp] converted key rows
-  float* v_rows;       // [kDecodeKeyTile][Hp] converted value rows
-  uint32_t* v_pairs;   // [kDecodeKeyTile/2][H] value rows as bf16 pairs along the keys
-  float* out_row;      // [Hp]
+  float* v_rows;       // [kDecodeKeyTile][Hvp] converted value rows (Hv: value_dim)
+  uint32_t* v_pairs;   // [kDecodeKeyTile/2][Hv] value rows as bf16 pairs along the keys
+  float* out_row;      // [Hvp]
   DecodeState state;   // the thread's own state (unsplit groups, merges)
 };
 
@@ -221,19 +231,21 @@ inline int64_t decode_row_slice(int64_t rows) {
   return rows;
 }
 
-inline DecodeState carve_decode_state(int64_t rows, int64_t head_dim, Arena& arena) {
+inline DecodeState carve_decode_state(int64_t rows, int64_t value_dim, Arena& arena) {
   DecodeState s;
   s.m = arena.take<float>(rows);
   s.l = arena.take<float>(rows);
-  s.o = arena.take<float>(rows * decode_padded_dim(head_dim));
+  s.o = arena.take<float>(rows * decode_padded_dim(value_dim));
   return s;
 }
 
 // A group's scratch; with tiles_of, the tile buffers (scores, converted rows,
 // out_row: used within one decode_keys call at a time) are that scratch's.
-inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, Arena& arena,
+inline DecodeScratch carve_decode_scratch(const DecodeShape& shape, Arena& arena,
                                           const DecodeScratch* tiles_of = nullptr) {
-  const int64_t Hp = decode_padded_dim(head_dim), Bc = kDecodeKeyTile;
+  const int64_t rows = shape.rows, head_dim = shape.head_dim, Hv = decode_value_dim(shape);
+  const int64_t Hp = decode_padded_dim(head_dim), Hvp = decode_padded_dim(Hv);
+  const int64_t Bc = kDecodeKeyTile;
   DecodeScratch s;
   s.q = arena.take<float>(rows * Hp);
   s.q_pairs = arena.take<uint32_t>(rows * (head_dim / 2));
@@ -244,7 +256,7 @@ inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, Arena&
   s.q_pairs_t = arena.take<uint32_t>(head_dim / 2 * Rp);
   s.key_begin = arena.take<int64_t>(rows);
   s.key_end = arena.take<int64_t>(rows);
-  s.state = carve_decode_state(rows, head_dim, arena);
+  s.state = carve_decode_state(rows, Hv, arena);
   if (tiles_of) {
     s.scores_t = tiles_of->scores_t;
     s.scores = tiles_of->scores;
@@ -259,9 +271,9 @@ inline DecodeScratch carve_decode_scratch(int64_t rows, int64_t head_dim, Arena&
   s.scores = arena.take<float>(rows * Bc);
   s.p_bf16 = arena.take<uint16_t>(rows * Bc);
   s.k_rows = arena.take<float>(Bc * Hp);
-  s.v_rows = arena.take<float>(Bc * Hp);
-  s.v_pairs = arena.take<uint32_t>(Bc / 2 * head_dim);
-  s.out_row = arena.take<float>(Hp);
+  s.v_rows = arena.take<float>(Bc * Hvp);
+  s.v_pairs = arena.take<uint32_t>(Bc / 2 * Hv);
+  s.out_row = arena.take<float>(Hvp);
   return s;
 }
 
@@ -402,8 +414,9 @@ inline bool decode_uses_pair_kernels(const DecodeShape& shape) {
 #if defined(JAXOPS_PAIR_KERNELS)
   using Kind = typename PairKind<Element>::type;
   if constexpr (!std::is_void_v<Kind>) {
-    return shape.pair_kernels &&
-           pair_kernels_fit<Kind>(decode_row_slice<Element>(shape.rows), shape.head_dim);
+    const int64_t rows = decode_row_slice<Element>(shape.rows);
+    return shape.pair_kernels && pair_kernels_fit<Kind>(rows, shape.head_dim) &&
+           pair_kernels_fit<Kind>(rows, decode_value_dim(shape));
   }
 #endif
   (void)shape;
@@ -461,17 +474,17 @@ inline float online_softmax_row(float* row, int64_t width, float* m, float* l) {
   return alpha;
 }
 
-// Keys j0 .. j0 + jn of the source's key (kKey) or value rows as float rows
-// of stride *ld: where they lie when they are float and `in_place` (uniformly
-// strided, and as many elements as the product reads), else converted (scaled
-// for int8) into buf, zero-padded to the padded head dim.
+// Keys j0 .. j0 + jn of the source's key (kKey) or value rows (H: their head
+// dim) as float rows of stride *ld: where they lie when they are float and
+// `in_place` (uniformly strided, and as many elements as the product reads),
+// else converted (scaled for int8) into buf, zero-padded to the padded H.
 template <bool kKey, typename Source>
 inline const float* float_tile(const Source& src, int64_t j0, int64_t jn, bool in_place,
                                int64_t H, float* buf, int64_t* ld) {
   using Element = typename Source::Element;
   if constexpr (std::is_same_v<Element, float>) {
     if (in_place) {
-      *ld = src.uniform_stride(j0, jn);
+      *ld = kKey ? src.uniform_stride(j0, jn) : src.uniform_value_stride(j0, jn);
       return kKey ? src.key(j0) : src.value(j0);
     }
   }
@@ -484,11 +497,12 @@ inline const float* float_tile(const Source& src, int64_t j0, int64_t jn, bool i
       src.value_scales(j0, jn, scales);
     }
   }
-  for_each_run(src, j0, jn, [&](int64_t i, const Element* k, const Element* v, int64_t stride,
-                                int64_t len) {
+  for_each_run(src, j0, jn, [&](int64_t i, const Element* k, const Element* v,
+                                int64_t k_stride, int64_t v_stride, int64_t len) {
     for (int64_t t = 0; t < len; ++t) {
       const float scale = std::is_same_v<Element, int8_t> ? scales[i + t] : 1.0f;
-      load_cache_row((kKey ? k : v) + t * stride, scale, buf + (i + t) * Hp, H, Hp);
+      const Element* row = kKey ? k + t * k_stride : v + t * v_stride;
+      load_cache_row(row, scale, buf + (i + t) * Hp, H, Hp);
     }
   });
   *ld = Hp;
@@ -499,10 +513,10 @@ inline const float* float_tile(const Source& src, int64_t j0, int64_t jn, bool i
 // The core.
 
 inline void reset_decode_state(const DecodeShape& shape, const DecodeState& st) {
-  const int64_t Hp = decode_padded_dim(shape.head_dim);
+  const int64_t Hvp = decode_padded_dim(decode_value_dim(shape));
   std::fill(st.m, st.m + shape.rows, -kInf);
   std::fill(st.l, st.l + shape.rows, 0.0f);
-  std::fill(st.o, st.o + shape.rows * Hp, 0.0f);
+  std::fill(st.o, st.o + shape.rows * Hvp, 0.0f);
 }
 
 // The keys of the tile at j0 (at most n): n, or, when those rows are not
@@ -522,15 +536,15 @@ int64_t uniform_tile_length(const Source& src, int64_t j0, int64_t n) {
 // output rescaled.
 inline void softmax_tile(const DecodeShape& shape, int64_t j0, int64_t jn, const DecodeScratch& s,
                          const DecodeState& st) {
-  const int64_t Hp = decode_padded_dim(shape.head_dim), width = round_up(jn, kLanes);
+  const int64_t Hvp = decode_padded_dim(decode_value_dim(shape)), width = round_up(jn, kLanes);
   for (int64_t i = 0; i < shape.rows; ++i) {
     float* row = s.scores + i * kDecodeKeyTile;
     scores_to_logits(shape, s.key_begin[i], s.key_end[i], j0, jn, width, row);
     const float alpha = online_softmax_row(row, width, st.m + i, st.l + i);
     if (alpha != 1.0f) {
-      float* o = st.o + i * Hp;
+      float* o = st.o + i * Hvp;
       const VecF a = vsplat(alpha);
-      for (int64_t h = 0; h < Hp; h += kLanes) vstore(o + h, vload(o + h) * a);
+      for (int64_t h = 0; h < Hvp; h += kLanes) vstore(o + h, vload(o + h) * a);
     }
   }
 }
@@ -547,10 +561,10 @@ inline DecodeScratch scratch_rows(DecodeScratch s, int64_t r0, int64_t H) {
   s.key_end += r0;
   return s;
 }
-inline DecodeState state_rows(DecodeState st, int64_t r0, int64_t Hp) {
+inline DecodeState state_rows(DecodeState st, int64_t r0, int64_t Hvp) {
   st.m += r0;
   st.l += r0;
-  st.o += r0 * Hp;
+  st.o += r0 * Hvp;
   return st;
 }
 
@@ -568,6 +582,7 @@ void decode_keys_few_rows(const DecodeShape& shape, const Source& src, int64_t f
                           const DecodeState& st) {
   using Element = typename Source::Element;
   const int64_t H = shape.head_dim, Hp = decode_padded_dim(H), Bc = kDecodeKeyTile;
+  const int64_t Hv = decode_value_dim(shape), Hvp = decode_padded_dim(Hv);
   // This tile's rows and the next one's, which the passes over this one ask
   // for as they go; the first tile's are asked for at once unless the caller
   // has (in a walk, every tile but the first: asking again for lines already
@@ -576,7 +591,7 @@ void decode_keys_few_rows(const DecodeShape& shape, const Source& src, int64_t f
   TileRows<Element>* tile = &rows[0];
   TileRows<Element>* next = &rows[1];
   if (first < last) find_tile_rows(src, first, std::min(Bc, last - first), tile);
-  if (!first_asked) ask_for_tile(*tile, H);
+  if (!first_asked) ask_for_tile(*tile, H, Hv);
   for (int64_t j0 = first; j0 < last; j0 += Bc) {
     const int64_t jn = tile->n;
     next->n = 0;
@@ -590,14 +605,14 @@ void decode_keys_few_rows(const DecodeShape& shape, const Source& src, int64_t f
       const float* q_scale = std::is_same_v<Kind, FixedPointInt8> ? s.q_fixed_scale : nullptr;
       score_groups<R, Kind>(*tile, q16, H, H, q_scale, s.scores, Bc, *next);
       softmax_tile(shape, j0, jn, s, st);
-      pair_values<R, Kind>(*tile, s.scores, Bc, H, st.o, Hp, *next);
+      pair_values<R, Kind>(*tile, s.scores, Bc, Hv, st.o, Hvp, *next);
       std::swap(tile, next);
       continue;
     }
 #endif
     score_groups<R, FloatLanes<Element>>(*tile, s.q, Hp, H, nullptr, s.scores, Bc, *next);
     softmax_tile(shape, j0, jn, s, st);
-    few_rows_values<R>(*tile, s.scores, Bc, H, st.o, Hp, *next);
+    few_rows_values<R>(*tile, s.scores, Bc, Hv, st.o, Hvp, *next);
     std::swap(tile, next);
   }
 }
@@ -621,6 +636,7 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
                  bool first_asked = false) {
   using Element = typename Source::Element;
   const int64_t R = shape.rows, H = shape.head_dim, Hp = decode_padded_dim(H);
+  const int64_t Hv = decode_value_dim(shape), Hvp = decode_padded_dim(Hv);
   const int64_t Bc = kDecodeKeyTile;
   if (const int64_t slice = decode_row_slice<Element>(R); slice < R) {
     for (int64_t r0 = 0; r0 < R; r0 += slice) {
@@ -628,7 +644,7 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
       part.rows = std::min(slice, R - r0);
       // (The first slice's passes ask for the next tile; the later slices
       // read this one from L1.)
-      decode_keys(part, src, j_begin, j_end, scratch_rows(s, r0, H), state_rows(st, r0, Hp),
+      decode_keys(part, src, j_begin, j_end, scratch_rows(s, r0, H), state_rows(st, r0, Hvp),
                   ask_until, first_asked || r0 > 0);
     }
     return;
@@ -665,7 +681,7 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
   // 14.4, 16.6, 18.5 GB/s.)
   {
     const bool pairs = decode_uses_pair_kernels<Element>(shape);
-    if ((pairs || !bf16_dot) && few_rows_fit(R, H)) {
+    if ((pairs || !bf16_dot) && few_rows_fit(R, H) && few_rows_fit(R, Hv)) {
       with_chunk_count(R, [&](auto rows) {
         if constexpr (rows() > 0) {
           using Kind = typename PairKind<Element>::type;
@@ -697,9 +713,11 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
     // the same prefetches came closer together and paged float32 decode ran
     // 5-10% slower (a stand-alone driver, three alternating rounds).
     for (int64_t j = j0 + jn; j < std::min(last, j0 + jn + Bc); ++j) {
-      ask_for_rows(src.key(j), src.value(j), H * static_cast<int64_t>(sizeof(Element)));
+      ask_for_rows(src.key(j), H * static_cast<int64_t>(sizeof(Element)), src.value(j),
+                   Hv * static_cast<int64_t>(sizeof(Element)));
     }
     const int64_t stride = src.uniform_stride(j0, jn);
+    const int64_t v_stride = src.uniform_value_stride(j0, jn);
 
     // Scores of every row against the tile.
     bool scored = false;
@@ -761,21 +779,22 @@ void decode_keys(const DecodeShape& shape, const Source& src, int64_t j_begin, i
 
     // Values: o += P V.
 #if defined(JAXOPS_BF16_DOT)
-    if (bf16_dot && stride > 0) {
+    if (bf16_dot && v_stride > 0 && decode_uses_bf16_dot<Element>(Hv)) {
       for (int64_t i = 0; i < R; ++i) {
         pack_probability_row(s.scores + i * Bc, round_up(jn, kLanes), s.p_bf16 + i * Bc);
       }
-      pack_value_pairs(reinterpret_cast<const uint16_t*>(src.value(j0)), stride, jn, H,
+      pack_value_pairs(reinterpret_cast<const uint16_t*>(src.value(j0)), v_stride, jn, Hv,
                        s.v_pairs);
-      dot_gemm<Update::kAdd>(R, H, (jn + 1) / 2, reinterpret_cast<const uint32_t*>(s.p_bf16),
-                             Bc / 2, 1, s.v_pairs, H, st.o, Hp);
+      dot_gemm<Update::kAdd>(R, Hv, (jn + 1) / 2, reinterpret_cast<const uint32_t*>(s.p_bf16),
+                             Bc / 2, 1, s.v_pairs, Hv, st.o, Hvp);
       continue;
     }
 #endif
-    // The product reads Hp elements of each value row: in place when H == Hp.
+    // The product reads Hvp elements of each value row: in place when Hv == Hvp.
     int64_t ldv;
-    const float* v_rows = float_tile<false>(src, j0, jn, stride > 0 && H == Hp, H, s.v_rows, &ldv);
-    gemm<Update::kAdd>(R, Hp, jn, s.scores, Bc, 1, v_rows, ldv, st.o, Hp);
+    const float* v_rows =
+        float_tile<false>(src, j0, jn, v_stride > 0 && Hv == Hvp, Hv, s.v_rows, &ldv);
+    gemm<Update::kAdd>(R, Hvp, jn, s.scores, Bc, 1, v_rows, ldv, st.o, Hvp);
   }
 }
 
@@ -812,7 +831,7 @@ inline void prepare_decode_queries(const DecodeShape& shape, const DecodeScratch
 // into = into (+) part, row by row: the state over the union of their keys.
 inline void merge_decode_state(const DecodeShape& shape, const DecodeState& part,
                                const DecodeState& into) {
-  const int64_t Hp = decode_padded_dim(shape.head_dim);
+  const int64_t Hp = decode_padded_dim(decode_value_dim(shape));
   for (int64_t i = 0; i < shape.rows; ++i) {
     const float m_a = into.m[i], m_b = part.m[i];
     if (m_b == -kInf && !std::isnan(part.l[i])) continue;  // part saw no key
@@ -829,20 +848,20 @@ inline void merge_decode_state(const DecodeShape& shape, const DecodeState& part
   }
 }
 
-// Row i's normalised output (head_dim floats into out_row) and natural-log
+// Row i's normalised output (value_dim floats into out_row) and natural-log
 // logsumexp: 0 and -inf for a row that attended no key.
 inline float finish_decode_row(const DecodeShape& shape, const DecodeState& st, int64_t i,
                                float* out_row) {
-  const int64_t Hp = decode_padded_dim(shape.head_dim);
+  const int64_t Hv = decode_value_dim(shape), Hvp = decode_padded_dim(Hv);
   const float l = st.l[i];
   // l is NaN when a NaN or +inf reached the row's logits: the row is NaN then.
   if (l == 0.0f) {
-    std::fill(out_row, out_row + shape.head_dim, 0.0f);
+    std::fill(out_row, out_row + Hv, 0.0f);
     return -kInf;
   }
   const float inv = 1.0f / l;
-  const float* o = st.o + i * Hp;
-  for (int64_t h = 0; h < shape.head_dim; ++h) out_row[h] = o[h] * inv;
+  const float* o = st.o + i * Hvp;
+  for (int64_t h = 0; h < Hv; ++h) out_row[h] = o[h] * inv;
   const float shift = st.m[i] == -kInf ? 0.0f : st.m[i];
   return (shift + std::log2(l)) * kLn2;
 }
@@ -886,7 +905,7 @@ inline std::vector<DecodeScratch> carve_walk_scratch(const DecodeShape& shape, i
                                                      Arena& arena) {
   std::vector<DecodeScratch> s(width);
   for (int64_t h = 0; h < width; ++h) {
-    s[h] = carve_decode_scratch(shape.rows, shape.head_dim, arena, h > 0 ? &s[0] : nullptr);
+    s[h] = carve_decode_scratch(shape, arena, h > 0 ? &s[0] : nullptr);
   }
   return s;
 }
@@ -902,7 +921,7 @@ inline size_t walk_scratch_bytes(const DecodeShape& shape, int64_t width) {
 }
 inline size_t decode_state_bytes(const DecodeShape& shape) {
   Arena measure(nullptr);
-  carve_decode_state(shape.rows, shape.head_dim, measure);
+  carve_decode_state(shape.rows, decode_value_dim(shape), measure);
   return measure.used();
 }
 
@@ -946,7 +965,7 @@ void run_decode(const Groups& groups_fn, int64_t groups, const DecodeShape& shap
     // Group g's state over key split `split`.
     auto partial = [&](int64_t g, int64_t split) {
       Arena at(first_state + static_cast<size_t>(g * splits + split) * state_bytes);
-      return carve_decode_state(R, shape.head_dim, at);
+      return carve_decode_state(R, decode_value_dim(shape), at);
     };
     auto store_rows = [&](int64_t g, const DecodeState& st) {
       for (int64_t i = 0; i < R; ++i) {

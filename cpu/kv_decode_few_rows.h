@@ -98,10 +98,10 @@ inline VecF sum_each(const VecF* acc) {
 #endif
 }
 
-// Calls f(i, key_row, value_row, stride, len) for each run of keys j0 + i ..
-// j0 + i + len - 1 of keys j0 .. j0 + n whose rows lie `stride` elements
-// apart (0 for a run of one): one run for a dense cache, one per page for a
-// paged one. Each run's rows are looked up once: a paged lookup is a
+// Calls f(i, key_row, value_row, key_stride, value_stride, len) for each run
+// of keys j0 + i .. j0 + i + len - 1 of keys j0 .. j0 + n whose key rows lie
+// key_stride elements apart and value rows value_stride (0 for a run of one):
+// one run for a dense cache, one per page for a paged one. Each run's rows are looked up once: a paged lookup is a
 // block-table read and a division, ~20 cycles a key when each key's scales
 // were looked up alone (a loop of those lookups alone; in the paged int8
 // bench the change was within the noise, 0-5%).
@@ -109,16 +109,19 @@ template <typename Source, typename F>
 inline void for_each_run(const Source& src, int64_t j0, int64_t n, F&& f) {
   for (int64_t i = 0; i < n;) {
     const int64_t j = j0 + i, len = src.run_length(j, n - i);
-    f(i, src.key(j), src.value(j), len > 1 ? src.uniform_stride(j, len) : int64_t{0}, len);
+    f(i, src.key(j), src.value(j), len > 1 ? src.uniform_stride(j, len) : int64_t{0},
+      len > 1 ? src.uniform_value_stride(j, len) : int64_t{0}, len);
     i += len;
   }
 }
 
-// Asks for every cache line of a key row and its value row (bytes each), into
-// L2.
-inline void ask_for_rows(const void* key, const void* value, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) {
-    simd::prefetch<1>(static_cast<const char*>(key) + b);
+// Asks for every cache line of a key row and its value row, into L2 (a value
+// row inside its key row, absorbed MLA's, is asked for once).
+inline void ask_for_rows(const void* key, int64_t key_bytes, const void* value,
+                         int64_t value_bytes) {
+  for (int64_t b = 0; b < key_bytes; b += 64) simd::prefetch<1>(static_cast<const char*>(key) + b);
+  if (value == key && value_bytes <= key_bytes) return;
+  for (int64_t b = 0; b < value_bytes; b += 64) {
     simd::prefetch<1>(static_cast<const char*>(value) + b);
   }
 }
@@ -168,11 +171,11 @@ template <typename Source>
 void find_tile_rows(const Source& src, int64_t j0, int64_t n,
                     TileRows<typename Source::Element>* rows) {
   rows->n = n;
-  for_each_run(src, j0, n, [&](int64_t i, const auto* k, const auto* v, int64_t stride,
-                               int64_t len) {
+  for_each_run(src, j0, n, [&](int64_t i, const auto* k, const auto* v, int64_t k_stride,
+                               int64_t v_stride, int64_t len) {
     for (int64_t t = 0; t < len; ++t) {
-      rows->k[i + t] = k + t * stride;
-      rows->v[i + t] = v + t * stride;
+      rows->k[i + t] = k + t * k_stride;
+      rows->v[i + t] = v + t * v_stride;
     }
   });
   if constexpr (std::is_same_v<typename Source::Element, int8_t>) {
@@ -181,11 +184,13 @@ void find_tile_rows(const Source& src, int64_t j0, int64_t n,
   }
 }
 
-// Asks for every line of a tile's K and V rows (key by key), into L2.
+// Asks for every line of a tile's K rows (H elements) and V rows (Hv), key by
+// key, into L2.
 template <typename Element>
-inline void ask_for_tile(const TileRows<Element>& rows, int64_t H) {
+inline void ask_for_tile(const TileRows<Element>& rows, int64_t H, int64_t Hv) {
   for (int64_t j = 0; j < rows.n; ++j) {
-    ask_for_rows(rows.k[j], rows.v[j], H * static_cast<int64_t>(sizeof(Element)));
+    ask_for_rows(rows.k[j], H * static_cast<int64_t>(sizeof(Element)), rows.v[j],
+                 Hv * static_cast<int64_t>(sizeof(Element)));
   }
 }
 

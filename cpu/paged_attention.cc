@@ -31,7 +31,8 @@ using params::paged_slot_valid;
 
 // Key j of kv head kh of sequence b, read through its block table (the
 // decode core's row source concept). Rows are uniformly strided (K * H
-// elements apart) within a page only.
+// elements apart, value rows K * Hv) within a page only. With the values in
+// the keys (absorbed MLA) value j is key j's row, and its scale key j's.
 template <typename KV>
 struct PagedKvRows {
   using Element = KV;
@@ -46,18 +47,29 @@ struct PagedKvRows {
     return (paged_page_id(*p, b, j) * p->page_size + j % p->page_size) * p->num_kv_heads + kh;
   }
   const KV* key(int64_t j) const { return k + row(j) * p->head_dim; }
-  const KV* value(int64_t j) const { return v + row(j) * p->head_dim; }
+  const KV* value(int64_t j) const {
+    return p->values_in_keys ? key(j) : v + row(j) * params::paged_value_head_dim(*p);
+  }
   void key_scales(int64_t j, int64_t n, float* out) const { scales(p->key_scales, j, n, out); }
-  void value_scales(int64_t j, int64_t n, float* out) const { scales(p->value_scales, j, n, out); }
+  void value_scales(int64_t j, int64_t n, float* out) const {
+    scales(p->values_in_keys ? p->key_scales : p->value_scales, j, n, out);
+  }
   int64_t uniform_stride(int64_t j, int64_t n) const {
-    const bool one_page = j / p->page_size == (j + n - 1) / p->page_size;
-    return one_page ? p->num_kv_heads * p->head_dim : 0;
+    return one_page(j, n) ? p->num_kv_heads * p->head_dim : 0;
+  }
+  int64_t uniform_value_stride(int64_t j, int64_t n) const {
+    const int64_t row_elements =
+        p->values_in_keys ? p->head_dim : params::paged_value_head_dim(*p);
+    return one_page(j, n) ? p->num_kv_heads * row_elements : 0;
   }
   int64_t run_length(int64_t j, int64_t n) const {
     return std::min(n, p->page_size - j % p->page_size);
   }
 
  private:
+  bool one_page(int64_t j, int64_t n) const {
+    return j / p->page_size == (j + n - 1) / p->page_size;
+  }
   // A page's scales of one kv head are K apart: one row lookup per page.
   void scales(const float* all, int64_t j, int64_t n, float* out) const {
     for (int64_t i = 0; i < n;) {
@@ -102,7 +114,8 @@ struct PagedDecodeGroups {
   void store(int64_t group, int64_t i, const float* row, float lse) const {
     const int64_t K = p.num_kv_heads, G = p.num_heads / K;
     const int64_t b = group / K, kh = group % K, t = i / G, n = kh * G + i % G;
-    store_row(row, out + ((b * p.q_len + t) * p.num_heads + n) * p.head_dim, p.head_dim);
+    const int64_t Hv = params::paged_value_head_dim(p);
+    store_row(row, out + ((b * p.q_len + t) * p.num_heads + n) * Hv, Hv);
     logsumexp[(b * p.num_heads + n) * p.q_len + t] = lse;
   }
 };
@@ -149,6 +162,7 @@ void paged_attention_fwd(const PagedAttentionParams& p, const Q* query, const KV
   kv_decode::DecodeShape shape;
   shape.rows = p.q_len * (p.num_heads / p.num_kv_heads);
   shape.head_dim = p.head_dim;
+  shape.value_dim = params::paged_value_head_dim(p);
   shape.scale = p.scale;
   shape.soft_cap = p.logits_soft_cap;
   // A page holds key j of every kv head in one block: a sequence's heads are
@@ -166,12 +180,12 @@ template <typename Src, typename Page>
 void paged_kv_update(const PagedKvUpdateParams& p, const Src* key, const Src* value,
                      const int32_t* slot_mapping, Page* key_pages, Page* value_pages,
                      float* key_scales, float* value_scales) {
-  const int64_t K = p.num_kv_heads, H = p.head_dim;
+  const int64_t K = p.num_kv_heads, H = p.head_dim, Hv = params::paged_value_head_dim(p);
   // Heads are disjoint memory, so threads split them; each writes the tokens in
   // order, which makes the last token of a repeated slot win.
 #pragma omp parallel if (K > 1 && p.num_tokens * K * H >= (int64_t{1} << 15))
   {
-    std::vector<float> buffer(H);
+    std::vector<float> buffer(std::max(H, Hv));
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < K; ++k) {
       for (int64_t i = 0; i < p.num_tokens; ++i) {
@@ -180,8 +194,9 @@ void paged_kv_update(const PagedKvUpdateParams& p, const Src* key, const Src* va
         const int64_t row = slot * K + k;
         write_row(key + (i * K + k) * H, key_pages + row * H,
                   key_scales ? key_scales + row : nullptr, buffer.data(), H);
-        write_row(value + (i * K + k) * H, value_pages + row * H,
-                  value_scales ? value_scales + row : nullptr, buffer.data(), H);
+        if (p.values_in_keys) continue;  // absorbed MLA: no value pages
+        write_row(value + (i * K + k) * Hv, value_pages + row * Hv,
+                  value_scales ? value_scales + row : nullptr, buffer.data(), Hv);
       }
     }
   }

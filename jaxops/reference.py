@@ -507,11 +507,13 @@ def paged_gather(pages, block_tables, scales=None):
 def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, kv_lens,
                                    query_lens=None, *, scale=None, logits_soft_cap=None,
                                    local_window_size=None, key_scales=None,
-                                   value_scales=None, sinks=None):
+                                   value_scales=None, sinks=None, value_head_dim=None):
   """Attention of query [B, T, N, H] over the paged cache: the output
-  [B, T, N, H] in the query's dtype and the log-sum-exp [B, N, T] float32.
+  [B, T, N, Hv] in the query's dtype and the log-sum-exp [B, N, T] float32.
   With ``sinks`` ([N]), each row's softmax has one extra logit ``sinks[n]``
-  whose value is zero (as in ``attention_with_logsumexp``).
+  whose value is zero (as in ``attention_with_logsumexp``). Hv is the value
+  pages' head dim; with ``value_pages=None`` the values are the first
+  ``value_head_dim`` features of the (dequantized) keys (absorbed MLA).
 
   Query row t < query_lens[b] sits at position kv_lens[b] - query_lens[b] + t
   and attends keys j <= position (and j >= position - local_window_size);
@@ -523,7 +525,11 @@ def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, 
   """
   B, T, N, H = query.shape
   keys = paged_gather(key_pages, block_tables, key_scales)
-  values = paged_gather(value_pages, block_tables, value_scales)
+  if value_pages is None:
+    values = keys[..., :value_head_dim]
+  else:
+    values = paged_gather(value_pages, block_tables, value_scales)
+  Hv = values.shape[-1]
   S, K = keys.shape[1], keys.shape[2]
   G = N // K
   if scale is None:
@@ -563,12 +569,13 @@ def paged_attention_with_logsumexp(query, key_pages, value_pages, block_tables, 
   out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, G, T, S), values.astype(dtype),
                    precision=lax.Precision.HIGHEST)
   lse = jnp.where(attended, row_max + jnp.log(jnp.where(attended, total, 1.0)), -jnp.inf)[..., 0]
-  return out.reshape(B, T, N, H).astype(query.dtype), lse.astype(_F32)
+  return out.reshape(B, T, N, Hv).astype(query.dtype), lse.astype(_F32)
 
 
 def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, query_lens=None,
                     scale=None, logits_soft_cap=None, local_window_size=None,
-                    return_residual=False, key_scales=None, value_scales=None, sinks=None):
+                    return_residual=False, key_scales=None, value_scales=None, sinks=None,
+                    value_head_dim=None):
   """jaxops.paged_attention's arguments and results: query [B, N, H] (decode)
   or [B, T, N, H]; the log-sum-exp [B, N] or [B, N, T] with return_residual."""
   decode = query.ndim == 3
@@ -576,7 +583,7 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
       query[:, None] if decode else query, key_pages, value_pages, block_tables, kv_lens,
       query_lens, scale=scale, logits_soft_cap=logits_soft_cap,
       local_window_size=local_window_size, key_scales=key_scales, value_scales=value_scales,
-      sinks=sinks)
+      sinks=sinks, value_head_dim=value_head_dim)
   if decode:
     out, lse = out[:, 0], lse[..., 0]
   return (out, lse) if return_residual else out
@@ -601,7 +608,10 @@ def paged_kv_update(key_pages, value_pages, key, value, slot_mapping, key_scales
   slot_mapping[i] (= page * page_size + offset) of the pages; slots outside
   [0, P * page_size) are skipped, and a slot named twice keeps the last
   token's rows. int8 pages quantize each row (quantize_int8_rows) and write its
-  scale. Returns the pages (and the scales for int8 pages)."""
+  scale. Returns the pages (and the scales for int8 pages). A cache without
+  value pages (``value_pages`` and ``value`` None: its values are in its keys)
+  writes the keys only and returns None in the value pages' (and scales')
+  places."""
   P, page_size, K, H = key_pages.shape
   slots = P * page_size
   n = slot_mapping.shape[0]
@@ -613,13 +623,18 @@ def paged_kv_update(key_pages, value_pages, key, value, slot_mapping, key_scales
   target = jnp.where(valid & (last[slot] == token), slot, slots)  # slots: dropped
 
   def write(pages, rows, scales):
-    flat = pages.reshape(slots, K, H)
+    if pages is None:
+      return None, None
+    flat = pages.reshape(slots, *pages.shape[2:])
     if scales is None:
       return flat.at[target].set(rows.astype(pages.dtype), mode="drop").reshape(pages.shape), None
     q, s = quantize_int8_rows(rows)
     pages = flat.at[target].set(q, mode="drop").reshape(pages.shape)
     scales = scales.reshape(slots, K).at[target].set(s, mode="drop").reshape(scales.shape)
     return pages, scales
+
+  if value_pages is None and key_scales is not None:
+    value_scales = None
 
   key_pages, key_scales = write(key_pages, key, key_scales)
   value_pages, value_scales = write(value_pages, value, value_scales)

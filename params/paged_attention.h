@@ -4,11 +4,17 @@
 // (xla_ffi/paged_attention_common.h).
 //
 // Layouts (row-major):
-//   query, out   [B, T, N, H]   (decode is T = 1)
-//   key/value pages [P, page_size, K, H]: float32, bfloat16, float16 or int8
+//   query        [B, T, N, H]   (decode is T = 1)
+//   out          [B, T, N, Hv]  (Hv = value_head_dim, H unless given)
+//   key pages    [P, page_size, K, H]: float32, bfloat16, float16 or int8
+//   value pages  [P, page_size, K, Hv] of the key pages' dtype; or none, when
+//                the values are the first Hv <= H features of each key row
+//                (values_in_keys: absorbed MLA decode, one cache holding the
+//                latent and its rope part, read once for both products)
 //   key/value scales [P, page_size, K] float32 (int8 pages only): the real
 //                value of element h of token slot s of head k in page p is
-//                pages[p, s, k, h] * scales[p, s, k]
+//                pages[p, s, k, h] * scales[p, s, k] (values in keys: the
+//                key scales serve both)
 //   block_tables [B, M] int32: the page holding tokens [i * page_size,
 //                (i + 1) * page_size) of sequence b is block_tables[b, i]
 //   kv_lens      [B] int32: tokens in sequence b's cache, the new ones included
@@ -38,7 +44,12 @@ struct PagedAttentionParams {
   int64_t q_len = 0;              // T
   int64_t num_heads = 0;          // N
   int64_t num_kv_heads = 0;       // K
-  int64_t head_dim = 0;           // H
+  int64_t head_dim = 0;           // H: query and key
+  int64_t value_head_dim = -1;    // Hv: value and output; -1: H
+  // The values are the first Hv features of each key row (absorbed MLA): the
+  // value pages and value scales are not operands (null), the key pages'
+  // serve both.
+  bool values_in_keys = false;
   int64_t num_pages = 0;          // P
   int64_t page_size = 0;
   int64_t max_pages_per_seq = 0;  // M
@@ -54,6 +65,11 @@ struct PagedAttentionParams {
   // CPU only: the OpenMP threads (0: omp_get_max_threads()).
   int num_threads = 0;
 };
+
+// Hv: the value and output head dim.
+JAXOPS_HOST_DEVICE int64_t paged_value_head_dim(const PagedAttentionParams& p) {
+  return p.value_head_dim >= 0 ? p.value_head_dim : p.head_dim;
+}
 
 // The clamped number of cached tokens of sequence b.
 JAXOPS_HOST_DEVICE int64_t paged_kv_len(const PagedAttentionParams& p, int64_t b) {
@@ -94,6 +110,10 @@ inline const char* paged_attention_params_error(const PagedAttentionParams& p) {
   if (p.max_pages_per_seq * p.page_size >= (int64_t{1} << 31)) {
     return "paged_attention: max_pages_per_seq * page_size must be below 2^31";
   }
+  if (p.value_head_dim < -1) return "paged_attention: value_head_dim must be >= 0 (or -1)";
+  if (p.values_in_keys && paged_value_head_dim(p) > p.head_dim) {
+    return "paged_attention: values read from the key pages need value_head_dim <= head_dim";
+  }
   if (p.window_left < -1) return "paged_attention: window_left must be >= 0 (or -1)";
   if (!std::isfinite(p.scale)) return "paged_attention: scale must be finite";
   if (!(p.logits_soft_cap >= 0.0f) || !std::isfinite(p.logits_soft_cap)) {
@@ -102,7 +122,7 @@ inline const char* paged_attention_params_error(const PagedAttentionParams& p) {
   if (p.batch > 0 && (p.block_tables == nullptr || p.kv_lens == nullptr)) {
     return "paged_attention: block_tables and kv_lens are required";
   }
-  if ((p.key_scales == nullptr) != (p.value_scales == nullptr)) {
+  if (!p.values_in_keys && (p.key_scales == nullptr) != (p.value_scales == nullptr)) {
     return "paged_attention: key_scales and value_scales come together";
   }
   if (p.num_threads < 0) return "paged_attention: num_threads must be >= 0";
@@ -121,13 +141,23 @@ inline const char* paged_attention_params_error(const PagedAttentionParams& p) {
 // bit: a NaN makes the scale NaN and the row zeros; an infinity (and no NaN)
 // makes the scale inf, the finite elements 0 and the infinite ones too (inf /
 // inf is NaN, which converts to 0 as XLA converts NaN to an integer).
+//
+// The value rows are [num_tokens, K, Hv] into value pages [P, page_size, K,
+// Hv]; a cache whose values are in its keys (values_in_keys, absorbed MLA)
+// has no value pages, and only the key rows are written.
 struct PagedKvUpdateParams {
   int64_t num_tokens = 0;    // rows of key/value and entries of slot_mapping
   int64_t num_kv_heads = 0;  // K
   int64_t head_dim = 0;      // H
+  int64_t value_head_dim = -1;  // Hv; -1: H
+  bool values_in_keys = false;  // no value pages or rows: keys only
   int64_t num_pages = 0;     // P
   int64_t page_size = 0;
 };
+
+JAXOPS_HOST_DEVICE int64_t paged_value_head_dim(const PagedKvUpdateParams& p) {
+  return p.value_head_dim >= 0 ? p.value_head_dim : p.head_dim;
+}
 
 JAXOPS_HOST_DEVICE bool paged_slot_valid(const PagedKvUpdateParams& p, int64_t slot) {
   return slot >= 0 && slot < p.num_pages * p.page_size;
@@ -135,7 +165,7 @@ JAXOPS_HOST_DEVICE bool paged_slot_valid(const PagedKvUpdateParams& p, int64_t s
 
 inline const char* paged_kv_update_params_error(const PagedKvUpdateParams& p) {
   if (p.num_tokens < 0 || p.num_kv_heads < 0 || p.head_dim < 0 || p.num_pages < 0 ||
-      p.page_size < 0) {
+      p.page_size < 0 || p.value_head_dim < -1) {
     return "paged_kv_update: negative dimension";
   }
   if (p.num_pages * p.page_size >= (int64_t{1} << 31)) {

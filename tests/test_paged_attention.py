@@ -233,6 +233,151 @@ def _attended_slots(tables, kv_lens, query_lens, T, num_pages, page_size, window
   return attended
 
 
+# -- MLA: a value head dim of its own, and values inside the key rows -----------------------
+
+
+def mla_cache(seed, *, head_dim, value_head_dim, in_keys, dtype, batch=2, heads=8, kv_heads=1,
+              page_size=16, max_pages=3, q_len=None):
+  """A cache whose value pages have value_head_dim features, or, in_keys, none:
+  (query, key_pages, value_pages | None, tables, kv_lens, (key, value) scales)."""
+  query, kp, vp, tables, kv_lens, scales = make_cache(
+      seed, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+      page_size=page_size, max_pages=max_pages, dtype=dtype, q_len=q_len)
+  if in_keys:
+    return query, kp, None, tables, kv_lens, None if scales is None else (scales[0], None)
+  _, vp, _, _, _, v_scales = make_cache(
+      seed + 1, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=value_head_dim,
+      page_size=page_size, max_pages=max_pages, dtype=dtype, q_len=q_len)
+  vp = vp[:kp.shape[0]]
+  return query, kp, vp, tables, kv_lens, None if scales is None else (scales[0], v_scales[1])
+
+
+def _mla_kwargs(scales):
+  if scales is None:
+    return {}
+  return {"key_scales": scales[0], **({} if scales[1] is None else {"value_scales": scales[1]})}
+
+
+# (head_dim, value_head_dim, values in keys, kv_heads, q_len): absorbed MLA
+# decode (DeepSeek-V3: 576 = a 512-wide latent + 64 rope features, one kv head,
+# 8 query heads of a shard), its chunked prefill, MLA's 192/128 with value
+# pages of their own, values wider than keys, an odd width, an empty value.
+MLA_CASES = [
+    (576, 512, True, 1, None),
+    (576, 512, True, 1, 3),
+    (192, 128, False, 2, None),
+    (32, 48, False, 2, 2),
+    (40, 17, True, 2, None),
+    (24, 0, True, 1, None),
+]
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, INT8], ids=backends.param_id)
+@pytest.mark.parametrize("case", MLA_CASES, ids=str)
+def test_mla_value_head_dim_and_values_in_keys(backend, dtype, case):
+  H, Hv, in_keys, kv_heads, q_len = case
+  query, kp, vp, tables, kv_lens, scales = mla_cache(
+      sum(case[:2]), head_dim=H, value_head_dim=Hv, in_keys=in_keys, dtype=dtype,
+      kv_heads=kv_heads, q_len=q_len)
+  kwargs = dict(return_residual=True, value_head_dim=Hv if in_keys else None,
+                **_mla_kwargs(scales))
+  if q_len is not None:
+    kwargs["query_lens"] = jnp.asarray([q_len, 1], jnp.int32)
+  out, lse = jaxops.paged_attention(query, kp, vp, tables, kv_lens, **kwargs, **FFI)
+  ref_out, ref_lse = jax.jit(lambda *a: reference.paged_attention(*a, **kwargs))(
+      query, kp, vp, tables, kv_lens)
+  assert out.shape == (*query.shape[:-1], Hv) and out.dtype == query.dtype
+  keys = tables.shape[1] * kp.shape[1]
+  # int8 at head dims of whole 32-element pairs may take the fixed-point pair
+  # products (bounded in test_int8_within_the_fixed_point_bound): ~1e-4 here.
+  fixed_point = {"atol": 1e-3, "rtol": 1e-3} if dtype == INT8 else {"reduce_size": keys}
+  assert_close(out, ref_out, **fixed_point, name="out")
+  atol, rtol = tolerance(query.dtype, keys)
+  assert_close(lse, ref_lse, atol=atol, rtol=rtol, name="logsumexp")
+  if in_keys:
+    # The same as value pages that copy the keys' first Hv features.
+    copied = kp[..., :Hv]
+    copy_kwargs = dict(kwargs, value_head_dim=None)
+    if scales is not None:
+      copy_kwargs["value_scales"] = scales[0]
+    again = jaxops.paged_attention(query, kp, copied, tables, kv_lens, **copy_kwargs, **FFI)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(again[0], np.float32))
+
+
+@pytest.mark.backends(*BACKENDS)
+def test_mla_splits_keys_with_values_in_keys(backend):
+  """One long sequence (batch 1): the key splits' partial outputs are Hv wide."""
+  query, kp, vp, tables, kv_lens, _ = mla_cache(
+      5, head_dim=576, value_head_dim=512, in_keys=True, dtype=jnp.bfloat16, batch=1,
+      heads=16, page_size=64, max_pages=24)
+  kv_lens = jnp.asarray([24 * 64 - 7], jnp.int32)
+  check = lambda: jaxops.paged_attention(query, kp, None, tables, kv_lens, value_head_dim=512,
+                                         return_residual=True, **FFI)
+  out, lse = check_split_on_cuda(backend, check)
+  ref_out, ref_lse = reference.paged_attention(query, kp, None, tables, kv_lens,
+                                               value_head_dim=512, return_residual=True)
+  assert_close(out, ref_out, reduce_size=int(kv_lens[0]), name="out")
+  np.testing.assert_allclose(lse, ref_lse, atol=2e-2, rtol=0)
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("dtype", [jnp.float32, INT8], ids=backends.param_id)
+def test_mla_update_keys_only_then_attend(backend, dtype):
+  """An absorbed-MLA decode step: write the new token's key row (latent and
+  rope part; no value pages), then attend with its first 32 features as value."""
+  query, kp, _, tables, kv_lens, scales = mla_cache(
+      9, head_dim=40, value_head_dim=32, in_keys=True, dtype=dtype, batch=3, heads=4,
+      page_size=5, max_pages=3)
+  rng = np.random.default_rng(10)
+  new = jnp.asarray(rng.standard_normal((3, 1, 40)), jnp.float32)
+  pos = kv_lens - 1
+  slots = tables[jnp.arange(3), pos // 5] * 5 + pos % 5
+  kwargs = {} if scales is None else {"key_scales": scales[0]}
+  out = jax.jit(lambda kp, k, s, **kw: jaxops.paged_kv_update(kp, None, k, None, s, **kw, **FFI))(
+      kp, new, slots, **kwargs)
+  expected = reference.paged_kv_update(kp, None, new, None, slots, *kwargs.values())
+  assert out[1] is None and len(out) == (4 if dtype == INT8 else 2)
+  if dtype == INT8:
+    assert out[3] is None
+  for a, e in zip(out, expected):
+    if e is not None:
+      np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32))
+  key_scales = out[2] if dtype == INT8 else None
+  got = jaxops.paged_attention(query, out[0], None, tables, kv_lens, value_head_dim=32,
+                               key_scales=key_scales, **FFI)
+  want = reference.paged_attention(query, out[0], None, tables, kv_lens, value_head_dim=32,
+                                   key_scales=key_scales)
+  assert_close(got, want, reduce_size=15, name="out")
+
+
+@pytest.mark.backends(*BACKENDS)
+@pytest.mark.parametrize("in_axes", [(0, None, 0, 0), (0, 0, 0, 0)], ids=str)
+def test_mla_vmap(backend, in_axes):
+  query, kp, _, tables, kv_lens, _ = mla_cache(11, head_dim=48, value_head_dim=32, in_keys=True,
+                                               dtype=jnp.float32, heads=4)
+  fn = lambda q, kp, t, l: jaxops.paged_attention(q, kp, None, t, l, value_head_dim=32, **FFI)
+  stacked = lambda x: jnp.stack([x, x[::-1]])
+  args = [stacked(query), kp if in_axes[1] is None else stacked(kp), stacked(tables),
+          stacked(kv_lens)]
+  vmap_against_loop(fn, args, in_axes)
+
+
+def test_mla_heads_shard_with_values_in_keys():
+  mesh = meshes.make_mesh((4, 2), ("data", "model"))
+  query, kp, _, tables, kv_lens, _ = mla_cache(14, head_dim=40, value_head_dim=32, in_keys=True,
+                                               dtype=jnp.float32, batch=4, heads=8, kv_heads=2,
+                                               page_size=4)
+  specs = [PartitionSpec("data", "model", None), PartitionSpec(None, None, "model", None),
+           PartitionSpec("data", None), PartitionSpec("data")]
+  fn = jax.jit(lambda q, kp, t, l: jaxops.paged_attention(q, kp, None, t, l, value_head_dim=32,
+                                                          **FFI))
+  placed = [jax.device_put(a, NamedSharding(mesh, s))
+            for a, s in zip((query, kp, tables, kv_lens), specs)]
+  assert "all-gather" not in fn.lower(*placed).compile().as_text()
+  np.testing.assert_allclose(fn(*placed), fn(query, kp, tables, kv_lens), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.backends(*BACKENDS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, INT8], ids=backends.param_id)
 @pytest.mark.parametrize("q_len,window", [(None, None), (3, None), (3, 4)],
@@ -543,7 +688,16 @@ def _bad_calls():
       (lambda: attend(q=q.astype(jnp.int32)), TypeError, "query must have a floating dtype"),
       (lambda: attend(q=q.astype(jnp.bfloat16)), TypeError, "key_pages must have the query's"),
       (lambda: attend(kp=kp[0]), ValueError, "key_pages must have rank 4"),
-      (lambda: attend(vp=vp[:, :2]), ValueError, "value_pages must have the shape"),
+      (lambda: attend(vp=vp[:, :2]), ValueError, "value_pages must have key_pages' first three"),
+      (lambda: attend(vp=vp[0]), ValueError, "value_pages must have rank 4"),
+      (lambda: attend(vp=vp.astype(jnp.bfloat16)), TypeError, "value_pages must have key_pages' "
+       "dtype"),
+      (lambda: attend(vp=None), TypeError, "value_head_dim must be given without value_pages"),
+      (lambda: attend(vp=None, value_head_dim=9), ValueError, "value_head_dim must be at most"),
+      (lambda: attend(vp=None, value_head_dim=-1), ValueError, "value_head_dim must be"),
+      (lambda: attend(value_head_dim=4), ValueError, "value_head_dim must be None or"),
+      (lambda: attend(kp=i8, vp=None, value_head_dim=8, key_scales=s, value_scales=s), TypeError,
+       "value_scales must be None without value_pages"),
       (lambda: attend(q=q[..., :4]), ValueError, "key_pages must have the query's head_dim"),
       (lambda: attend(q=q[:, :3]), ValueError, "multiple of num_kv_heads"),
       (lambda: attend(tables=tables[0]), ValueError, "block_tables must have rank 2"),
@@ -563,7 +717,9 @@ def _bad_calls():
       (lambda: update(k=rows[:, :1]), ValueError, "key must have shape"),
       (lambda: update(k=rows.astype(jnp.float16), v=rows.astype(jnp.float16)), TypeError,
        "key must have the dtype of key_pages"),
-      (lambda: update(v=rows[:2]), ValueError, "value must have the shape of key"),
+      (lambda: update(v=rows[:2]), ValueError, "value must have shape"),
+      (lambda: update(v=rows.astype(jnp.float16)), TypeError, "value must have key's dtype"),
+      (lambda: update(vp=None), TypeError, "value must be None without value_pages"),
       (lambda: update(slots=jnp.zeros((2,), jnp.int32)), ValueError, "slot_mapping must have"),
       (lambda: update(slots=jnp.zeros((3,))), TypeError, "slot_mapping must have an integer"),
       (lambda: update(kp=i8, vp=i8), TypeError, "key_scales must be given"),
@@ -581,7 +737,7 @@ F32 = np.float32
 _Q, _PAGES = np.ones((2, 1, 4, 8), F32), np.ones((3, 4, 2, 8), F32)
 _TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
 _ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1),
-          "allow_tf32": np.bool_(False)}
+          "value_head_dim": np.int64(8), "allow_tf32": np.bool_(False)}
 _NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
 _NO_WORKSPACE = ((0,), np.uint8)  # the CPU's hidden workspace result: empty
 _OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _NO_WORKSPACE]
@@ -589,7 +745,13 @@ _OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _NO_WORKSPACE]
 
 @pytest.mark.parametrize("target,operands,results,attrs,match", [
     ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES[:, :2], _TABLES, _LENS, *_NONE], _OUT,
-     _ATTRS, "value_pages has shape"),
+     _ATTRS, r"value_pages must be \[3, 4, 2, value_head_dim\]"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES[..., :4], _TABLES, _LENS, *_NONE], _OUT,
+     _ATTRS, "value_head_dim 8 must be value_pages' last dim 4"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _NONE[1], _TABLES, _LENS, *_NONE], _OUT,
+     dict(_ATTRS, value_head_dim=np.int64(9)), r"value_head_dim 9 must be in \[0, head_dim 8\]"),
+    ("jaxops_paged_attention_fwd", [_Q, _PAGES, _NONE[1], _TABLES, _LENS, *_NONE], _OUT,
+     dict(_ATTRS, value_head_dim=np.int64(4)), r"out must be \[2, 1, 4, 4\]"),
     ("jaxops_paged_attention_fwd", [_Q[..., :4], _PAGES, _PAGES, _TABLES, _LENS, *_NONE], _OUT,
      _ATTRS, "head_dim"),
     ("jaxops_paged_attention_fwd", [_Q[:, :, :3], _PAGES, _PAGES, _TABLES, _LENS, *_NONE],
@@ -624,6 +786,14 @@ _OUT = [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _NO_WORKSPACE]
                                 np.zeros((3,), np.int32), *_NONE[1:]],
      [((3, 4, 2, 8), F32), ((3, 4, 2, 4), F32), ((0,), F32), ((0,), F32)], {},
      "value_pages result has shape"),
+    ("jaxops_paged_kv_update", [_PAGES, _NONE[1], np.ones((3, 2, 8), F32), np.ones((3, 2, 8), F32),
+                                np.zeros((3,), np.int32), *_NONE[1:]],
+     [((3, 4, 2, 8), F32), ((0,), F32), ((0,), F32), ((0,), F32)], {},
+     r"value must be absent \(\[0\]\) without value_pages"),
+    ("jaxops_paged_kv_update", [_PAGES, _PAGES, np.ones((3, 2, 8), F32), np.ones((3, 2, 4), F32),
+                                np.zeros((3,), np.int32), *_NONE[1:]],
+     [((3, 4, 2, 8), F32), ((3, 4, 2, 8), F32), ((0,), F32), ((0,), F32)], {},
+     r"value must be \[3, 2, 8\]"),
 ])
 def test_handler_rejects_inconsistent_buffers(target, operands, results, attrs, match):
   call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])

@@ -29,6 +29,7 @@ ffi::Error PagedAttentionFwd(ffi::AnyBuffer query, ffi::AnyBuffer key_pages,
                              ffi::Result<ffi::AnyBuffer> logsumexp,
                              ffi::Result<ffi::AnyBuffer> workspace, float scale,
                              float logits_soft_cap, int64_t window_left,
+                             int64_t value_head_dim,
                              bool /*allow_tf32: the kernel computes in full float32*/) {
   const std::string op = kPagedAttentionFwd.name;
   PagedAttentionParams p;
@@ -37,7 +38,7 @@ ffi::Error PagedAttentionFwd(ffi::AnyBuffer query, ffi::AnyBuffer key_pages,
                                                 kv_lens, query_lens, key_scales, value_scales,
                                                 *out, *logsumexp, *workspace,
                                                 contract::Platform::kCpu, scale,
-                                                logits_soft_cap, window_left, &p));
+                                                logits_soft_cap, window_left, value_head_dim, &p));
   return dispatch(op, query.element_type(), key_pages.element_type(), [&](auto q_tag, auto kv_tag) {
     using Q = decltype(q_tag);
     using KV = decltype(kv_tag);

@@ -7,8 +7,12 @@
 // stream for CUDA).
 //
 // Optional operands are the zero-size placeholder [0] when absent: query_lens
-// (every sequence then has T query rows) and the float32 scales, which are
-// present exactly when the pages are int8.
+// (every sequence then has T query rows), the float32 scales, which are
+// present exactly when the pages are int8, and paged_attention's value pages
+// and value scales when the values are the first value_head_dim features of
+// the key rows (absorbed MLA: values_in_keys). The value head dim Hv is an
+// attribute (the workspace is sized from it before any buffer exists); the
+// value pages, when present, and the output carry it as their last dim.
 //
 // paged_kv_update writes its pages in place: results 0..3 alias operands
 // 0, 1, 5, 6 (kPagedKvUpdateAliases). XLA hands a handler the operand's own
@@ -42,6 +46,7 @@ using ::jaxops::params::PagedKvUpdateParams;
 inline constexpr contract::Attribute<float> kScale{"scale"};
 inline constexpr contract::Attribute<float> kLogitsSoftCap{"logits_soft_cap"};  // 0: none
 inline constexpr contract::Attribute<int64_t> kWindowLeft{"window_left"};      // -1: unbounded
+inline constexpr contract::Attribute<int64_t> kValueHeadDim{"value_head_dim"};  // Hv
 
 // The attention's workspace: on CUDA the float32 partial outputs and softmax
 // states of its split-K (params/paged_attention_plan.h), which depend on the
@@ -55,7 +60,7 @@ inline int64_t paged_attention_workspace_bytes(const PagedAttentionParams& p,
 }
 
 // The workspace for query [B, T, N, H], key_pages [P, page_size, K, H] and
-// block_tables [B, M] (operands 0, 1 and 3), in bytes.
+// block_tables [B, M] (operands 0, 1 and 3) and the value head dim, in bytes.
 inline contract::Workspace paged_attention_workspace(const contract::WorkspaceQuery& call) {
   const auto& q = call.operand(0);
   const auto& pages = call.operand(1);
@@ -73,12 +78,13 @@ inline contract::Workspace paged_attention_workspace(const contract::WorkspaceQu
   p.page_size = pages[1];
   p.num_kv_heads = pages[2];
   p.max_pages_per_seq = tables[1];
+  p.value_head_dim = call.attribute(kValueHeadDim);
   return {{paged_attention_workspace_bytes(p, call.platform)}, "uint8"};
 }
 
 inline constexpr auto kPagedAttentionFwd = contract::target_with_workspace(
     "jaxops_paged_attention_fwd", paged_attention_workspace, kScale, kLogitsSoftCap,
-    kWindowLeft, matmul_precision::kAllowTf32);
+    kWindowLeft, kValueHeadDim, matmul_precision::kAllowTf32);
 inline constexpr auto kPagedKvUpdate = contract::target("jaxops_paged_kv_update");
 
 inline std::vector<contract::TargetDescription> contracts() {
@@ -111,15 +117,26 @@ ffi::Error dispatch_paged(const std::string& op, ffi::DataType q_dtype, ffi::Dat
 
 // -- shared checks ------------------------------------------------------------------
 
-// Pages [P, page_size, K, H] (key and value alike), float32/bfloat16/float16/int8.
+// Pages [P, page_size, K, H] (key and value alike; value pages may have a
+// head dim of their own when `value_dims_free`), float32/bfloat16/float16/int8.
 inline ffi::Error check_pages(const std::string& op, const ffi::AnyBuffer& key_pages,
-                              const ffi::AnyBuffer& value_pages, int64_t dims_out[4]) {
+                              const ffi::AnyBuffer& value_pages, int64_t dims_out[4],
+                              bool value_dims_free = false) {
   auto kd = key_pages.dimensions();
   if (kd.size() != 4) {
     return invalid(op, "key_pages must be [num_pages, page_size, num_kv_heads, head_dim], got " +
                            dims_string(kd));
   }
-  JAXOPS_RETURN_IF_ERROR(same_dims(op, "key_pages", key_pages, "value_pages", value_pages));
+  if (value_dims_free) {
+    auto vd = value_pages.dimensions();
+    if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2]) {
+      return invalid(op, "value_pages must be [" + str(kd[0]) + ", " + str(kd[1]) + ", " +
+                             str(kd[2]) + ", value_head_dim] (the key pages' first three "
+                             "dims), got " + dims_string(vd));
+    }
+  } else {
+    JAXOPS_RETURN_IF_ERROR(same_dims(op, "key_pages", key_pages, "value_pages", value_pages));
+  }
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "key_pages", key_pages, "value_pages", value_pages));
   if (!is_float_dtype(key_pages.element_type()) && key_pages.element_type() != ffi::DataType::S8) {
     return invalid(op, "key_pages must be float32, bfloat16, float16 or int8");
@@ -171,7 +188,8 @@ inline ffi::Error decode_paged_attention(
     const ffi::AnyBuffer& key_scales, const ffi::AnyBuffer& value_scales,
     const ffi::AnyBuffer& out, const ffi::AnyBuffer& logsumexp,
     const ffi::AnyBuffer& workspace, contract::Platform platform, float scale,
-    float logits_soft_cap, int64_t window_left, PagedAttentionParams* p) {
+    float logits_soft_cap, int64_t window_left, int64_t value_head_dim,
+    PagedAttentionParams* p) {
   const std::string op = kPagedAttentionFwd.name;
   auto qd = query.dimensions();
   if (qd.size() != 4) {
@@ -181,18 +199,31 @@ inline ffi::Error decode_paged_attention(
   if (!is_float_dtype(query.element_type())) {
     return invalid(op, "query must be float32, bfloat16 or float16");
   }
+  // No value pages: the values are the key rows' first value_head_dim features.
+  const bool values_in_keys = is_placeholder(value_pages);
   int64_t pages[4];
-  JAXOPS_RETURN_IF_ERROR(check_pages(op, key_pages, value_pages, pages));
+  JAXOPS_RETURN_IF_ERROR(check_pages(op, key_pages, values_in_keys ? key_pages : value_pages,
+                                     pages, /*value_dims_free=*/true));
   const bool int8_pages = key_pages.element_type() == ffi::DataType::S8;
   if (!int8_pages) JAXOPS_RETURN_IF_ERROR(same_dtype(op, "query", query, "key_pages", key_pages));
   if (pages[3] != qd[3]) {
     return invalid(op, "key_pages' head_dim " + str(pages[3]) + " differs from query's " +
                            str(qd[3]));
   }
+  if (value_head_dim < 0 || (values_in_keys ? value_head_dim > pages[3]
+                                            : value_head_dim != value_pages.dimensions()[3])) {
+    return invalid(op, "value_head_dim " + str(value_head_dim) + " must be " +
+                           (values_in_keys ? "in [0, head_dim " + str(pages[3]) +
+                                                 "] (values read from the key pages)"
+                                           : "value_pages' last dim " +
+                                                 str(value_pages.dimensions()[3])));
+  }
   p->batch = qd[0];
   p->q_len = qd[1];
   p->num_heads = qd[2];
   p->head_dim = qd[3];
+  p->value_head_dim = value_head_dim;
+  p->values_in_keys = values_in_keys;
   p->num_pages = pages[0];
   p->page_size = pages[1];
   p->num_kv_heads = pages[2];
@@ -207,8 +238,14 @@ inline ffi::Error decode_paged_attention(
     JAXOPS_RETURN_IF_ERROR(check_int32_vector(op, "query_lens", query_lens, p->batch));
   }
   JAXOPS_RETURN_IF_ERROR(check_scales(op, "key_scales", key_scales, int8_pages, pages));
-  JAXOPS_RETURN_IF_ERROR(check_scales(op, "value_scales", value_scales, int8_pages, pages));
-  JAXOPS_RETURN_IF_ERROR(same_dims(op, "query", query, "out", out));
+  JAXOPS_RETURN_IF_ERROR(check_scales(op, "value_scales", value_scales,
+                                      int8_pages && !values_in_keys, pages));
+  auto od = out.dimensions();
+  if (od.size() != 4 || od[0] != qd[0] || od[1] != qd[1] || od[2] != qd[2] ||
+      od[3] != value_head_dim) {
+    return invalid(op, "out must be [" + str(qd[0]) + ", " + str(qd[1]) + ", " + str(qd[2]) +
+                           ", " + str(value_head_dim) + "], got " + dims_string(od));
+  }
   JAXOPS_RETURN_IF_ERROR(same_dtype(op, "query", query, "out", out));
   auto ld = logsumexp.dimensions();
   if (logsumexp.element_type() != ffi::DataType::F32 || ld.size() != 3 || ld[0] != p->batch ||
@@ -230,7 +267,7 @@ inline ffi::Error decode_paged_attention(
   p->kv_lens = data<const int32_t>(kv_lens);
   p->query_lens = is_placeholder(query_lens) ? nullptr : data<const int32_t>(query_lens);
   p->key_scales = int8_pages ? data<const float>(key_scales) : nullptr;
-  p->value_scales = int8_pages ? data<const float>(value_scales) : nullptr;
+  p->value_scales = int8_pages && !values_in_keys ? data<const float>(value_scales) : nullptr;
   if (const char* error = params::paged_attention_params_error(*p)) return invalid(op, error);
   return ffi::Error::Success();
 }
@@ -247,16 +284,32 @@ inline ffi::Error decode_paged_kv_update(
     const ffi::AnyBuffer& key_scales_out, const ffi::AnyBuffer& value_scales_out,
     PagedKvUpdateParams* p) {
   const std::string op = kPagedKvUpdate.name;
+  // No value pages (and no value rows): a cache whose values are its keys'.
+  const bool values_in_keys = is_placeholder(value_pages);
   int64_t pages[4];
-  JAXOPS_RETURN_IF_ERROR(check_pages(op, key_pages, value_pages, pages));
+  JAXOPS_RETURN_IF_ERROR(check_pages(op, key_pages, values_in_keys ? key_pages : value_pages,
+                                     pages, /*value_dims_free=*/true));
   const bool int8_pages = key_pages.element_type() == ffi::DataType::S8;
   auto kd = key.dimensions();
   if (kd.size() != 3 || kd[1] != pages[2] || kd[2] != pages[3]) {
     return invalid(op, "key must be [num_tokens, " + str(pages[2]) + ", " + str(pages[3]) +
                            "] (the pages' num_kv_heads and head_dim), got " + dims_string(kd));
   }
-  JAXOPS_RETURN_IF_ERROR(same_dims(op, "key", key, "value", value));
-  JAXOPS_RETURN_IF_ERROR(same_dtype(op, "key", key, "value", value));
+  const int64_t value_head_dim = values_in_keys ? pages[3] : value_pages.dimensions()[3];
+  if (values_in_keys) {
+    if (!is_placeholder(value)) {
+      return invalid(op, "value must be absent ([0]) without value_pages, got " +
+                             dims_string(value.dimensions()));
+    }
+  } else {
+    auto vd = value.dimensions();
+    if (vd.size() != 3 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != value_head_dim) {
+      return invalid(op, "value must be [" + str(kd[0]) + ", " + str(kd[1]) + ", " +
+                             str(value_head_dim) + "] (value_pages' head dim), got " +
+                             dims_string(vd));
+    }
+    JAXOPS_RETURN_IF_ERROR(same_dtype(op, "key", key, "value", value));
+  }
   if (int8_pages ? !is_float_dtype(key.element_type())
                  : key.element_type() != key_pages.element_type()) {
     return invalid(op, int8_pages ? "key must be float32, bfloat16 or float16 for int8 pages"
@@ -265,11 +318,14 @@ inline ffi::Error decode_paged_kv_update(
   p->num_tokens = kd[0];
   p->num_kv_heads = pages[2];
   p->head_dim = pages[3];
+  p->value_head_dim = value_head_dim;
+  p->values_in_keys = values_in_keys;
   p->num_pages = pages[0];
   p->page_size = pages[1];
   JAXOPS_RETURN_IF_ERROR(check_int32_vector(op, "slot_mapping", slot_mapping, p->num_tokens));
   JAXOPS_RETURN_IF_ERROR(check_scales(op, "key_scales", key_scales, int8_pages, pages));
-  JAXOPS_RETURN_IF_ERROR(check_scales(op, "value_scales", value_scales, int8_pages, pages));
+  JAXOPS_RETURN_IF_ERROR(check_scales(op, "value_scales", value_scales,
+                                      int8_pages && !values_in_keys, pages));
   const std::pair<const ffi::AnyBuffer*, const ffi::AnyBuffer*> written[] = {
       {&key_pages, &key_pages_out}, {&value_pages, &value_pages_out},
       {&key_scales, &key_scales_out}, {&value_scales, &value_scales_out}};
@@ -291,13 +347,13 @@ template <typename Binding>
 auto bind_paged_attention_fwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // query [B, T, N, H]
       .template Arg<ffi::AnyBuffer>()                      // key_pages [P, page_size, K, H]
-      .template Arg<ffi::AnyBuffer>()                      // value_pages
+      .template Arg<ffi::AnyBuffer>()                      // value_pages [P, page_size, K, Hv] or [0]
       .template Arg<ffi::AnyBuffer>()                      // block_tables int32 [B, M]
       .template Arg<ffi::AnyBuffer>()                      // kv_lens int32 [B]
       .template Arg<ffi::AnyBuffer>()                      // query_lens int32 [B] ([0]: absent)
       .template Arg<ffi::AnyBuffer>()                      // key_scales f32 [P, page_size, K] or [0]
-      .template Arg<ffi::AnyBuffer>()                      // value_scales
-      .template Ret<ffi::AnyBuffer>()                      // out [B, T, N, H]
+      .template Arg<ffi::AnyBuffer>()                      // value_scales (or [0])
+      .template Ret<ffi::AnyBuffer>()                      // out [B, T, N, Hv]
       .template Ret<ffi::AnyBuffer>()                      // logsumexp f32 [B, N, T]
       .template Ret<ffi::AnyBuffer>();                     // workspace (u8; [0] on the CPU)
 }
@@ -305,9 +361,9 @@ auto bind_paged_attention_fwd(Binding prefix) {
 template <typename Binding>
 auto bind_paged_kv_update(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // key_pages [P, page_size, K, H]
-      .template Arg<ffi::AnyBuffer>()                      // value_pages
+      .template Arg<ffi::AnyBuffer>()                      // value_pages [P, page_size, K, Hv] or [0]
       .template Arg<ffi::AnyBuffer>()                      // key [num_tokens, K, H]
-      .template Arg<ffi::AnyBuffer>()                      // value
+      .template Arg<ffi::AnyBuffer>()                      // value [num_tokens, K, Hv] or [0]
       .template Arg<ffi::AnyBuffer>()                      // slot_mapping int32 [num_tokens]
       .template Arg<ffi::AnyBuffer>()                      // key_scales f32 [P, page_size, K] or [0]
       .template Arg<ffi::AnyBuffer>()                      // value_scales

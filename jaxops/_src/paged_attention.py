@@ -9,16 +9,19 @@ reference (jaxops.reference.paged_attention) all follow.
 
 Primitives:
 
-* ``paged_attention_fwd_p``: (query [B, T, N, H], key_pages, value_pages,
+* ``paged_attention_fwd_p``: (query [B, T, N, H], key_pages, value_pages | [0],
   block_tables, kv_lens, query_lens | [0], key_scales | [0], value_scales | [0])
-  -> (out [B, T, N, H], logsumexp [B, N, T] float32); static ``scale``,
-  ``logits_soft_cap`` (0: none) and ``window_left`` (-1: none). Its lowering
+  -> (out [B, T, N, Hv], logsumexp [B, N, T] float32); static ``scale``,
+  ``logits_soft_cap`` (0: none), ``window_left`` (-1: none) and
+  ``value_head_dim`` (Hv: value_pages' last dim, or, with value_pages [0],
+  how many of each key row's first features are its value: absorbed MLA). Its lowering
   adds the target's hidden workspace, the CUDA kernel's split-K partials
   (sized from the shapes in xla_ffi/paged_attention_common.h; [0] on the CPU).
 * ``paged_kv_update_p``: (key_pages, value_pages, key [n, K, H], value,
   slot_mapping [n], key_scales | [0], value_scales | [0]) -> (key_pages,
   value_pages, key_scales, value_scales), the pages and scales written in place
-  (input/output aliasing: with donated pages under jit, no copy of the cache).
+  (input/output aliasing: with donated pages under jit, no copy of the cache);
+  value_pages and value [0]: a cache whose values are its keys', keys only.
 
 paged_attention is an inference op: it has no derivative rules, and
 differentiating through it is an error (a KV cache is state read by a decode
@@ -52,19 +55,22 @@ def _optional(x):
 
 
 def _fwd_abstract_eval(query, key_pages, value_pages, block_tables, kv_lens, query_lens,
-                       key_scales, value_scales, **params):
+                       key_scales, value_scales, *, value_head_dim, **params):
   B, T, N, _ = query.shape
-  return (jax.core.ShapedArray(query.shape, query.dtype), jax.core.ShapedArray((B, N, T), _F32))
+  return (jax.core.ShapedArray((B, T, N, value_head_dim), query.dtype),
+          jax.core.ShapedArray((B, N, T), _F32))
 
 
 def _fwd_reference(query, key_pages, value_pages, block_tables, kv_lens, query_lens, key_scales,
-                   value_scales, *, scale, logits_soft_cap, window_left, allow_tf32):
+                   value_scales, *, scale, logits_soft_cap, window_left, value_head_dim,
+                   allow_tf32):
   del allow_tf32  # the kernels and the reference are full float32 at every precision
   return reference.paged_attention_with_logsumexp(
-      query, key_pages, value_pages, block_tables, kv_lens, _optional(query_lens), scale=scale,
-      logits_soft_cap=logits_soft_cap or None,
+      query, key_pages, _optional(value_pages), block_tables, kv_lens, _optional(query_lens),
+      scale=scale, logits_soft_cap=logits_soft_cap or None,
       local_window_size=None if window_left < 0 else window_left,
-      key_scales=_optional(key_scales), value_scales=_optional(value_scales))
+      key_scales=_optional(key_scales), value_scales=_optional(value_scales),
+      value_head_dim=value_head_dim)
 
 
 def _update_abstract_eval(key_pages, value_pages, key, value, slot_mapping, key_scales,
@@ -75,11 +81,13 @@ def _update_abstract_eval(key_pages, value_pages, key, value, slot_mapping, key_
 
 def _update_reference(key_pages, value_pages, key, value, slot_mapping, key_scales,
                       value_scales):
-  out = reference.paged_kv_update(key_pages, value_pages, key, value, slot_mapping,
-                                  _optional(key_scales), _optional(value_scales))
+  out = reference.paged_kv_update(key_pages, _optional(value_pages), key, _optional(value),
+                                  slot_mapping, _optional(key_scales), _optional(value_scales))
   if len(out) == 2:
-    return (*out, key_scales, value_scales)
-  return out
+    out = (*out, key_scales, value_scales)
+  # (No value pages: their results stay the [0] placeholders.)
+  return tuple(given if o is None else o
+               for o, given in zip(out, (key_pages, value_pages, key_scales, value_scales)))
 
 
 # -- batching: a vmapped axis folds into the batch (and page) axes ---------------------
@@ -132,8 +140,8 @@ def _update_batch_rule(prim, args, dims):
   total = P * page_size
   valid = (slots >= 0) & (slots < total)
   slots = jnp.where(valid, slots + (jnp.arange(size, dtype=_I32) * total)[:, None], -1)
-  outs = prim(_fold_pages(key_pages, size), _fold_pages(value_pages, size),
-              key.reshape(size * n, *key.shape[2:]), value.reshape(size * n, *value.shape[2:]),
+  rows = lambda x: x if is_absent(x) else x.reshape(size * n, *x.shape[2:])
+  outs = prim(_fold_pages(key_pages, size), _fold_pages(value_pages, size), rows(key), rows(value),
               slots.reshape(size * n), _fold_pages(key_scales, size),
               _fold_pages(value_scales, size))
   outs = [o if is_absent(o) else o.reshape(size, P, *o.shape[1:]) for o in outs]
@@ -160,7 +168,8 @@ def _fwd_sharding(avals_in, avals_out, **params):
   pages = (None, None, kv_heads, None)
   scales = lambda a: (None,) if is_absent(a) else (None, None, kv_heads)
   per_sequence = lambda a: (None,) if is_absent(a) else ("batch",)
-  operands = [("batch", None, heads, None), pages, pages, ("batch", None),
+  value_pages = (None,) if is_absent(avals_in[2]) else pages
+  operands = [("batch", None, heads, None), pages, value_pages, ("batch", None),
               per_sequence(avals_in[4]), per_sequence(avals_in[5]), scales(avals_in[6]),
               scales(avals_in[7])]
   return Factors(operands, [("batch", None, heads, None), ("batch", heads, None)], sizes)
@@ -173,8 +182,11 @@ def _update_sharding(avals_in, avals_out):
   pages = (None, None, kv_heads, None)
   rows = (None, kv_heads, None)
   scales = lambda a: (None,) if is_absent(a) else (None, None, kv_heads)
-  return Factors([pages, pages, rows, rows, (None,), scales(avals_in[5]), scales(avals_in[6])],
-                 [pages, pages, scales(avals_out[2]), scales(avals_out[3])])
+  value_pages = (None,) if is_absent(avals_in[1]) else pages
+  value_rows = (None,) if is_absent(avals_in[3]) else rows
+  return Factors([pages, value_pages, rows, value_rows, (None,), scales(avals_in[5]),
+                  scales(avals_in[6])],
+                 [pages, value_pages, scales(avals_out[2]), scales(avals_out[3])])
 
 
 paged_attention_fwd_p = FfiPrimitive(
@@ -222,7 +234,8 @@ def _as_int32(value):
 
 
 def _pages(op, key_pages, value_pages, key_scales, value_scales):
-  """The pages (float or int8) and their scales (int8 pages only), checked."""
+  """The pages (float or int8) and their scales (int8 pages only), checked.
+  value_pages None: a cache whose values are its keys' (no value scales)."""
   key_pages = validation.array(op, "key_pages", key_pages)
   if key_pages.dtype != _INT8 and not jnp.issubdtype(key_pages.dtype, jnp.floating):
     raise validation.type_error(op, "key_pages", "have a floating dtype or int8",
@@ -231,14 +244,31 @@ def _pages(op, key_pages, value_pages, key_scales, value_scales):
                   labels="[num_pages, page_size, num_kv_heads, head_dim]")
   for axis in range(3):
     validation.non_empty_axis(op, "key_pages", key_pages, axis)
-  value_pages = validation.array(op, "value_pages", value_pages)
-  validation.same_as(op, "value_pages", value_pages, "key_pages", key_pages)
+  in_keys = value_pages is None
+  if not in_keys:
+    value_pages = validation.array(op, "value_pages", value_pages)
+    validation.rank(op, "value_pages", value_pages, low=4, high=4,
+                    labels="[num_pages, page_size, num_kv_heads, value_head_dim]")
+    if value_pages.shape[:3] != key_pages.shape[:3]:
+      raise validation.value_error(
+          op, "value_pages", f"have key_pages' first three dims {key_pages.shape[:3]}",
+          f"shape {value_pages.shape}")
+    if value_pages.dtype != key_pages.dtype:
+      raise validation.type_error(op, "value_pages", f"have key_pages' dtype ({key_pages.dtype})",
+                                  str(value_pages.dtype))
+  if in_keys and value_scales is not None:
+    raise validation.type_error(
+        op, "value_scales", "be None without value_pages (the key scales serve the values)",
+        validation.describe(value_scales))
   if key_pages.dtype == _INT8:
-    if key_scales is None or value_scales is None:
+    if key_scales is None or (value_scales is None and not in_keys):
       raise validation.type_error(op, "key_scales", "be given (with value_scales) for int8 pages",
                                   "None")
     scales = []
     for name, s in (("key_scales", key_scales), ("value_scales", value_scales)):
+      if s is None:  # no value pages
+        scales.append(None)
+        continue
       s = validation.array(op, name, s, dtypes=(_F32,))
       validation.shape(op, name, s, key_pages.shape[:3], of="key_pages.shape[:3]")
       scales.append(s)
@@ -253,7 +283,7 @@ def _pages(op, key_pages, value_pages, key_scales, value_scales):
 def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, query_lens=None,
                     scale=None, logits_soft_cap=None, local_window_size=None,
                     return_residual=False, key_scales=None, value_scales=None,
-                    sinks=None, precision=None, implementation=None):
+                    sinks=None, value_head_dim=None, precision=None, implementation=None):
   """Attention of new queries over a paged KV cache (decode and chunked prefill).
 
   Sequence b's cached tokens are ``kv_lens[b]``; token i lives in page
@@ -269,6 +299,13 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
   softmax (as ``jaxops.attention``'s).
   GQA/MQA: query head n reads kv head ``n // (num_heads // num_kv_heads)``.
 
+  MLA: the value pages may have a head dim ``Hv`` of their own (the output is
+  ``[..., num_heads, Hv]``), and with ``value_pages=None`` the cache is one
+  tensor whose key rows hold the values in their first ``value_head_dim``
+  features (absorbed MLA decode, DeepSeek-V3: ``head_dim`` 576 = a 512-wide
+  latent, which is the value, and its 64-wide rope part): each row is read once
+  for both products, and no second copy of the cache exists.
+
   Traced data is clamped, never trusted (so no kernel reads outside the
   cache): ``kv_lens[b]`` to ``[0, max_pages_per_seq * page_size]``,
   ``query_lens[b]`` to ``[0, min(T, kv_lens[b])]``, page ids to ``[0,
@@ -283,8 +320,11 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
     query: [batch, num_heads, head_dim] (decode: one token per sequence) or
       [batch, T, num_heads, head_dim] (chunked prefill): float32, bfloat16 or
       float16, the dtype of float pages.
-    key_pages, value_pages: [num_pages, page_size, num_kv_heads, head_dim]:
-      float (the query's dtype) or int8 with ``key_scales``/``value_scales``.
+    key_pages: [num_pages, page_size, num_kv_heads, head_dim]: float (the
+      query's dtype) or int8 with ``key_scales``/``value_scales``.
+    value_pages: [num_pages, page_size, num_kv_heads, Hv] of key_pages'
+      dtype, or None: the values are each key row's first ``value_head_dim``
+      features (int8: scaled by ``key_scales``).
     block_tables: integer [batch, max_pages_per_seq].
     kv_lens: integer [batch], the cached tokens of each sequence, the queries'
       own included.
@@ -301,6 +341,8 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
     sinks: optional float [num_heads] (float32 or the query's dtype): per-head
       sink logits (gpt-oss), merged into the kernel's results by log-sum-exp;
       the log-sum-exp includes them.
+    value_head_dim: with ``value_pages=None``, an int in ``[0, head_dim]``
+      (required); with value pages, None or their last dim.
     precision: as ``lax.dot``'s (None follows ``jax.default_matmul_precision``):
       the kernels carry it (``allow_tf32``) but compute in full float32 at every
       setting, on the CPU and on CUDA: decoding is bandwidth-bound
@@ -325,6 +367,20 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
   if page_h != H:
     raise validation.value_error(op, "key_pages", f"have the query's head_dim {H}",
                                  f"shape {key_pages.shape}")
+  if value_pages is None:
+    if value_head_dim is None:
+      raise validation.type_error(
+          op, "value_head_dim", "be given without value_pages (how many of each key row's "
+          "first features are its value)", "None")
+    Hv = validation.non_negative_int(op, "value_head_dim", value_head_dim)
+    if Hv > H:
+      raise validation.value_error(op, "value_head_dim",
+                                   f"be at most head_dim={H} without value_pages", str(Hv))
+  else:
+    Hv = value_pages.shape[3]
+    if value_head_dim is not None and value_head_dim != Hv:
+      raise validation.value_error(op, "value_head_dim",
+                                   f"be None or value_pages' last dim {Hv}", str(value_head_dim))
   if N % K:
     raise validation.value_error(op, "query", f"have a multiple of num_kv_heads={K} heads",
                                  f"{N} heads")
@@ -361,20 +417,21 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
     dtypes["key_pages"] = key_pages.dtype
   if primitive.use_kernel(op, implementation, dtypes):
     out, lse = paged_attention_fwd_p(
-        query, key_pages, value_pages, block_tables, kv_lens,
+        query, key_pages, absent(key_pages.dtype) if value_pages is None else value_pages,
+        block_tables, kv_lens,
         absent(_I32) if query_lens is None else query_lens,
         absent(_F32) if key_scales is None else key_scales,
         absent(_F32) if value_scales is None else value_scales,
         scale=scale, logits_soft_cap=logits_soft_cap or 0.0,
         window_left=-1 if local_window_size is None else local_window_size,
-        allow_tf32=allow_tf32)
+        value_head_dim=Hv, allow_tf32=allow_tf32)
     if sinks is not None:
       out, lse = merge_sinks(out, lse, sinks)
   else:
     out, lse = reference.paged_attention_with_logsumexp(
         query, key_pages, value_pages, block_tables, kv_lens, query_lens, scale=scale,
         logits_soft_cap=logits_soft_cap, local_window_size=local_window_size,
-        key_scales=key_scales, value_scales=value_scales, sinks=sinks)
+        key_scales=key_scales, value_scales=value_scales, sinks=sinks, value_head_dim=Hv)
   if decode:
     out, lse = out[:, 0], lse[..., 0]
   return (out, lse) if return_residual else out
@@ -384,23 +441,31 @@ def paged_kv_update(key_pages, value_pages, key, value, slot_mapping, *, key_sca
                     value_scales=None, implementation=None):
   """Writes new tokens' key/value rows into the paged cache.
 
-  Token i's rows ``key[i]``, ``value[i]`` ([num_tokens, num_kv_heads,
-  head_dim]) go to slot ``slot_mapping[i] = page * page_size + offset``. A slot
+  Token i's rows ``key[i]`` ([num_tokens, num_kv_heads, head_dim]) and
+  ``value[i]`` ([num_tokens, num_kv_heads, Hv]) go to slot ``slot_mapping[i] = page * page_size + offset``. A slot
   outside ``[0, num_pages * page_size)`` (padding, e.g. -1) is skipped; a slot
   named by several tokens keeps the last one's rows. Returns the updated
   ``(key_pages, value_pages)``, or for int8 pages ``(key_pages, value_pages,
   key_scales, value_scales)``: each written row is quantized symmetrically per
   token and head (scale = max|x| / 127, q = round(x / scale) in [-127, 127]).
+  A cache whose values are in its keys (absorbed MLA, ``paged_attention``
+  with ``value_pages=None``) passes ``value_pages=None`` and ``value=None``:
+  the keys alone are written, and None stands in the value pages' (and value
+  scales') places of the result.
 
   The pages are written in place (input/output aliasing): under ``jax.jit``
   with the pages (and scales) donated, the cache is not copied; otherwise XLA
   copies the operand first and the inputs are unchanged.
 
   Args:
-    key_pages, value_pages: [num_pages, page_size, num_kv_heads, head_dim],
-      float or int8 (then with key_scales/value_scales).
-    key, value: [num_tokens, num_kv_heads, head_dim]: the pages' dtype for
-      float pages, float32/bfloat16/float16 for int8 pages.
+    key_pages: [num_pages, page_size, num_kv_heads, head_dim], float or int8
+      (then with key_scales/value_scales).
+    value_pages: [num_pages, page_size, num_kv_heads, Hv] of key_pages'
+      dtype, or None (no value pages: the values are in the keys).
+    key: [num_tokens, num_kv_heads, head_dim]: the pages' dtype for float
+      pages, float32/bfloat16/float16 for int8 pages.
+    value: [num_tokens, num_kv_heads, Hv] of key's dtype, or None with
+      ``value_pages=None``.
     slot_mapping: integer [num_tokens].
     key_scales, value_scales: float32 [num_pages, page_size, num_kv_heads].
     implementation: as for :func:`paged_attention`.
@@ -412,8 +477,18 @@ def paged_kv_update(key_pages, value_pages, key, value, slot_mapping, *, key_sca
   key = validation.float_array(op, "key", key)
   validation.rank(op, "key", key, low=3, high=3, labels="[num_tokens, num_kv_heads, head_dim]")
   validation.shape(op, "key", key, (key.shape[0], K, H), of="(num_tokens, num_kv_heads, head_dim)")
-  value = validation.array(op, "value", value)
-  validation.same_as(op, "value", value, "key", key)
+  if value_pages is None:
+    if value is not None:
+      raise validation.type_error(op, "value", "be None without value_pages",
+                                  validation.describe(value))
+  else:
+    value = validation.array(op, "value", value)
+    Hv = value_pages.shape[3]
+    validation.shape(op, "value", value, (key.shape[0], K, Hv),
+                     of="(num_tokens, num_kv_heads, value_pages' head dim)")
+    if value.dtype != key.dtype:
+      raise validation.type_error(op, "value", f"have key's dtype ({key.dtype})",
+                                  str(value.dtype))
   if key_pages.dtype != _INT8 and key.dtype != key_pages.dtype:
     raise validation.type_error(op, "key", f"have the dtype of key_pages ({key_pages.dtype})",
                                 str(key.dtype))
@@ -426,7 +501,11 @@ def paged_kv_update(key_pages, value_pages, key, value, slot_mapping, *, key_sca
   if not primitive.use_kernel(op, implementation, dtypes):
     return reference.paged_kv_update(key_pages, value_pages, key, value, slot_mapping,
                                      key_scales, value_scales)
-  outs = paged_kv_update_p(key_pages, value_pages, key, value, slot_mapping,
+  in_keys = value_pages is None
+  outs = paged_kv_update_p(key_pages, absent(key_pages.dtype) if in_keys else value_pages, key,
+                           absent(key.dtype) if in_keys else value, slot_mapping,
                            absent(_F32) if key_scales is None else key_scales,
                            absent(_F32) if value_scales is None else value_scales)
+  if in_keys:
+    outs = (outs[0], None, outs[2], None)
   return outs if int8 else outs[:2]

@@ -45,6 +45,8 @@ double dequantize(E x, float scale) {
 }
 
 // Keys of one kv head in pages of page_size rows, the pages in shuffled order.
+// Value rows are v_stride apart (their own head dim), or are the key rows'
+// first features (v == k, v_stride == stride: absorbed MLA).
 template <typename E>
 struct PagedRows {
   using Element = E;
@@ -53,10 +55,10 @@ struct PagedRows {
   const float* k_scale;
   const float* v_scale;
   const int64_t* page_of;  // logical page -> physical page
-  int64_t page_size, stride;
+  int64_t page_size, stride, v_stride;
   int64_t slot(int64_t j) const { return page_of[j / page_size] * page_size + j % page_size; }
   const E* key(int64_t j) const { return k + slot(j) * stride; }
-  const E* value(int64_t j) const { return v + slot(j) * stride; }
+  const E* value(int64_t j) const { return v + slot(j) * v_stride; }
   void key_scales(int64_t j, int64_t n, float* out) const {
     for (int64_t i = 0; i < n; ++i) out[i] = k_scale[slot(j + i)];
   }
@@ -65,6 +67,9 @@ struct PagedRows {
   }
   int64_t uniform_stride(int64_t j, int64_t n) const {
     return j / page_size == (j + n - 1) / page_size ? stride : 0;
+  }
+  int64_t uniform_value_stride(int64_t j, int64_t n) const {
+    return j / page_size == (j + n - 1) / page_size ? v_stride : 0;
   }
   int64_t run_length(int64_t j, int64_t n) const {
     return std::min(n, page_size - j % page_size);
@@ -76,6 +81,9 @@ struct Case {
   float soft_cap;
   int threads;
   int64_t walk = 1;  // DecodeShape::groups_per_walk
+  int64_t Hv = -1;    // the value head dim (-1: H)
+  bool in_keys = false;  // the values are the keys' first Hv features
+  int64_t value_dim() const { return Hv >= 0 ? Hv : H; }
 };
 
 template <typename E>
@@ -86,7 +94,7 @@ struct Groups {
   const std::vector<int64_t>& begin;      // [groups][rows]
   const std::vector<int64_t>& end;
   const std::vector<Source>& sources;     // [groups]
-  std::vector<float>* out;                // [groups][rows][H]
+  std::vector<float>* out;                // [groups][rows][Hv]
   std::vector<float>* lse;                // [groups][rows]
 
   Source setup(int64_t g, float* qf, int64_t ld, int64_t* b, int64_t* e) const {
@@ -100,7 +108,8 @@ struct Groups {
   void store(int64_t g, int64_t i, const float* row, float l) const {
     // (std::copy: with head_dim 0 the rows are empty and data() may be null,
     // which memcpy may not be given.)
-    std::copy(row, row + c.H, out->begin() + (g * c.rows + i) * c.H);
+    const int64_t Hv = c.value_dim();
+    std::copy(row, row + Hv, out->begin() + (g * c.rows + i) * Hv);
     (*lse)[g * c.rows + i] = l;
   }
 };
@@ -122,9 +131,10 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng,
   std::vector<std::vector<float>> ks(c.groups), vs(c.groups);
   std::vector<std::vector<int64_t>> page_of(c.groups);
   std::vector<PagedRows<E>> sources;
+  const int64_t Hv = c.value_dim();
   for (int64_t g = 0; g < c.groups; ++g) {
     k[g].resize(slots * c.H);
-    v[g].resize(slots * c.H);
+    v[g].resize(slots * Hv);
     for (auto& x : k[g]) x = quantize<E>(normal(rng));
     for (auto& x : v[g]) x = quantize<E>(normal(rng));
     ks[g].resize(slots);
@@ -136,8 +146,13 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng,
     std::shuffle(page_of[g].begin(), page_of[g].end(), rng);
   }
   for (int64_t g = 0; g < c.groups; ++g) {
-    sources.push_back({k[g].data(), v[g].data(), ks[g].data(), vs[g].data(), page_of[g].data(),
-                       c.page_size, c.H});
+    if (c.in_keys) {
+      sources.push_back({k[g].data(), k[g].data(), ks[g].data(), ks[g].data(),
+                         page_of[g].data(), c.page_size, c.H, c.H});
+    } else {
+      sources.push_back({k[g].data(), v[g].data(), ks[g].data(), vs[g].data(),
+                         page_of[g].data(), c.page_size, c.H, Hv});
+    }
   }
   // Queries representable in bf16 (the bf16 dot path rounds them).
   std::vector<float> q(c.groups * c.rows * c.H);
@@ -165,8 +180,9 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng,
   shape.soft_cap = c.soft_cap;
   shape.groups_per_walk = c.walk;
   shape.pair_kernels = pair_kernels;
+  shape.value_dim = c.Hv;
 
-  std::vector<float> out(c.groups * c.rows * c.H), lse(c.groups * c.rows);
+  std::vector<float> out(c.groups * c.rows * Hv), lse(c.groups * c.rows);
   std::vector<float> out2 = out, lse2 = lse;
   std::vector<char> workspace(kd::decode_workspace_bytes(c.groups, shape, c.keys, c.threads));
   const Groups<E> groups{c, q, begin, end, sources, &out, &lse};
@@ -194,11 +210,11 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng,
         m = std::max(m, x);
       }
       double sum = 0.0;
-      std::vector<double> o(c.H, 0.0);
+      std::vector<double> o(Hv, 0.0);
       for (int64_t j = begin[r]; j < end[r]; ++j) {
         const double p = std::exp(logit[j - begin[r]] - m);
         sum += p;
-        for (int64_t h = 0; h < c.H; ++h) o[h] += p * dequantize(src.value(j)[h], src.v_scale[src.slot(j)]);
+        for (int64_t h = 0; h < Hv; ++h) o[h] += p * dequantize(src.value(j)[h], src.v_scale[src.slot(j)]);
       }
       const double want_lse = sum > 0 ? m + std::log(sum) : -std::numeric_limits<double>::infinity();
       if (sum == 0) {
@@ -206,19 +222,20 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng,
       } else {
         worst = std::max(worst, std::abs(lse[r] - want_lse));
       }
-      for (int64_t h = 0; h < c.H; ++h) {
+      for (int64_t h = 0; h < Hv; ++h) {
         const double want = sum > 0 ? o[h] / sum : 0.0;
-        worst = std::max(worst, std::abs(out[r * c.H + h] - want));
+        worst = std::max(worst, std::abs(out[r * Hv + h] - want));
       }
     }
   }
   ok = ok && worst <= tol;
-  std::printf("%s %-8s%s groups=%ld rows=%ld keys=%ld H=%ld page=%ld cap=%g threads=%d walk=%ld: "
-              "max err %.2e\n",
+  std::printf("%s %-8s%s groups=%ld rows=%ld keys=%ld H=%ld Hv=%ld%s page=%ld cap=%g threads=%d "
+              "walk=%ld: max err %.2e\n",
               ok ? "ok  " : "FAIL", type, pair_kernels ? "" : " (no pair kernels)",
               static_cast<long>(c.groups), static_cast<long>(c.rows), static_cast<long>(c.keys),
-              static_cast<long>(c.H), static_cast<long>(c.page_size), c.soft_cap, c.threads,
-              static_cast<long>(c.walk), worst);
+              static_cast<long>(c.H), static_cast<long>(Hv), c.in_keys ? " (in keys)" : "",
+              static_cast<long>(c.page_size), c.soft_cap, c.threads, static_cast<long>(c.walk),
+              worst);
   if (!ok) ++failures;
 }
 
@@ -241,7 +258,7 @@ void nan_case(const char* type, bool in_value_scale = false, bool pair_kernels =
   }
   const std::vector<int64_t> page_of = {0, 1, 2, 3, 4, 5, 6};
   const std::vector<PagedRows<E>> sources = {
-      {k.data(), v.data(), k_scale.data(), v_scale.data(), page_of.data(), 16, 32}};
+      {k.data(), v.data(), k_scale.data(), v_scale.data(), page_of.data(), 16, 32, 32}};
   const std::vector<float> q(2 * 32, 0.25f);
   const std::vector<int64_t> begin = {0, 0}, end = {100, 50};
   std::vector<float> out(2 * 32), lse(2);
@@ -297,6 +314,18 @@ int main() {
       {5, 4, 50, 32, 4, 0.0f, 2, 2},
       // head_dim 0 (empty rows: the logits are 0), walked and split.
       {2, 4, 40, 0, 8, 0.0f, 2, 2},
+      // A value head dim of its own (MLA 192/128; wider values than keys;
+      // an odd one) and values that are the keys' first features (absorbed
+      // MLA 576/512, every path: few rows, sliced rows, rows along the
+      // lanes, splits, walks).
+      {2, 4, 300, 192, 16, 0.0f, 2, 2, 128},
+      {2, 16, 100, 192, 16, 0.0f, 2, 1, 128},
+      {2, 3, 77, 32, 8, 0.0f, 2, 1, 64},
+      {1, 2, 50, 48, 5, 0.0f, 1, 1, 17},
+      {2, 4, 300, 576, 16, 0.0f, 2, 2, 512, true},
+      {1, 16, 600, 576, 64, 0.0f, 4, 1, 512, true},
+      {2, 1, 513, 576, 1, 0.0f, 2, 2, 512, true},
+      {1, 20, 100, 96, 16, 0.0f, 2, 1, 80, true},
   };
   for (const Case& c : cases) {
     run_case<float>(c, "float32", 2e-5, rng);

@@ -47,6 +47,7 @@ ffi::Error PagedAttentionFwd(cudaStream_t stream, ffi::AnyBuffer query, ffi::Any
                              ffi::Result<ffi::AnyBuffer> logsumexp,
                              ffi::Result<ffi::AnyBuffer> workspace, float scale,
                              float logits_soft_cap, int64_t window_left,
+                             int64_t value_head_dim,
                              bool /*allow_tf32: the kernel computes in full float32*/) {
   const std::string op = kPagedAttentionFwd.name;
   PagedAttentionParams p;
@@ -54,7 +55,7 @@ ffi::Error PagedAttentionFwd(cudaStream_t stream, ffi::AnyBuffer query, ffi::Any
                                                 kv_lens, query_lens, key_scales, value_scales,
                                                 *out, *logsumexp, *workspace,
                                                 contract::Platform::kCuda, scale,
-                                                logits_soft_cap, window_left, &p));
+                                                logits_soft_cap, window_left, value_head_dim, &p));
   // The kernel's own limit: its tiles hold whole float32 head vectors.
   if (p.head_dim > cuda::kCudaPagedAttentionMaxHeadDim) {
     return invalid(op, "the CUDA kernel supports head_dim <= " +
