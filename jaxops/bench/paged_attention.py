@@ -10,10 +10,20 @@ jax.nn function takes a paged cache) in the same run. Timed and reported as
 jaxops.bench decode's cases (its ``run_bench``, whose bandwidth measures run
 first): the bytes a step must move are the K/V bytes read, pages and scales,
 the figure a decode step is bound by.
+
+``--mla`` adds absorbed MLA decode (DeepSeek-V3's attention in its inference
+form, one shard of tensor parallelism over 8: 16 query heads on one kv head,
+head_dim 576 = a 512-wide latent and 64 rope features): one cache whose key
+rows hold the values in their first 512 features (``value_pages=None``), and,
+for comparison in the same run, the same cache with a second copy of the
+values as value pages (what a cache without the layout must keep). With 16
+heads on one key row, MLA decode does 16 x (576 + 512) x 2 flops per key row
+it reads: it is bound by arithmetic on the CPU, not by the cache's bytes.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import jax.numpy as jnp
@@ -35,16 +45,27 @@ class PagedDecodeCase(DecodeCase):
   head_dim: int
   page_size: int
   dtype: str  # of the pages: float32, bfloat16, float16 or int8 (float32 query)
+  value_head_dim: int = -1  # -1: head_dim
+  values_in_keys: bool = False  # absorbed MLA: no value pages
+
+  @property
+  def value_dim(self) -> int:
+    return self.head_dim if self.value_head_dim < 0 else self.value_head_dim
 
   @property
   def op(self) -> str:
-    return f"paged page={self.page_size}"
+    if self.value_dim == self.head_dim:
+      return f"paged page={self.page_size}"
+    layout = "values in keys" if self.values_in_keys else "value pages"
+    return f"paged MLA {self.head_dim}/{self.value_dim} {layout} page={self.page_size}"
 
   @property
   def cache_bytes(self) -> int:
+    item = jnp.dtype(self.dtype).itemsize
     scale_bytes = 4 if self.dtype == "int8" else 0
-    per_token = self.num_kv_heads * (self.head_dim * jnp.dtype(self.dtype).itemsize + scale_bytes)
-    return 2 * self.batch * self.kv_len * per_token
+    key = self.head_dim * item + scale_bytes
+    value = 0 if self.values_in_keys else self.value_dim * item + scale_bytes
+    return self.batch * self.kv_len * self.num_kv_heads * (key + value)
 
   def build(self):
     B, S, N, K, H, page = (self.batch, self.kv_len, self.num_heads, self.num_kv_heads,
@@ -63,6 +84,19 @@ class PagedDecodeCase(DecodeCase):
       pages = [jnp.asarray(rng.standard_normal(shape), self.dtype) for _ in range(2)]
       extra = {}
     lens = jnp.full((B,), S, jnp.int32)
+    if self.value_dim != H:
+      # MLA: the values are the keys' first value_dim features, in the key
+      # pages themselves or copied into value pages of their own.
+      Hv = self.value_dim
+      if self.values_in_keys:
+        extra.pop("value_scales", None)
+        extra["value_head_dim"] = Hv
+        fns = {"jaxops": lambda q, kp, t, n: jaxops.paged_attention(q, kp, None, t, n, **extra),
+               "xla": lambda q, kp, t, n: reference.paged_attention(q, kp, None, t, n, **extra)}
+        return fns, (q, pages[0], tables, lens)
+      if int8:
+        extra["value_scales"] = extra["key_scales"]
+      pages[1] = pages[0][..., :Hv] + 0
     fns = {"jaxops": lambda q, kp, vp, t, n: jaxops.paged_attention(q, kp, vp, t, n, **extra),
            "xla": lambda q, kp, vp, t, n: reference.paged_attention(q, kp, vp, t, n, **extra)}
     return fns, (q, *pages, tables, lens)
@@ -74,14 +108,20 @@ def paged_cases(dtypes, batches, kv_len=4096, heads=(32, 8), head_dim=128,
           for batch in batches for dtype in dtypes]
 
 
+def mla_cases(dtypes, batches, kv_len=4096) -> list[PagedDecodeCase]:
+  """Absorbed MLA decode, values in keys and (beside it) in value pages."""
+  return [PagedDecodeCase(batch, kv_len, 16, 1, 576, 64, dtype, 512, in_keys)
+          for batch in batches for dtype in dtypes for in_keys in (True, False)]
+
+
 PRESETS = {
     "cpu": {"dtypes": ["float32", "bfloat16", "int8"], "batches": [8, 1], "kv_len": 4096,
-            "runs": 9},
+            "runs": 9, "mla": True},
     "gpu": {"dtypes": ["bfloat16", "float32", "int8"], "batches": [32, 1], "kv_len": 8192,
-            "runs": 3},
+            "runs": 3, "mla": True},
 }
-QUICK = {"cpu": {"dtypes": ["float32"], "batches": [8]},
-         "gpu": {"dtypes": ["bfloat16"], "batches": [32]}}
+QUICK = {"cpu": {"dtypes": ["float32"], "batches": [8], "mla": False},
+         "gpu": {"dtypes": ["bfloat16"], "batches": [32], "mla": False}}
 
 
 def parse(argv):
@@ -92,12 +132,18 @@ def parse(argv):
   parser.add_argument("--heads", default="32/8", help="query heads / kv heads")
   parser.add_argument("--head-dim", type=int, default=128)
   parser.add_argument("--page-size", type=int, default=16)
+  parser.add_argument("--mla", action=argparse.BooleanOptionalAction, default=None,
+                      help="also absorbed MLA decode (576/512, values in keys vs value pages)")
   return options.parse(parser, argv, PRESETS, QUICK)
 
 
 def main(argv=()):
   args = parse(argv)
   heads = tuple(int(s) for s in args.heads.split("/"))
-  run_bench("paged_attention", args, argv, paged_cases(args.dtypes, args.batches, args.kv_len,
-                                                       heads, args.head_dim, args.page_size))
+  cases = paged_cases(args.dtypes, args.batches, args.kv_len, heads, args.head_dim,
+                      args.page_size)
+  if args.mla:
+    cases += mla_cases([d for d in args.dtypes if d != "float32"] or args.dtypes, args.batches,
+                       args.kv_len)
+  run_bench("paged_attention", args, argv, cases)
   return 0
