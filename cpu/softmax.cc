@@ -140,22 +140,31 @@ class SummedRows {
 // do (0 * NaN would be NaN). The backward and the JVP are the same map.
 struct SoftmaxLinearMap {
   static constexpr bool kStageRows = false;
-  static float term(float y, float g) { return y != 0.f ? y * g : 0.f; }
-  static float out(float y, float g, float s) { return y != 0.f ? y * (g - s) : 0.f; }
+  // (Bit selects, as in vector_math: a float select left the products under
+  // a branch that kept these loops scalar off AVX-512.)
+  static float term(float y, float g) { return vector_math::select(y != 0.f, y * g, 0.f); }
+  static float out(float y, float g, float s) {
+    return vector_math::select(y != 0.f, y * (g - s), 0.f);
+  }
 };
 
 struct LogSoftmaxVjp {
   static constexpr bool kStageRows = false;
-  static float term(float y, float g) { return y != kNegInf ? g : 0.f; }  // NaN y counts
+  // (A NaN y counts.)
+  static float term(float y, float g) { return vector_math::select(y != kNegInf, g, 0.f); }
   static float out(float y, float g, float s) {
-    return y != kNegInf ? g - vexp_nonpositive(y) * s : 0.f;
+    return vector_math::select(y != kNegInf, g - vexp_nonpositive(y) * s, 0.f);
   }
 };
 
 struct LogSoftmaxJvp {
   static constexpr bool kStageRows = true;
-  static float term(float y, float g) { return y != kNegInf ? vexp_nonpositive(y) * g : 0.f; }
-  static float out(float y, float g, float s) { return y != kNegInf ? g - s : 0.f; }
+  static float term(float y, float g) {
+    return vector_math::select(y != kNegInf, vexp_nonpositive(y) * g, 0.f);
+  }
+  static float out(float y, float g, float s) {
+    return vector_math::select(y != kNegInf, g - s, 0.f);
+  }
 };
 
 // out = Map(y, g + g_broadcast) row by row: one pass for s over rows that stay

@@ -233,8 +233,9 @@ namespace jaxops::cpu {
 inline float vexp_nonpositive(float x) {
   constexpr float kExpLow = -87.3f;   // exp(kExpLow) is still a normal float
   constexpr float kExpHigh = 88.37f;  // 2^n of the reduction stays below 2^128
-  // std::max/min keep NaN (their first argument); the polynomial carries it on.
-  const float clamped = std::min(std::max(x, kExpLow), kExpHigh);
+  // NaN passes the clamp; the polynomial carries it on. (vector_math::clamp,
+  // not std::min/max, which GCC turned into branches here.)
+  const float clamped = vector_math::clamp(x, kExpLow, kExpHigh);
   // exp = 2^n * exp(r), n = round(x / ln 2) by the 1.5 * 2^23 trick (floorf does
   // not vectorise under -ftrapping-math), ln 2 split so x - n ln 2 is exact.
   constexpr float kRound = 12582912.f;
@@ -248,7 +249,9 @@ inline float vexp_nonpositive(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
   const float result = p * vector_math::bits_to_float((static_cast<int32_t>(n) + 127) << 23);
-  return x < kExpLow ? 0.f : result;
+  // (A bit select: a float one left the polynomial under a branch that
+  // trapping math kept from vectorising off AVX-512; see select.)
+  return vector_math::select(x < kExpLow, 0.f, result);
 }
 
 }  // namespace jaxops::cpu
