@@ -9,6 +9,7 @@ from jaxops._src.ffi_targets import cpu_isa
 from jaxops._src.norms import add_rms_norm, layer_norm, rms_norm
 from jaxops._src.paged_attention import paged_attention, paged_kv_update
 from jaxops._src.patch_embed import patch_embed
+from jaxops._src.ring_attention import ring_attention, zigzag_permute, zigzag_unpermute
 from jaxops._src.rope import rope
 from jaxops._src.routing import moe_aux_loss, topk_router
 from jaxops._src.sampling import sample
@@ -20,6 +21,7 @@ __all__ = [
     "add_rms_norm", "attention", "causal_softmax", "cpu_isa", "cross_entropy", "embedding",
     "export_checks", "geglu", "gelu", "layer_norm", "linear_cross_entropy", "log_softmax",
     "moe_aux_loss", "optim", "paged_attention", "paged_kv_update", "patch_embed", "rms_norm",
-    "rope", "sample", "silu", "softmax", "sparse", "swiglu", "topk_router",
+    "ring_attention", "rope", "sample", "silu", "softmax", "sparse", "swiglu", "topk_router",
+    "zigzag_permute", "zigzag_unpermute",
 ]
 __version__ = "0.1.0"

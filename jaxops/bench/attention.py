@@ -23,6 +23,10 @@ default precision (TF32).
 On the CPU the implementations' runs are interleaved (one run of each in
 turn), so load from other processes on a shared machine weighs on all of them
 alike and the speed-ups stay meaningful when the absolute times do not.
+
+``--context-parallel``: the sequence split over devices instead
+(``python -m jaxops.bench context_parallel``: the ring, the all-gather
+strategy and XLA's partitioning, time and memory per device).
 """
 
 from __future__ import annotations
@@ -99,6 +103,9 @@ def cudnn_applies(dtype_name: str) -> bool:
 
 
 def main(argv=()):
+  if "--context-parallel" in argv:  # the sequence split over devices: its own family
+    from jaxops.bench import context_parallel
+    return context_parallel.main([a for a in argv if a != "--context-parallel"])
   args = parse(argv)
   columns = args.impls or [name for name in _IMPLS
                            if name != "cudnn" or uses_device_timing(platform_of(()))]
