@@ -58,7 +58,11 @@ def read_records(paths) -> list[dict]:
 
 def platform_title(record: dict) -> str:
   if record["platform"] == "cpu":
-    return f"CPU: {record['host']}"
+    # Records before the variant was recorded, and avx512 ones, are the
+    # machine's widest variant; a narrower one forced with JAXOPS_CPU_ISA is a
+    # table of its own.
+    isa = record.get("cpu_isa")
+    return f"CPU: {record['host']}" + (f", {isa} variant" if isa and isa != "avx512" else "")
   return f"GPU: {record['device']}"
 
 

@@ -23,6 +23,7 @@ import subprocess
 
 import jax
 import jaxlib
+import jaxops
 
 from jaxops.bench import ceilings
 from jaxops.bench.timing import Timing, host_line, machine_line
@@ -98,8 +99,11 @@ def _revision() -> str | None:
 def environment() -> dict:
   """Where and when: the fields every record of this process shares."""
   device = jax.devices()[0]
+  # The CPU kernels' variant (avx512, avx2, generic; JAXOPS_CPU_ISA forces one):
+  # each variant's results are a table of their own.
+  isa = {"cpu_isa": jaxops.cpu_isa()} if device.platform == "cpu" else {}
   return {"platform": device.platform, "device": device.device_kind, "host": host_line(),
-          "machine": machine_line(),
+          **isa, "machine": machine_line(),
           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "jaxops_revision": _revision(),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 

@@ -225,6 +225,9 @@ def machine_line() -> str:
   tunables = os.environ.get("GLIBC_TUNABLES", "")
   device = jax.devices()[0]
   on = "" if device.platform == "cpu" else f", device {device.device_kind}"
+  if device.platform == "cpu":
+    import jaxops  # (here: the bench's modules import timing before jaxops is needed)
+    on = f", jaxops {jaxops.cpu_isa()} kernels"
   return (f"{host_line()}, jax {jax.__version__}, backend {jax.default_backend()}{on}, "
           f"GLIBC_TUNABLES={tunables or '(unset)'}")
 
