@@ -53,7 +53,7 @@ template <typename Q>
 __global__ void __launch_bounds__(kv_decode::kThreads)
     attention_decode_merge_kernel(kv_decode::DecodeLaunch L, const float* partial, Q* out,
                                   float* logsumexp) {
-  kv_decode::decode_merge_row(L, partial, out, logsumexp);
+  kv_decode::decode_merge_row<kv_decode::kMaxOut>(L, partial, out, logsumexp);
 }
 
 struct AttentionDecodeKernels {

@@ -9,7 +9,9 @@
 //
 // Each family defines its own __global__ kernels around decode_block and
 // decode_merge_row (so that a profile names the op) and launches them with
-// launch_decode.
+// launch_decode; paged attention also around mla_decode_block (below: a value
+// head dim of its own, values in the key rows, heads up to 576), launched
+// with launch_mla_decode.
 //
 // Work (params/decode_plan.h): a block of four warps owns one group
 // (sequence, kv head), a tile of its T * G rows and one split of its keys;
@@ -19,15 +21,15 @@
 // with its own online-softmax state, merged with the other warps' at the end:
 // no block barrier in the loop.
 //
-// A warp step, with the next step's rows already in registers:
-//   - key and value rows are read with 16-byte loads (__ldg: ld.global.nc.v4;
-//     element loads when a row is not a whole number of 16-byte units),
-//     lanes_per_key lanes per row, at most kMaxUnitsPerLane units of each per
-//     lane: up to 8 KiB of K and V in flight per warp, issued one step ahead;
-//   - the value rows go to the warp's shared memory as they are (converted
-//     when read), the key rows stay in registers: each lane takes the dot
-//     products of its units with every row's float32 query (shared memory,
-//     broadcast), a butterfly over the row's lanes completes them;
+// A warp step, with the next step's rows already in flight:
+//   - key and value rows are copied into the warp's shared memory as they
+//     are (16-byte cp.async; element loads when a row is not a whole number
+//     of 16-byte units), lanes_per_key lanes per row, at most
+//     kMaxUnitsPerLane units of each per lane: up to 8 KiB of K and V in
+//     flight per warp, issued one step ahead;
+//   - each lane takes the dot products of its units of a key row (converted
+//     when read) with every row's float32 query (shared memory, broadcast), a
+//     butterfly over the row's lanes completes them;
 //   - masking (each row's key interval), scale, soft cap, then the online
 //     softmax in log2 units (exp2f), a warp max per row; the probabilities go
 //     to shared memory;
@@ -48,7 +50,7 @@
 //     using Element = float | __half | __nv_bfloat16 | int8_t;
 //     static constexpr bool kScaled;   // int8 rows with per-row scales
 //     const Element* key;              // row i's elements at key + i * head_dim
-//     const Element* value;
+//     const Element* value;            // at value + i * Hv (Hv: the value head dim)
 //     const float* key_scales;         // [rows] when kScaled
 //     const float* value_scales;
 //     // Sequence b's query rows, valid lengths and position of query row 0.
@@ -162,6 +164,84 @@ struct DecodeSharedLayout {
         sizeof(float) * L.rows_per_tile * (kWarps * (L.shape.head_dim + 2) + kWarps + 2);
     const size_t loop_bytes = kWarps * warp_bytes;
     bytes = warps + (loop_bytes > merge_bytes ? loop_bytes : merge_bytes);
+  }
+};
+
+// The MLA kernel's launch (mla_decode_block, below): a value head dim Hv of
+// its own (value rows of their own, or the first Hv features of the key
+// rows), heads up to params::kCudaMlaDecodeMaxHeadDim. Its warps share each
+// step's keys: a step is step_keys = kWarps * 32 / lanes_per_key keys, warp w
+// scores keys [w * 32 / L, (w + 1) * 32 / L) of it for every row of the tile,
+// and then takes O += P V for its part of the tile: column_groups warps along
+// the value's columns (kMlaOut a lane, 128 a warp) times kWarps /
+// column_groups along the rows (warp_rows each).
+constexpr int kMlaOut = 4;
+constexpr int kMlaWarpColumns = kMlaOut * kWarpSize;
+constexpr int kMlaMaxRows = 16;  // params::kMlaDecodeMaxRowsPerTile
+// 16-byte units (or elements) of a key row a lane scores per step, at most.
+constexpr int kMlaMaxUnitsPerLane = 16;
+// A step's keys: at most 32 (4 lanes a key at least), and stages of at most
+// kMlaMaxStageBytes (rows of wide values of their own take fewer keys).
+constexpr int kMlaMinLanesPerKey = 4;
+constexpr int64_t kMlaMaxStageBytes = 40 * 1024;
+// A merge lane's outputs: 16 x 32 lanes = params::kCudaMlaDecodeMaxValueHeadDim.
+constexpr int kMlaMergeOut = 16;
+
+struct MlaLaunch {
+  DecodeShape shape;
+  int value_head_dim;  // Hv (<= head_dim when the values are in the keys)
+  int rows_per_tile, row_tiles, splits, keys_per_split;
+  int lanes_per_key;   // L, a power of two: lanes scoring one key
+  int step_keys;       // kWarps * kWarpSize / L
+  int key_units;       // units of a key row (16 bytes, or elements)
+  int value_units;     // 16-byte units of a value row, or its elements
+  bool value_vectors;  // value rows copied as 16-byte units (else as elements)
+  int q_stride;        // floats per query row in shared memory (lane-interleaved)
+  int key_stride;      // bytes per key row in a stage (a multiple of 16)
+  int value_stride;    // bytes per value row in a stage (0: values in the keys)
+  int column_groups;   // 1, 2 or 4
+  int warp_rows;       // rows of a warp's part of O
+  int warp_rows_pow2;  // warp_rows rounded up to a power of two (<= 16)
+  int warp_rows_pad;   // warp_rows_pow2, at least 4
+  int rows_pad;        // rows_per_tile rounded up to 4
+};
+
+// The width of a launch's partial outputs (the merge's rows).
+__host__ __device__ __forceinline__ int output_head_dim(const DecodeLaunch& L) {
+  return L.shape.head_dim;
+}
+__host__ __device__ __forceinline__ int output_head_dim(const MlaLaunch& L) {
+  return L.value_head_dim;
+}
+
+// The MLA kernel's dynamic shared memory: the float32 query rows, each row's
+// key interval, the step's logits (every row of the tile, written by the
+// warp that scored the key), two stages of key and value rows (and scales)
+// that cp.async fills, and per warp the step's probabilities and rescaling
+// factors of its rows.
+struct MlaSharedLayout {
+  size_t q, lo, hi, logits, stages, stage_bytes, keys, values, key_scales, value_scales, warps,
+      warp_bytes, p, alpha, bytes;
+  __host__ __device__ explicit MlaSharedLayout(const MlaLaunch& L) {
+    const auto align16 = [](size_t n) { return (n + 15) / 16 * 16; };
+    const size_t step = static_cast<size_t>(L.step_keys);
+    q = 0;
+    lo = align16(q + sizeof(float) * L.rows_per_tile * L.q_stride);
+    hi = lo + align16(sizeof(int) * L.rows_per_tile);
+    logits = hi + align16(sizeof(int) * L.rows_per_tile);
+    stages = logits + align16(sizeof(float) * step * L.rows_pad);
+    // Within a stage.
+    keys = 0;
+    values = keys + step * L.key_stride;
+    key_scales = values + step * L.value_stride;
+    value_scales = key_scales + align16(sizeof(float) * step);
+    stage_bytes = value_scales + align16(sizeof(float) * step);
+    warps = stages + 2 * stage_bytes;
+    // Within a warp's buffers.
+    p = 0;
+    alpha = p + align16(sizeof(float) * step * L.warp_rows_pad);
+    warp_bytes = alpha + align16(sizeof(float) * L.warp_rows_pad);
+    bytes = warps + kWarps * warp_bytes;
   }
 };
 
@@ -675,19 +755,382 @@ __device__ __forceinline__ void decode_block(const DecodeLaunch& L, const Rows& 
   }
 }
 
+// The body of the MLA decode kernel (a family's __global__ wrapper calls it):
+// one block of kThreads threads, whose group (b, kv head), row tile and key
+// split come from blockIdx.x, as decode_block's. kValuesInKeys: value row j is
+// the first Hv elements of key row j, read from the key row's copy in shared
+// memory (the row crosses the memory bus once for both products), its scale
+// the key's; otherwise value rows of Hv elements of their own.
+//
+// A step of step_keys keys, its rows already in shared memory (cp.async, one
+// step ahead):
+//   A. each warp scores its keys (lanes_per_key lanes a key, each a share of
+//      the key's units against every row's float32 query, a butterfly over the
+//      key's lanes) and writes the masked, scaled, capped log2 logits of every
+//      row; block barrier;
+//   B. each warp updates the online softmax of its rows (its lanes take a
+//      row's keys in turn, a shuffle max and sum), writes their probabilities
+//      and rescaling factors to its buffers; warps owning the same rows compute
+//      the same states (same logits, same order), so no merge across warps;
+//   C. O += P V over the step's keys for the warp's rows and 128 columns, a
+//      vector read of the value row and broadcast reads of the probabilities.
+// Two block barriers a step: the first (after the stage's wait) also tells
+// every thread that the other stage and the logits are free again.
+template <typename Rows, typename Q, typename Unit, bool kValuesInKeys>
+__device__ __forceinline__ void mla_decode_block(const MlaLaunch& L, const Rows& rows_of,
+                                                 const Q* query, Q* out, float* logsumexp,
+                                                 float* partial) {
+  using Element = typename Rows::Element;
+  using U = Units<Element, Unit>;
+  constexpr int kUnitElements = U::kElements;
+  const DecodeShape& d = L.shape;
+  int block = static_cast<int>(blockIdx.x);
+  const int split = block % L.splits;
+  block /= L.splits;
+  const int tile = block % L.row_tiles;
+  block /= L.row_tiles;
+  const int group = block;
+  const int b = group / d.num_kv_heads, kv_head = group % d.num_kv_heads;
+  const int G = d.num_heads / d.num_kv_heads, H = d.head_dim, Hv = L.value_head_dim;
+  const int row0 = tile * L.rows_per_tile;
+  const int all_rows = d.q_len * G;
+  const int rows = all_rows - row0 < L.rows_per_tile ? all_rows - row0 : L.rows_per_tile;
+  const SequenceMask mask = rows_of.sequence(b);
+
+  const MlaSharedLayout layout(L);
+  unsigned char* shared = dynamic_shared_memory<unsigned char>();
+  float* q_s = reinterpret_cast<float*>(shared + layout.q);
+  int* lo_s = reinterpret_cast<int*>(shared + layout.lo);
+  int* hi_s = reinterpret_cast<int*>(shared + layout.hi);
+  float* logits_s = reinterpret_cast<float*>(shared + layout.logits);
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  unsigned char* warp_buffers = shared + layout.warps + warp * layout.warp_bytes;
+  float* p_s = reinterpret_cast<float*>(warp_buffers + layout.p);
+  float* alpha_s = reinterpret_cast<float*>(warp_buffers + layout.alpha);
+
+  // Query rows as float32 (zero past head_dim). For 16-byte key units of
+  // kUnitElements >= 4 elements they are lane-interleaved, so that the L lanes
+  // of a key reading float4 c of their i-th units (unit i * L + part) read L
+  // consecutive float4, free of bank conflicts, rather than L float4 a unit
+  // apart: that float4 is float4 (i * kUnitElements / 4 + c) * L + part of the
+  // row. Element units read consecutive floats in the row's own order.
+  for (int i = static_cast<int>(threadIdx.x); i < L.rows_per_tile * L.q_stride; i += kThreads) {
+    const int r = i / L.q_stride, at = i % L.q_stride;
+    int h = at;
+    if constexpr (kUnitElements >= 4) {
+      const int within = at % 4;
+      int t = at / 4;
+      const int part = t % L.lanes_per_key;
+      t /= L.lanes_per_key;
+      const int c = t % (kUnitElements / 4), unit_step = t / (kUnitElements / 4);
+      h = (unit_step * L.lanes_per_key + part) * kUnitElements + c * 4 + within;
+    }
+    float x = 0.0f;
+    if (r < rows && h < H) {
+      const int t = (row0 + r) / G, n = kv_head * G + (row0 + r) % G;
+      x = to_float(query[((static_cast<int64_t>(b) * d.q_len + t) * d.num_heads + n) * H + h]);
+    }
+    q_s[i] = x;
+  }
+  for (int r = static_cast<int>(threadIdx.x); r < L.rows_per_tile; r += kThreads) {
+    int lo = 0, hi = 0;
+    if (r < rows) row_keys(d, mask, (row0 + r) / G, &lo, &hi);
+    lo_s[r] = lo;
+    hi_s[r] = hi;
+  }
+  __syncthreads();
+
+  // The keys of this split that some row attends (one interval, as in
+  // decode_block).
+  int begin = d.capacity, end = 0;
+  for (int r = 0; r < rows; ++r) {
+    if (lo_s[r] < hi_s[r]) {
+      begin = lo_s[r] < begin ? lo_s[r] : begin;
+      end = hi_s[r] > end ? hi_s[r] : end;
+    }
+  }
+  const int split_begin = split * L.keys_per_split;
+  if (split_begin > begin) begin = split_begin;
+  if (end - split_begin > L.keys_per_split) end = split_begin + L.keys_per_split;
+
+  // This lane's key of a step (scored and copied by it) and its share.
+  const int keys_per_warp = kWarpSize / L.lanes_per_key;
+  const int slot = warp * keys_per_warp + lane / L.lanes_per_key;
+  const int part = lane % L.lanes_per_key;
+  // This warp's part of O: rows [warp_row0, warp_row0 + warp_rows) of the
+  // tile, columns [column0, column0 + 128) (this lane: kMlaOut from h0).
+  const int column_group = warp % L.column_groups;
+  const int warp_row0 = warp / L.column_groups * L.warp_rows;
+  const int warp_rows = rows - warp_row0 < L.warp_rows ? rows - warp_row0 : L.warp_rows;
+  const int h0 = column_group * kMlaWarpColumns + lane * kMlaOut;
+  const bool has_columns = column_group * kMlaWarpColumns < Hv;
+  // The softmax state of row warp_row0 + state_row, in each of the lanes
+  // state_row + k * warp_rows_pow2 (the same value in each).
+  const int state_row = lane % L.warp_rows_pow2, state_part = lane / L.warp_rows_pow2;
+  const int state_lanes = kWarpSize / L.warp_rows_pow2;
+  float m = -CUDART_INF_F;
+  float l = 0.0f;
+  float o[kMlaMaxRows][kMlaOut];
+#pragma unroll
+  for (int r = 0; r < kMlaMaxRows; ++r) {
+#pragma unroll
+    for (int e = 0; e < kMlaOut; ++e) o[r][e] = 0.0f;
+  }
+
+  // A step's rows go to stage `stage`: this lane copies its units of key
+  // `slot` (and of its value row), zeros for a slot past the keys.
+  const auto issue_step = [&](int stage, int first) {
+    unsigned char* buffers = shared + layout.stages + stage * layout.stage_bytes;
+    const int key = first + slot;
+    const bool valid = key < end;
+    const int64_t row = valid ? rows_of.row(b, kv_head, key) : 0;
+    Unit* k_dst = reinterpret_cast<Unit*>(buffers + layout.keys + slot * L.key_stride);
+    const Unit* k_row = reinterpret_cast<const Unit*>(rows_of.key + row * H);
+    for (int u = part; u < L.key_units; u += L.lanes_per_key) {
+      if (!valid) {
+        k_dst[u] = U::zero();
+      } else if constexpr (sizeof(Unit) == 16) {
+        copy_async<16>(k_dst + u, k_row + u);
+      } else {  // element rows: plain loads (odd head dims, not tuned)
+        k_dst[u] = __ldg(k_row + u);
+      }
+    }
+    if constexpr (!kValuesInKeys) {
+      unsigned char* v_dst = buffers + layout.values + slot * L.value_stride;
+      const Element* v_row = rows_of.value + row * Hv;
+      if (L.value_vectors) {
+        for (int u = part; u < L.value_units; u += L.lanes_per_key) {
+          uint4* v_unit = reinterpret_cast<uint4*>(v_dst) + u;
+          if (valid) {
+            copy_async<16>(v_unit, reinterpret_cast<const uint4*>(v_row) + u);
+          } else {
+            *v_unit = make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+      } else {
+        Element* v_elements = reinterpret_cast<Element*>(v_dst);
+        for (int h = part; h < L.value_units; h += L.lanes_per_key) {
+          v_elements[h] = valid ? __ldg(v_row + h) : zero_element<Element>();
+        }
+      }
+    }
+    if (part == 0) {
+      float* k_scale = reinterpret_cast<float*>(buffers + layout.key_scales) + slot;
+      if (!Rows::kScaled || !valid) {
+        *k_scale = valid ? 1.0f : 0.0f;
+      } else {
+        copy_async<4>(k_scale, rows_of.key_scales + row);
+      }
+      if constexpr (!kValuesInKeys) {
+        float* v_scale = reinterpret_cast<float*>(buffers + layout.value_scales) + slot;
+        if (!Rows::kScaled || !valid) {
+          *v_scale = valid ? 1.0f : 0.0f;
+        } else {
+          copy_async<4>(v_scale, rows_of.value_scales + row);
+        }
+      }
+    }
+    copy_async_commit();
+  };
+
+  int first = begin;
+  if (first < end) issue_step(0, first);
+  for (int stage = 0; first < end; first += L.step_keys, stage ^= 1) {
+    copy_async_wait<0>();
+    __syncthreads();  // the stage has landed; every warp is past the last step
+    if (first + L.step_keys < end) issue_step(stage ^ 1, first + L.step_keys);
+    const unsigned char* buffers = shared + layout.stages + stage * layout.stage_bytes;
+    const float* k_scale_s = reinterpret_cast<const float*>(buffers + layout.key_scales);
+    const float* v_scale_s =
+        reinterpret_cast<const float*>(buffers + (kValuesInKeys ? layout.key_scales
+                                                                : layout.value_scales));
+
+    // A. This lane's units of key `slot` against every row, then across the
+    // key's lanes.
+    {
+      const Unit* k_s = reinterpret_cast<const Unit*>(buffers + layout.keys + slot * L.key_stride);
+      float s[kMlaMaxRows];
+#pragma unroll
+      for (int r = 0; r < kMlaMaxRows; ++r) s[r] = 0.0f;
+      // Float4 c of this lane's i-th unit is at q_lane + (i * kUnitElements / 4 + c) * 4 * L.
+      const float* q_lane = q_s + (kUnitElements >= 4 ? part * 4 : 0);
+      const int q_unit_step = kUnitElements >= 4 ? kUnitElements * L.lanes_per_key : 0;
+#pragma unroll 2
+      for (int u = part, i = 0; u < L.key_units; u += L.lanes_per_key, ++i) {
+        float k[kUnitElements];
+        U::unpack(k_s[u], k);
+#pragma unroll
+        for (int r = 0; r < kMlaMaxRows; ++r) {
+          if (r < rows) {
+            if constexpr (kUnitElements >= 4) {
+              const float* q_unit = q_lane + r * L.q_stride + i * q_unit_step;
+#pragma unroll
+              for (int c = 0; c < kUnitElements / 4; ++c) {
+                const float4 q4 =
+                    *reinterpret_cast<const float4*>(q_unit + c * 4 * L.lanes_per_key);
+                s[r] = fmaf(q4.x, k[4 * c], s[r]);
+                s[r] = fmaf(q4.y, k[4 * c + 1], s[r]);
+                s[r] = fmaf(q4.z, k[4 * c + 2], s[r]);
+                s[r] = fmaf(q4.w, k[4 * c + 3], s[r]);
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < kUnitElements; ++e) {
+                s[r] = fmaf(q_s[r * L.q_stride + u * kUnitElements + e], k[e], s[r]);
+              }
+            }
+          }
+        }
+      }
+      for (int offset = 1; offset < L.lanes_per_key; offset *= 2) {
+#pragma unroll
+        for (int r = 0; r < kMlaMaxRows; ++r) {
+          if (r < rows) s[r] += __shfl_xor_sync(kFullWarp, s[r], offset);
+        }
+      }
+      const int key = first + slot;
+      const float k_scale = k_scale_s[slot];
+#pragma unroll
+      for (int r = 0; r < kMlaMaxRows; ++r) {
+        // The key's lanes share its rows' writes.
+        if (r < rows && (r & (L.lanes_per_key - 1)) == part) {
+          const bool attends = key >= lo_s[r] && key < hi_s[r] && key < end;
+          logits_s[slot * L.rows_pad + r] =
+              attends ? log2_logit(d, Rows::kScaled ? s[r] * k_scale : s[r]) : -CUDART_INF_F;
+        }
+      }
+    }
+    __syncthreads();  // every key's logits are written
+
+    if (warp_rows > 0) {  // (uniform over the warp)
+      // B. The online softmax of this warp's rows: the step's max (fmaxf skips
+      // NaN, which reaches the row through exp2f), probabilities, sum.
+      const bool own = state_row < warp_rows;
+      const float* row_logits = logits_s + warp_row0 + state_row;
+      float step_max = -CUDART_INF_F;
+      for (int j = state_part; j < L.step_keys; j += state_lanes) {
+        step_max = fmaxf(step_max, own ? row_logits[j * L.rows_pad] : -CUDART_INF_F);
+      }
+      for (int offset = L.warp_rows_pow2; offset < kWarpSize; offset *= 2) {
+        step_max = fmaxf(step_max, __shfl_xor_sync(kFullWarp, step_max, offset));
+      }
+      const float m_new = fmaxf(m, step_max);
+      const float shift = m_new == -CUDART_INF_F ? 0.0f : m_new;
+      const float alpha = exp2f(m - shift);
+      m = m_new;
+      float sum = 0.0f;
+      for (int j = state_part; j < L.step_keys; j += state_lanes) {
+        const float p = own ? exp2f(row_logits[j * L.rows_pad] - shift) : 0.0f;
+        p_s[j * L.warp_rows_pad + state_row] = p;
+        sum += p;
+      }
+      for (int offset = L.warp_rows_pow2; offset < kWarpSize; offset *= 2) {
+        sum += __shfl_xor_sync(kFullWarp, sum, offset);
+      }
+      l = l * alpha + sum;
+      if (state_part == 0 && state_row < L.warp_rows_pad) alpha_s[state_row] = alpha;
+      __syncwarp();
+
+      // C. O += P V for this warp's rows and columns.
+      if (has_columns) {
+#pragma unroll
+        for (int r = 0; r < kMlaMaxRows; r += 4) {
+          if (r < warp_rows) {
+            const float4 a4 = *reinterpret_cast<const float4*>(alpha_s + r);
+            const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+            for (int k = 0; k < 4 && r + k < kMlaMaxRows; ++k) {
+#pragma unroll
+              for (int e = 0; e < kMlaOut; ++e) o[r + k][e] *= a[k];
+            }
+          }
+        }
+        const unsigned char* v_rows =
+            buffers + (kValuesInKeys ? layout.keys : layout.values);
+        const int v_stride = kValuesInKeys ? L.key_stride : L.value_stride;
+        for (int j = 0; j < L.step_keys; ++j) {
+          float v[kMlaOut];
+          load_value_share<Element, kMlaOut>(v_rows + j * v_stride, h0, Hv, v);
+          if constexpr (Rows::kScaled) {
+            const float scale = v_scale_s[j];
+#pragma unroll
+            for (int e = 0; e < kMlaOut; ++e) v[e] *= scale;
+          }
+          const float* p_row = p_s + j * L.warp_rows_pad;
+#pragma unroll
+          for (int r = 0; r < kMlaMaxRows; r += 4) {
+            if (r < warp_rows) {
+              const float4 p4 = *reinterpret_cast<const float4*>(p_row + r);
+              const float p[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+              for (int k = 0; k < 4 && r + k < kMlaMaxRows; ++k) {
+#pragma unroll
+                for (int e = 0; e < kMlaOut; ++e) o[r + k][e] = fmaf(p[k], v[e], o[r + k][e]);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // This warp's rows and columns: to the output, or to the split's partial
+  // state; the first column group's warp writes the rows' states.
+  if (warp_rows <= 0) return;
+  const int64_t partial_row0 =
+      ((static_cast<int64_t>(group) * L.row_tiles + tile) * L.splits + split) * L.rows_per_tile;
+  const int64_t partial_rows =
+      static_cast<int64_t>(d.batch) * d.num_kv_heads * L.row_tiles * L.splits * L.rows_per_tile;
+#pragma unroll
+  for (int r = 0; r < kMlaMaxRows; ++r) {
+    if (r < warp_rows) {
+      const float sum = __shfl_sync(kFullWarp, l, r);
+      const int tile_row = warp_row0 + r;
+      const int t = (row0 + tile_row) / G, n = kv_head * G + (row0 + tile_row) % G;
+#pragma unroll
+      for (int e = 0; e < kMlaOut; ++e) {
+        const int h = h0 + e;
+        if (!has_columns || h >= Hv) continue;
+        if (L.splits > 1) {
+          partial[(partial_row0 + tile_row) * Hv + h] = o[r][e];
+        } else {
+          out[((static_cast<int64_t>(b) * d.q_len + t) * d.num_heads + n) * Hv + h] =
+              from_float<Q>(sum != 0.0f ? o[r][e] / sum : 0.0f);  // a NaN sum: a NaN row
+        }
+      }
+    }
+  }
+  if (column_group == 0 && state_part == 0 && state_row < warp_rows) {
+    const int tile_row = warp_row0 + state_row;
+    if (L.splits > 1) {
+      float* state = partial + partial_rows * Hv + 2 * (partial_row0 + tile_row);
+      state[0] = m;
+      state[1] = l;
+    } else if (logsumexp != nullptr) {
+      const int t = (row0 + tile_row) / G, n = kv_head * G + (row0 + tile_row) % G;
+      logsumexp[(static_cast<int64_t>(b) * d.num_heads + n) * d.q_len + t] =
+          l != 0.0f ? (m + log2f(l)) * kLn2 : -CUDART_INF_F;
+    }
+  }
+}
+
 // The body of a merge kernel: combines the splits' partial states of one
 // query row (a block of kThreads threads per row of every group): out =
 // sum_s w_s o_s / sum_s w_s l_s with w_s = exp2(m_s - M), M the largest max.
 // Warp w takes splits w, w + 4, ...; the four are combined in order, so the
-// result does not depend on timing.
-template <typename Q>
-__device__ __forceinline__ void decode_merge_row(const DecodeLaunch& L, const float* partial,
-                                                 Q* out, float* logsumexp) {
+// result does not depend on timing. A lane holds kOut of the row's outputs
+// (kMaxOut: up to 256 for the decode kernel, kMlaMergeOut: 512 for the MLA
+// kernel's; Launch is either kernel's launch, whose output_head_dim is the
+// partial rows' width).
+template <int kOut, typename Launch, typename Q>
+__device__ __forceinline__ void decode_merge_row(const Launch& L, const float* partial, Q* out,
+                                                 float* logsumexp) {
   const DecodeShape& d = L.shape;
   __shared__ float warp_max[kWarps];
   __shared__ float warp_sum[kWarps];
-  __shared__ float warp_out[kWarps][kMaxOut * kWarpSize];
-  const int G = d.num_heads / d.num_kv_heads, H = d.head_dim;
+  __shared__ float warp_out[kWarps][kOut * kWarpSize];
+  const int G = d.num_heads / d.num_kv_heads, H = output_head_dim(L);
   const int all_rows = d.q_len * G;
   const int group = static_cast<int>(blockIdx.x) / all_rows;
   const int row = static_cast<int>(blockIdx.x) % all_rows;
@@ -711,22 +1154,22 @@ __device__ __forceinline__ void decode_merge_row(const DecodeLaunch& L, const fl
   max = warp_max[0];
   for (int w = 1; w < kWarps; ++w) max = fmaxf(max, warp_max[w]);
 
-  float acc[kMaxOut];
+  float acc[kOut];
 #pragma unroll
-  for (int i = 0; i < kMaxOut; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kOut; ++i) acc[i] = 0.0f;
   float sum = 0.0f;
   for (int s = warp; s < L.splits; s += kWarps) {
     const int64_t at = first + static_cast<int64_t>(s) * L.rows_per_tile;
     const float weight = state_weight(state[2 * at], max);
     sum += weight * state[2 * at + 1];
 #pragma unroll
-    for (int i = 0; i < kMaxOut; ++i) {
+    for (int i = 0; i < kOut; ++i) {
       const int h = lane + i * kWarpSize;
       if (h < H) acc[i] += weight * partial[at * H + h];
     }
   }
 #pragma unroll
-  for (int i = 0; i < kMaxOut; ++i) warp_out[warp][lane + i * kWarpSize] = acc[i];
+  for (int i = 0; i < kOut; ++i) warp_out[warp][lane + i * kWarpSize] = acc[i];
   if (lane == 0) warp_sum[warp] = sum;
   __syncthreads();
   if (warp != 0) return;
@@ -735,7 +1178,7 @@ __device__ __forceinline__ void decode_merge_row(const DecodeLaunch& L, const fl
   const int t = row / G, n = kv_head * G + row % G;
   Q* out_row = out + ((static_cast<int64_t>(b) * d.q_len + t) * d.num_heads + n) * H;
 #pragma unroll
-  for (int i = 0; i < kMaxOut; ++i) {
+  for (int i = 0; i < kOut; ++i) {
     const int h = lane + i * kWarpSize;
     if (h < H) {
       float total = 0.0f;
@@ -828,6 +1271,118 @@ cudaError_t launch_decode(cudaStream_t stream, const DecodeShape& shape, const D
                     stream, L, rows, query, out, logsumexp, partial)
               : launch_decode_kernels<Kernels, Rows, Q, Element, 4, 16>(
                     stream, L, rows, query, out, logsumexp, partial);
+}
+
+// The MLA kernel's layout for key rows of `key_units` units of
+// `key_unit_bytes` bytes (16-byte units of key_unit_elements elements, or
+// elements) and value rows of value_head_dim elements of `element_bytes`
+// (copied as 16-byte units when value_vectors; none of their own when the
+// values are in the keys): the fewest lanes a key (4 at least) that score it
+// in kMlaMaxUnitsPerLane units each, more where a step's rows would pass
+// kMlaMaxStageBytes.
+inline MlaLaunch mla_launch(const DecodeShape& shape, int value_head_dim, const DecodePlan& plan,
+                            int64_t key_units, int64_t key_unit_bytes, int64_t key_unit_elements,
+                            bool values_in_keys, bool value_vectors, int64_t element_bytes) {
+  const auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
+  MlaLaunch L;
+  L.shape = shape;
+  L.value_head_dim = value_head_dim;
+  L.rows_per_tile = static_cast<int>(plan.rows_per_tile);
+  L.row_tiles = static_cast<int>(plan.row_tiles);
+  L.splits = static_cast<int>(plan.splits);
+  L.keys_per_split = static_cast<int>(plan.keys_per_split);
+  // A 16-byte pad per row spreads the rows' 16-byte accesses over the banks.
+  L.key_units = static_cast<int>(key_units);
+  L.key_stride = static_cast<int>(round_up(key_units * key_unit_bytes, 16) + 16);
+  const int64_t value_bytes = value_head_dim * element_bytes;
+  L.value_vectors = !values_in_keys && value_vectors;
+  L.value_units = static_cast<int>(L.value_vectors ? value_bytes / 16 : value_head_dim);
+  L.value_stride = values_in_keys ? 0 : static_cast<int>(round_up(value_bytes, 16) + 16);
+  int lanes = kMlaMinLanesPerKey;
+  while (lanes < kWarpSize && (key_units + lanes - 1) / lanes > kMlaMaxUnitsPerLane) lanes *= 2;
+  const int64_t row_bytes = L.key_stride + L.value_stride;
+  while (lanes < kWarpSize && int64_t{kWarps} * kWarpSize / lanes * row_bytes > kMlaMaxStageBytes) {
+    lanes *= 2;
+  }
+  L.lanes_per_key = lanes;
+  L.step_keys = kWarps * kWarpSize / lanes;
+  const int64_t units_per_lane = (key_units + lanes - 1) / lanes;
+  // Interleaved 16-byte units (kv_decode's mla_decode_block) fill whole
+  // rounds of the L lanes; element units only need float4 rows.
+  L.q_stride = static_cast<int>(key_unit_elements >= 4
+                                    ? units_per_lane * lanes * key_unit_elements
+                                    : round_up(units_per_lane * lanes * key_unit_elements, 4));
+  const int64_t column_chunks = (value_head_dim + kMlaWarpColumns - 1) / kMlaWarpColumns;
+  L.column_groups = column_chunks <= 1 ? 1 : (column_chunks <= 2 ? 2 : kWarps);
+  L.warp_rows = static_cast<int>((plan.rows_per_tile * L.column_groups + kWarps - 1) / kWarps);
+  int pow2 = 1;
+  while (pow2 < L.warp_rows) pow2 *= 2;
+  L.warp_rows_pow2 = pow2;
+  L.warp_rows_pad = pow2 > 4 ? pow2 : 4;
+  L.rows_pad = static_cast<int>(round_up(plan.rows_per_tile, 4));
+  return L;
+}
+
+// A family's MLA kernels: Kernels::mla<Rows, Q, Unit, kValuesInKeys>() and
+// Kernels::mla_merge<Q>() are its __global__ wrappers of mla_decode_block and
+// decode_merge_row<kMlaMergeOut>.
+template <typename Kernels, typename Rows, typename Q, typename Unit, bool kValuesInKeys>
+cudaError_t launch_mla_kernels(cudaStream_t stream, const MlaLaunch& L, const Rows& rows,
+                               const Q* query, Q* out, float* logsumexp, float* partial) {
+  const int64_t groups = static_cast<int64_t>(L.shape.batch) * L.shape.num_kv_heads;
+  const int64_t blocks = groups * L.row_tiles * L.splits;
+  const size_t shared = MlaSharedLayout(L).bytes;
+  cudaError_t status = launch_kernel_dynamic_shared(
+      Kernels::template mla<Rows, Q, Unit, kValuesInKeys>(), dim3(static_cast<unsigned>(blocks)),
+      dim3(kThreads), shared, stream, L, rows, query, out, logsumexp, partial);
+  if (status != cudaSuccess || L.splits == 1) return status;
+  const int64_t merged = groups * L.shape.q_len * (L.shape.num_heads / L.shape.num_kv_heads);
+  return launch_kernel(Kernels::template mla_merge<Q>(), dim3(static_cast<unsigned>(merged)),
+                       dim3(kThreads), stream, L, static_cast<const float*>(partial), out,
+                       logsumexp);
+}
+
+// Runs the decode of `shape` with value rows of `value_head_dim` elements
+// (the first value_head_dim of each key row when kValuesInKeys; rows.value is
+// then not read) and `plan` (its splits need `workspace`, of
+// params::decode_workspace_bytes(groups, value_head_dim, plan) bytes) on the
+// family's MLA kernels. Key rows of 16-byte multiples whose pointer is
+// 16-byte aligned take 16-byte units, others elements; value rows alike.
+template <typename Kernels, typename Rows, typename Q, bool kValuesInKeys>
+cudaError_t launch_mla_decode(cudaStream_t stream, const DecodeShape& shape, int value_head_dim,
+                              const DecodePlan& plan, const Rows& rows, const Q* query, Q* out,
+                              float* logsumexp, void* workspace) {
+  using Element = typename Rows::Element;
+  if (shape.head_dim > params::kCudaMlaDecodeMaxHeadDim || value_head_dim < 0 ||
+      value_head_dim > params::kCudaMlaDecodeMaxValueHeadDim ||
+      (kValuesInKeys && value_head_dim > shape.head_dim) || shape.num_kv_heads <= 0 ||
+      plan.rows_per_tile > params::kMlaDecodeMaxRowsPerTile) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t groups = static_cast<int64_t>(shape.batch) * shape.num_kv_heads;
+  const int64_t blocks = groups * plan.row_tiles * plan.splits;
+  if (blocks == 0) return cudaSuccess;
+  if (plan.splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
+  const int64_t merged = groups * shape.q_len * (shape.num_heads / shape.num_kv_heads);
+  if (blocks >= kMaxBlocks || merged >= kMaxBlocks) return cudaErrorInvalidValue;
+  float* partial = static_cast<float*>(workspace);
+  constexpr int64_t kElementBytes = sizeof(Element);
+  const int64_t key_bytes = shape.head_dim * kElementBytes;
+  const bool key_vectors =
+      key_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(rows.key) % 16 == 0;
+  const bool value_vectors = !kValuesInKeys && (value_head_dim * kElementBytes) % 16 == 0 &&
+                             reinterpret_cast<uintptr_t>(rows.value) % 16 == 0;
+  if (key_vectors) {
+    const MlaLaunch L = mla_launch(shape, value_head_dim, plan, key_bytes / 16, 16,
+                                   16 / kElementBytes, kValuesInKeys, value_vectors,
+                                   kElementBytes);
+    return launch_mla_kernels<Kernels, Rows, Q, uint4, kValuesInKeys>(stream, L, rows, query,
+                                                                      out, logsumexp, partial);
+  }
+  const MlaLaunch L = mla_launch(shape, value_head_dim, plan, shape.head_dim, kElementBytes, 1,
+                                 kValuesInKeys, value_vectors, kElementBytes);
+  return launch_mla_kernels<Kernels, Rows, Q, Element, kValuesInKeys>(stream, L, rows, query,
+                                                                      out, logsumexp, partial);
 }
 
 }  // namespace jaxops::cuda::kv_decode

@@ -9,11 +9,16 @@
 // read where its block table puts it, through params/paged_attention.h's
 // clamping, with no gathered copy; int8 rows are dequantised in registers.
 // Chunked prefill takes one tile per 16 rows, each reading the keys its rows
-// see: correct, not tuned.
+// see: correct, not tuned. A value head dim of its own (MLA's 192/128), values
+// in the key rows (absorbed MLA: 576/512, one cache read once for both
+// products) and heads above 256 take the MLA kernel of kv_decode.cuh, whose
+// warps split a tile's output columns rather than its keys
+// (params/paged_attention_plan.h says which).
 //
 // The update writes one token's rows per warp (unless a later token names the
 // same slot: the last one wins): a copy for float pages, the symmetric per-row
-// int8 quantization (a warp max) for int8 pages.
+// int8 quantization (a warp max) for int8 pages; only the key row where the
+// values are in the keys.
 #include "cuda/paged_attention.h"
 
 #include <cstdint>
@@ -43,7 +48,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Key j of kv head kh of sequence b is in page block_tables[b, j / page_size]
 // (clamped to the pool) at offset j % page_size: row (page * page_size +
-// offset) * K + kh of the pages [P, page_size, K, H].
+// offset) * K + kh of the key pages [P, page_size, K, H] and of the value
+// pages [P, page_size, K, Hv].
 template <typename KV>
 struct PagedRows {
   using Element = KV;
@@ -81,7 +87,24 @@ template <typename Q>
 __global__ void __launch_bounds__(kv_decode::kThreads)
     paged_attention_merge_kernel(kv_decode::DecodeLaunch L, const float* partial, Q* out,
                                  float* logsumexp) {
-  kv_decode::decode_merge_row(L, partial, out, logsumexp);
+  kv_decode::decode_merge_row<kv_decode::kMaxOut>(L, partial, out, logsumexp);
+}
+
+// MLA layouts: a value head dim of its own, values in the key rows, heads
+// wider than the decode kernel's.
+template <typename Rows, typename Q, typename Unit, bool kValuesInKeys>
+__global__ void __launch_bounds__(kv_decode::kThreads, kv_decode::kMinBlocksPerSm)
+    paged_attention_mla_kernel(kv_decode::MlaLaunch L, Rows rows, const Q* query, Q* out,
+                               float* logsumexp, float* partial) {
+  kv_decode::mla_decode_block<Rows, Q, Unit, kValuesInKeys>(L, rows, query, out, logsumexp,
+                                                            partial);
+}
+
+template <typename Q>
+__global__ void __launch_bounds__(kv_decode::kThreads)
+    paged_attention_mla_merge_kernel(kv_decode::MlaLaunch L, const float* partial, Q* out,
+                                     float* logsumexp) {
+  kv_decode::decode_merge_row<kv_decode::kMlaMergeOut>(L, partial, out, logsumexp);
 }
 
 struct PagedAttentionKernels {
@@ -92,6 +115,14 @@ struct PagedAttentionKernels {
   template <typename Q>
   static auto merge() {
     return paged_attention_merge_kernel<Q>;
+  }
+  template <typename Rows, typename Q, typename Unit, bool kValuesInKeys>
+  static auto mla() {
+    return paged_attention_mla_kernel<Rows, Q, Unit, kValuesInKeys>;
+  }
+  template <typename Q>
+  static auto mla_merge() {
+    return paged_attention_mla_merge_kernel<Q>;
   }
 };
 
@@ -153,11 +184,13 @@ __device__ __forceinline__ bool overwritten_later(const PagedKvUpdateParams& p,
   return false;
 }
 
+// value_dim: the value rows' head dim, 0 when there are none to write (the
+// values are in the key rows).
 template <typename In, typename KV>
 __global__ void __launch_bounds__(kThreads)
-    paged_kv_update_kernel(PagedKvUpdateParams p, const In* key, const In* value,
-                           const int32_t* slot_mapping, KV* key_pages, KV* value_pages,
-                           float* key_scales, float* value_scales) {
+    paged_kv_update_kernel(PagedKvUpdateParams p, int64_t value_dim, const In* key,
+                           const In* value, const int32_t* slot_mapping, KV* key_pages,
+                           KV* value_pages, float* key_scales, float* value_scales) {
   // A warp per token, for all its kv heads; a warp leaves as a whole (its
   // shuffles and votes).
   const int64_t token = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
@@ -171,8 +204,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t to = static_cast<int64_t>(slot) * p.num_kv_heads + kv_head;
     write_page_row(key + row * p.head_dim, key_pages + to * p.head_dim,
                    key_scales != nullptr ? key_scales + to : nullptr, lane, p.head_dim);
-    write_page_row(value + row * p.head_dim, value_pages + to * p.head_dim,
-                   value_scales != nullptr ? value_scales + to : nullptr, lane, p.head_dim);
+    if (value_dim > 0) {
+      write_page_row(value + row * value_dim, value_pages + to * value_dim,
+                     value_scales != nullptr ? value_scales + to : nullptr, lane, value_dim);
+    }
   }
 }
 
@@ -186,12 +221,17 @@ cudaError_t launch_paged_attention(cudaStream_t stream, const PagedAttentionPara
                                    const PagedAttentionPlan& plan, const Q* query,
                                    const KV* key_pages, const KV* value_pages, Q* out,
                                    float* logsumexp, void* workspace) {
+  const int64_t value_dim = params::paged_value_head_dim(p);
   if (params::paged_attention_params_error(p) != nullptr ||
-      p.head_dim > kCudaPagedAttentionMaxHeadDim) {
+      p.head_dim > kCudaPagedAttentionMaxHeadDim ||
+      value_dim > kCudaPagedAttentionMaxValueHeadDim) {
     return cudaErrorInvalidValue;
   }
   if (p.batch * p.num_heads * p.q_len == 0) return cudaSuccess;
-  if (kQuantized<KV> != (p.key_scales != nullptr)) return cudaErrorInvalidValue;
+  if (kQuantized<KV> != (p.key_scales != nullptr) ||
+      (kQuantized<KV> && !p.values_in_keys && p.value_scales == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   kv_decode::DecodeShape shape;
   shape.batch = static_cast<int>(p.batch);
   shape.q_len = static_cast<int>(p.q_len);
@@ -203,7 +243,24 @@ cudaError_t launch_paged_attention(cudaStream_t stream, const PagedAttentionPara
   shape.soft_cap = p.logits_soft_cap;
   shape.causal = true;  // against the cache: row t sees the keys up to its position
   shape.window_left = p.window_left;
-  const PagedRows<KV> rows{key_pages, value_pages, p.key_scales, p.value_scales, p};
+  if (params::paged_attention_takes_mla_kernel(p)) {
+    const int hv = static_cast<int>(value_dim);
+    if (p.values_in_keys) {
+      const PagedRows<KV> rows{key_pages, key_pages, p.key_scales, p.key_scales, p};
+      return kv_decode::launch_mla_decode<PagedAttentionKernels, PagedRows<KV>, Q, true>(
+          stream, shape, hv, plan, rows, query, out, logsumexp, workspace);
+    }
+    const PagedRows<KV> rows{key_pages, value_pages, p.key_scales, p.value_scales, p};
+    return kv_decode::launch_mla_decode<PagedAttentionKernels, PagedRows<KV>, Q, false>(
+        stream, shape, hv, plan, rows, query, out, logsumexp, workspace);
+  }
+  // Value rows as wide as the key rows: when they are the key rows
+  // themselves (values in keys, Hv = H), the key pages serve as value pages.
+  const PagedRows<KV> rows = p.values_in_keys
+                                 ? PagedRows<KV>{key_pages, key_pages, p.key_scales,
+                                                 p.key_scales, p}
+                                 : PagedRows<KV>{key_pages, value_pages, p.key_scales,
+                                                 p.value_scales, p};
   return kv_decode::launch_decode<PagedAttentionKernels>(stream, shape, plan, rows, query, out,
                                                         logsumexp, workspace);
 }
@@ -225,17 +282,19 @@ cudaError_t launch_paged_kv_update(cudaStream_t stream, const PagedKvUpdateParam
                                    float* value_scales) {
   if (params::paged_kv_update_params_error(p) != nullptr) return cudaErrorInvalidValue;
   // Nothing to write, or no slot to write to.
-  if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_dim == 0 ||
+  const int64_t value_dim = p.values_in_keys ? 0 : params::paged_value_head_dim(p);
+  if (p.num_tokens == 0 || p.num_kv_heads == 0 || (p.head_dim == 0 && value_dim == 0) ||
       p.num_pages * p.page_size == 0) {
     return cudaSuccess;
   }
-  if (kQuantized<KV> != (key_scales != nullptr && value_scales != nullptr)) {
+  if (kQuantized<KV> != (key_scales != nullptr) ||
+      (!p.values_in_keys && kQuantized<KV> != (value_scales != nullptr))) {
     return cudaErrorInvalidValue;
   }
   const int64_t blocks = ceil_div(p.num_tokens * kWarpSize, kThreads);
   if (blocks >= kMaxBlocks) return cudaErrorInvalidValue;
   return launch_kernel(paged_kv_update_kernel<In, KV>, dim3(static_cast<unsigned>(blocks)),
-                       dim3(kThreads), stream, p, key, value, slot_mapping, key_pages,
+                       dim3(kThreads), stream, p, value_dim, key, value, slot_mapping, key_pages,
                        value_pages, key_scales, value_scales);
 }
 

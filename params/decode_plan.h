@@ -12,7 +12,8 @@
 // ranges of keys_per_split keys (split-K, FlashDecoding): enough blocks that a
 // batch-1 call keeps every SM busy. With several splits each block writes its
 // rows' unnormalised output and softmax state to the workspace
-//   partial_out   [groups, row_tiles, splits, rows_per_tile, head_dim]
+//   partial_out   [groups, row_tiles, splits, rows_per_tile, Hv] (Hv: the
+//                 value and output head dim)
 //   partial_state [groups, row_tiles, splits, rows_per_tile, 2] (max in log2
 //                 units, sum)
 // (the second after the first) and a second kernel merges them by their
@@ -39,6 +40,16 @@ constexpr int64_t kDecodeKeyAlign = 32;
 constexpr int64_t kDecodeMaxSplits = 128;
 constexpr int64_t kDecodeTargetBlocks = 4 * 132;
 
+// The MLA decode kernel (cuda/kv_decode.cuh's mla_decode_block), which the
+// paged attention takes for a value head dim of its own, values read from the
+// key rows (absorbed MLA) and heads wider than kCudaDecodeMaxHeadDim: its
+// four warps split a tile's output columns (128 each) and rows instead of
+// its keys, so a tile keeps kMlaDecodeMaxRowsPerTile rows at every width.
+// The key rows are scored in pieces of at most 16 16-byte units a lane.
+constexpr int64_t kCudaMlaDecodeMaxHeadDim = 576;       // DeepSeek's latent + rope part
+constexpr int64_t kCudaMlaDecodeMaxValueHeadDim = 512;  // 4 warps x 128 columns
+constexpr int64_t kMlaDecodeMaxRowsPerTile = 16;
+
 struct DecodePlan {
   int64_t rows_per_tile = 0;
   int64_t row_tiles = 0;
@@ -51,13 +62,12 @@ inline int64_t decode_max_rows_per_tile(int64_t head_dim) {
 }
 
 // The plan for groups of `rows` rows over `capacity` keys with (up to)
-// `splits` key splits.
-inline DecodePlan decode_plan_with_splits(int64_t rows, int64_t capacity, int64_t head_dim,
-                                          int64_t splits) {
+// `splits` key splits, in tiles of at most `most_rows` rows.
+inline DecodePlan tiled_decode_plan_with_splits(int64_t rows, int64_t capacity,
+                                                int64_t most_rows, int64_t splits) {
   const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   DecodePlan plan;
-  const int64_t most = decode_max_rows_per_tile(head_dim);
-  plan.row_tiles = ceil_div(rows, most);
+  plan.row_tiles = ceil_div(rows, most_rows);
   plan.rows_per_tile = plan.row_tiles > 0 ? ceil_div(rows, plan.row_tiles) : 0;
   if (splits < 1) splits = 1;
   plan.keys_per_split =
@@ -68,23 +78,46 @@ inline DecodePlan decode_plan_with_splits(int64_t rows, int64_t capacity, int64_
 }
 
 // The plan of `groups` groups that the launchers take when they are handed a
-// workspace.
-inline DecodePlan decode_plan(int64_t groups, int64_t rows, int64_t capacity,
-                              int64_t head_dim) {
+// workspace: enough splits for about kDecodeTargetBlocks blocks.
+inline DecodePlan tiled_decode_plan(int64_t groups, int64_t rows, int64_t capacity,
+                                    int64_t most_rows) {
   const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  const DecodePlan unsplit = decode_plan_with_splits(rows, capacity, head_dim, 1);
+  const DecodePlan unsplit = tiled_decode_plan_with_splits(rows, capacity, most_rows, 1);
   const int64_t blocks = groups * unsplit.row_tiles;
   int64_t splits = ceil_div(capacity, kDecodeMinKeysPerSplit);
   if (splits > kDecodeMaxSplits) splits = kDecodeMaxSplits;
   const int64_t wanted = blocks > 0 ? ceil_div(kDecodeTargetBlocks, blocks) : 1;
   if (splits > wanted) splits = wanted;
-  return decode_plan_with_splits(rows, capacity, head_dim, splits);
+  return tiled_decode_plan_with_splits(rows, capacity, most_rows, splits);
 }
 
-// Bytes of the workspace of `plan` (0 without splits).
-inline int64_t decode_workspace_bytes(int64_t groups, int64_t head_dim, const DecodePlan& plan) {
+// The decode kernel's plans (decode_block: tiles of decode_max_rows_per_tile).
+inline DecodePlan decode_plan_with_splits(int64_t rows, int64_t capacity, int64_t head_dim,
+                                          int64_t splits) {
+  return tiled_decode_plan_with_splits(rows, capacity, decode_max_rows_per_tile(head_dim),
+                                       splits);
+}
+
+inline DecodePlan decode_plan(int64_t groups, int64_t rows, int64_t capacity,
+                              int64_t head_dim) {
+  return tiled_decode_plan(groups, rows, capacity, decode_max_rows_per_tile(head_dim));
+}
+
+// The MLA kernel's plans (mla_decode_block: tiles of kMlaDecodeMaxRowsPerTile).
+inline DecodePlan mla_decode_plan_with_splits(int64_t rows, int64_t capacity, int64_t splits) {
+  return tiled_decode_plan_with_splits(rows, capacity, kMlaDecodeMaxRowsPerTile, splits);
+}
+
+inline DecodePlan mla_decode_plan(int64_t groups, int64_t rows, int64_t capacity) {
+  return tiled_decode_plan(groups, rows, capacity, kMlaDecodeMaxRowsPerTile);
+}
+
+// Bytes of the workspace of `plan` (0 without splits): partial outputs of
+// `value_head_dim` floats a row, and the (max, sum) states.
+inline int64_t decode_workspace_bytes(int64_t groups, int64_t value_head_dim,
+                                      const DecodePlan& plan) {
   if (plan.splits <= 1) return 0;
-  return groups * plan.row_tiles * plan.splits * plan.rows_per_tile * (head_dim + 2) *
+  return groups * plan.row_tiles * plan.splits * plan.rows_per_tile * (value_head_dim + 2) *
          static_cast<int64_t>(sizeof(float));
 }
 

@@ -164,9 +164,9 @@ F32 = np.float32
 _Q, _PAGES = np.ones((2, 1, 4, 8), F32), np.ones((3, 4, 2, 8), F32)
 _TABLES, _LENS = np.zeros((2, 2), np.int32), np.ones((2,), np.int32)
 _ATTRS = {"scale": F32(1), "logits_soft_cap": F32(0), "window_left": np.int64(-1),
-          "allow_tf32": np.bool_(False)}
+          "value_head_dim": np.int64(8), "allow_tf32": np.bool_(False)}
 _NONE = np.zeros((0,), np.int32), np.zeros((0,), F32), np.zeros((0,), F32)
-_WIDE = 264  # above the CUDA kernel's head-dim limit, which the CPU kernel does not have
+_WIDE = 584  # above the CUDA kernels' head-dim limit (576), which the CPU kernel does not have
 _EMPTY = ((0,), np.uint8)  # the workspace of a plan without key splits
 # Decode of one sequence over 512 keys: two splits of 2 rows x (8 + 2) floats per kv head.
 _LONG_TABLES, _SPLIT_BYTES = np.zeros((1, 32), np.int32), 1 * 2 * 2 * 2 * (8 + 2) * 4
@@ -177,9 +177,11 @@ _LONG_PAGES = np.ones((3, 16, 2, 8), F32)
     ("jaxops_paged_attention_fwd",
      [np.ones((2, 1, 4, _WIDE), F32), np.ones((3, 4, 2, _WIDE), F32),
       np.ones((3, 4, 2, _WIDE), F32), _TABLES, _LENS, *_NONE],
-     [((2, 1, 4, _WIDE), F32), ((2, 4, 1), F32), _EMPTY], _ATTRS, "head_dim <= 256"),
+     [((2, 1, 4, _WIDE), F32), ((2, 4, 1), F32), _EMPTY],
+     dict(_ATTRS, value_head_dim=np.int64(_WIDE)), "head_dim <= 576"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES, _PAGES[:, :2], _TABLES, _LENS, *_NONE],
-     [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _EMPTY], _ATTRS, "value_pages has shape"),
+     [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _EMPTY], _ATTRS,
+     r"value_pages must be \[3, 4, 2, value_head_dim\]"),
     ("jaxops_paged_attention_fwd", [_Q, _PAGES.astype(np.int8), _PAGES.astype(np.int8),
                                     _TABLES, _LENS, *_NONE],
      [((2, 1, 4, 8), F32), ((2, 4, 1), F32), _EMPTY], _ATTRS,

@@ -15,19 +15,26 @@
 //     quantization rule bit for bit (scales included, rows with NaN and
 //     infinities as the reference quantizes them),
 //     every other slot untouched;
-//   - params the launchers reject (head dim above the limit, int8 pages
-//     without scales) return cudaErrorInvalidValue without launching.
+//   - value pages of a head dim Hv of their own, and no value pages at all
+//     (the values are the first Hv features of the key rows, scaled by the
+//     key scales: absorbed MLA), for attention (the MLA kernel) and update
+//     (keys only);
+//   - params the launchers reject (head dim above the limit, a value head dim
+//     above its limit, int8 pages without scales) return
+//     cudaErrorInvalidValue without launching.
 // Built under AddressSanitizer and ThreadSanitizer by
 // tests/test_cuda_harness_paged_attention_sanitizers.py: each buffer is its
 // own exact-size allocation, so a read past any page, table or tile is caught.
 //
-// usage: paged_attention_driver BxTxNxKxHxPSxM[w][s] ...   (page size PS, M
-// pages per sequence; w: window_left 3; s: logits soft cap 5)
+// usage: paged_attention_driver BxTxNxKxHxPSxM[w][s][vHV][k] ...   (page size
+// PS, M pages per sequence; w: window_left 3; s: logits soft cap 5; vHV: value
+// head dim HV; k: the values in the key rows)
 // exit status 0 when all agree
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -45,7 +52,16 @@ namespace params = jaxops::params;
 struct Shape {
   int64_t B, T, N, K, H, page_size, M;
   bool window, soft_cap;
+  int64_t Hv;     // the value head dim
+  bool in_keys;   // the values are the first Hv features of the key rows
 };
+
+std::string shape_name(const Shape& s) {
+  return std::to_string(s.B) + "x" + std::to_string(s.T) + "x" + std::to_string(s.N) + "x" +
+         std::to_string(s.K) + "x" + std::to_string(s.H) + "x" + std::to_string(s.page_size) +
+         "x" + std::to_string(s.M) + (s.window ? "w" : "") + (s.soft_cap ? "s" : "") +
+         (s.Hv != s.H ? "v" + std::to_string(s.Hv) : "") + (s.in_keys ? "k" : "");
+}
 
 template <typename KV>
 const char* page_type_name() {
@@ -105,26 +121,23 @@ struct Problem {
         page_elements(cache.num_pages * s.page_size * s.K * s.H),
         query(s.B * s.T * s.N * s.H),
         key_pages(page_elements),
-        value_pages(page_elements),
+        value_pages(s.in_keys ? 0 : cache.num_pages * s.page_size * s.K * s.Hv),
         key_scales(kQuantized ? cache.num_pages * s.page_size * s.K : 0),
-        value_scales(key_scales.size) {
+        value_scales(s.in_keys ? 0 : key_scales.size) {
     fill(query, rng);
     fill(key_pages, rng);
     fill(value_pages, rng);
     std::uniform_real_distribution<float> scale(0.002f, 0.02f);
-    for (size_t i = 0; i < key_scales.size; ++i) {
-      key_scales.data[i] = scale(rng);
-      value_scales.data[i] = scale(rng);
-    }
-    name = std::string(type_name<Q>()) + "/" + page_type_name<KV>() + " " + std::to_string(s.B) +
-           "x" + std::to_string(s.T) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K) +
-           "x" + std::to_string(s.H) + "x" + std::to_string(s.page_size) + "x" +
-           std::to_string(s.M) + (s.window ? "w" : "") + (s.soft_cap ? "s" : "");
+    for (size_t i = 0; i < key_scales.size; ++i) key_scales.data[i] = scale(rng);
+    for (size_t i = 0; i < value_scales.size; ++i) value_scales.data[i] = scale(rng);
+    name = std::string(type_name<Q>()) + "/" + page_type_name<KV>() + " " + shape_name(s);
     p.batch = s.B;
     p.q_len = s.T;
     p.num_heads = s.N;
     p.num_kv_heads = s.K;
     p.head_dim = s.H;
+    p.value_head_dim = s.Hv;
+    p.values_in_keys = s.in_keys;
     p.num_pages = cache.num_pages;
     p.page_size = s.page_size;
     p.max_pages_per_seq = s.M;
@@ -135,22 +148,23 @@ struct Problem {
     p.kv_lens = cache.kv_lens.data;
     p.query_lens = s.T > 1 ? cache.query_lens.data : nullptr;
     p.key_scales = kQuantized ? key_scales.data : nullptr;
-    p.value_scales = kQuantized ? value_scales.data : nullptr;
+    p.value_scales = kQuantized && !s.in_keys ? value_scales.data : nullptr;
     reference();
   }
 
   static constexpr bool kQuantized = std::is_same<KV, int8_t>::value;
 
-  // Element h of token j's row of kv head k in sequence b, dequantized.
-  double page_value(const Buffer<KV>& pages, const Buffer<float>& scales, int64_t b, int64_t j,
-                    int64_t k, int64_t h) const {
+  // Element h of token j's row (of `width` elements) of kv head k in
+  // sequence b, dequantized.
+  double page_value(const Buffer<KV>& pages, const Buffer<float>& scales, int64_t width,
+                    int64_t b, int64_t j, int64_t k, int64_t h) const {
     const int64_t row = (params::paged_page_id(p, b, j) * s.page_size + j % s.page_size) * s.K + k;
     const double scale = kQuantized ? scales.data[row] : 1.0;
-    return value_of(pages.data[row * s.H + h]) * scale;
+    return value_of(pages.data[row * width + h]) * scale;
   }
 
   void reference() {
-    out_r.assign(s.B * s.T * s.N * s.H, 0.0);
+    out_r.assign(s.B * s.T * s.N * s.Hv, 0.0);
     lse_r.assign(s.B * s.N * s.T, -INFINITY);
     const int64_t group = s.N / s.K;
     for (int64_t b = 0; b < s.B; ++b) {
@@ -164,18 +178,19 @@ struct Problem {
             double dot = 0.0;
             for (int64_t h = 0; h < s.H; ++h) {
               dot += value_of(query.data[((b * s.T + t) * s.N + n) * s.H + h]) *
-                     page_value(key_pages, key_scales, b, j, n / group, h);
+                     page_value(key_pages, key_scales, s.H, b, j, n / group, h);
             }
             double x = dot * p.scale;
             if (s.soft_cap) x = p.logits_soft_cap * std::tanh(x / p.logits_soft_cap);
             logit[j] = x;
           }
           lse_r[(b * s.N + n) * s.T + t] = attend_row(
-              logit, s.H,
+              logit, s.Hv,
               [&](int64_t j, int64_t h) {
-                return page_value(value_pages, value_scales, b, j, n / group, h);
+                return s.in_keys ? page_value(key_pages, key_scales, s.H, b, j, n / group, h)
+                                 : page_value(value_pages, value_scales, s.Hv, b, j, n / group, h);
               },
-              &out_r[((b * s.T + t) * s.N + n) * s.H]);
+              &out_r[((b * s.T + t) * s.N + n) * s.Hv]);
         }
       }
     }
@@ -185,7 +200,7 @@ struct Problem {
   // workspace), checked against the reference.
   void run(const std::string& how, const cuda::PagedAttentionPlan* plan, bool with_workspace,
            bool with_lse) {
-    Buffer<Q> out(query.size);
+    Buffer<Q> out(s.B * s.T * s.N * s.Hv);
     Buffer<float> lse(s.B * s.N * s.T);
     for (size_t i = 0; i < lse.size; ++i) lse.data[i] = NAN;
     const size_t bytes = plan != nullptr ? cuda::paged_attention_workspace_bytes(p, *plan)
@@ -233,26 +248,34 @@ void run_update(const Shape& s, const Cache& cache, std::mt19937& rng) {
   constexpr bool kQuantized = std::is_same<KV, int8_t>::value;
   const std::string name = std::string("kv_update ") + type_name<In>() + "/" +
                            page_type_name<KV>() + " " + std::to_string(s.K) + "x" +
-                           std::to_string(s.H) + "x" + std::to_string(s.page_size);
+                           std::to_string(s.H) + "x" + std::to_string(s.page_size) +
+                           (s.Hv != s.H ? "v" + std::to_string(s.Hv) : "") +
+                           (s.in_keys ? "k" : "");
   params::PagedKvUpdateParams p;
   p.num_tokens = 2 * s.B + 5;
   p.num_kv_heads = s.K;
   p.head_dim = s.H;
+  p.value_head_dim = s.Hv;
+  p.values_in_keys = s.in_keys;
   p.num_pages = cache.num_pages;
   p.page_size = s.page_size;
-  const int64_t slots = p.num_pages * p.page_size, row = s.K * s.H;
-  Buffer<In> key(p.num_tokens * row), value(p.num_tokens * row);
+  // No value rows (nor pages) where the values are in the keys.
+  const int64_t Hv = s.in_keys ? 0 : s.Hv;
+  const int64_t slots = p.num_pages * p.page_size, row = s.K * s.H, value_row = s.K * Hv;
+  Buffer<In> key(p.num_tokens * row), value(p.num_tokens * value_row);
   fill(key, rng);
   fill(value, rng);
   for (int64_t h = 0; h < s.H; ++h) key.data[3 * row + h] = In(0.0f);  // all zero: scale 0
   // Non-finite rows (int8 pages: a NaN scale and zeros; an inf scale and zeros).
   const int64_t special = p.num_tokens - 3;
   key.data[special * row + s.H - 1] = In(NAN);
-  value.data[special * row] = In(INFINITY);
-  value.data[special * row + s.H - 1] = In(-INFINITY);
   key.data[(special + 1) * row + (s.K - 1) * s.H] = In(-INFINITY);
-  value.data[(special + 1) * row + (s.K - 1) * s.H] = In(NAN);
-  value.data[(special + 1) * row + s.K * s.H - 1] = In(INFINITY);
+  if (Hv > 0) {
+    value.data[special * value_row] = In(INFINITY);
+    value.data[special * value_row + Hv - 1] = In(-INFINITY);
+    value.data[(special + 1) * value_row + (s.K - 1) * Hv] = In(NAN);
+    value.data[(special + 1) * value_row + s.K * Hv - 1] = In(INFINITY);
+  }
   Buffer<int32_t> slot_mapping(p.num_tokens);
   std::vector<int32_t> order(slots);
   for (int64_t i = 0; i < slots; ++i) order[i] = static_cast<int32_t>(i);
@@ -264,54 +287,60 @@ void run_update(const Shape& s, const Cache& cache, std::mt19937& rng) {
   slot_mapping.data[1] = -1;
   slot_mapping.data[2] = static_cast<int32_t>(slots);
   slot_mapping.data[p.num_tokens - 1] = -7;
-  const int64_t elements = slots * row;
-  Buffer<KV> key_pages(elements), value_pages(elements);
+  const int64_t elements = slots * row, value_elements = slots * value_row;
+  Buffer<KV> key_pages(elements), value_pages(value_elements);
   fill(key_pages, rng);
   fill(value_pages, rng);
-  Buffer<float> key_scales(kQuantized ? slots * s.K : 0), value_scales(key_scales.size);
-  for (size_t i = 0; i < key_scales.size; ++i) key_scales.data[i] = value_scales.data[i] = -1.f;
+  Buffer<float> key_scales(kQuantized ? slots * s.K : 0),
+      value_scales(kQuantized && !s.in_keys ? slots * s.K : 0);
+  for (size_t i = 0; i < key_scales.size; ++i) key_scales.data[i] = -1.f;
+  for (size_t i = 0; i < value_scales.size; ++i) value_scales.data[i] = -1.f;
   std::vector<KV> key_expected(key_pages.data, key_pages.data + elements);
-  std::vector<KV> value_expected(value_pages.data, value_pages.data + elements);
+  std::vector<KV> value_expected(value_pages.data, value_pages.data + value_elements);
   std::vector<float> key_scales_expected(key_scales.data, key_scales.data + key_scales.size);
-  std::vector<float> value_scales_expected = key_scales_expected;
-  auto write = [&](const In* src, KV* dst, float* scale) {
+  std::vector<float> value_scales_expected(value_scales.data,
+                                           value_scales.data + value_scales.size);
+  auto write = [&](const In* src, KV* dst, float* scale, int64_t width) {
     if constexpr (kQuantized) {
       // jaxops.reference.quantize_int8_rows: NaN propagates into max|x|; a NaN
       // quotient (inf / inf) converts to 0.
       float amax = 0.0f;
-      for (int64_t h = 0; h < s.H; ++h) {
+      for (int64_t h = 0; h < width; ++h) {
         const float a = std::fabs(static_cast<float>(src[h]));
         if (a > amax || std::isnan(a)) amax = a;
       }
       *scale = amax / 127.0f;
-      for (int64_t h = 0; h < s.H; ++h) {
+      for (int64_t h = 0; h < width; ++h) {
         const float q = *scale > 0.0f ? std::nearbyint(static_cast<float>(src[h]) / *scale) : 0.0f;
         dst[h] = std::isnan(q) ? 0 : static_cast<int8_t>(std::min(std::max(q, -127.0f), 127.0f));
       }
     } else {
       (void)scale;
-      std::copy(src, src + s.H, dst);
+      std::copy(src, src + width, dst);
     }
   };
   for (int64_t i = 0; i < p.num_tokens; ++i) {
     const int64_t slot = slot_mapping.data[i];
     if (slot < 0 || slot >= slots) continue;
     for (int64_t k = 0; k < s.K; ++k) {
-      const int64_t from = (i * s.K + k) * s.H, to = slot * s.K + k;
-      write(key.data + from, key_expected.data() + to * s.H,
-            kQuantized ? &key_scales_expected[to] : nullptr);
-      write(value.data + from, value_expected.data() + to * s.H,
-            kQuantized ? &value_scales_expected[to] : nullptr);
+      const int64_t to = slot * s.K + k;
+      write(key.data + (i * s.K + k) * s.H, key_expected.data() + to * s.H,
+            kQuantized ? &key_scales_expected[to] : nullptr, s.H);
+      if (Hv > 0) {
+        write(value.data + (i * s.K + k) * Hv, value_expected.data() + to * Hv,
+              kQuantized ? &value_scales_expected[to] : nullptr, Hv);
+      }
     }
   }
   const cudaError_t status = cuda::launch_paged_kv_update<In, KV>(
-      nullptr, p, key.data, value.data, slot_mapping.data, key_pages.data, value_pages.data,
-      kQuantized ? key_scales.data : nullptr, kQuantized ? value_scales.data : nullptr);
+      nullptr, p, key.data, s.in_keys ? nullptr : value.data, slot_mapping.data, key_pages.data,
+      s.in_keys ? nullptr : value_pages.data, kQuantized ? key_scales.data : nullptr,
+      kQuantized && !s.in_keys ? value_scales.data : nullptr);
   check(status, name);
   if (status != cudaSuccess) return;
   const bool same =
       std::memcmp(key_pages.data, key_expected.data(), elements * sizeof(KV)) == 0 &&
-      std::memcmp(value_pages.data, value_expected.data(), elements * sizeof(KV)) == 0 &&
+      std::memcmp(value_pages.data, value_expected.data(), value_elements * sizeof(KV)) == 0 &&
       std::memcmp(key_scales.data, key_scales_expected.data(), key_scales.size * sizeof(float)) ==
           0 &&
       std::memcmp(value_scales.data, value_scales_expected.data(),
@@ -339,6 +368,17 @@ void run_rejections(const Shape& s, const Cache& cache, std::mt19937& rng) {
     std::fprintf(stderr, "FAIL head dim %lld accepted\n", static_cast<long long>(p.head_dim));
     ++g_failures;
   }
+  p = problem.p;
+  p.value_head_dim = cuda::kCudaPagedAttentionMaxValueHeadDim + 1;
+  p.values_in_keys = false;
+  const cudaError_t wide = cuda::launch_paged_attention<float, float>(
+      nullptr, p, problem.query.data, problem.key_pages.data, problem.key_pages.data, nullptr,
+      nullptr, nullptr);
+  if (wide != cudaErrorInvalidValue) {
+    std::fprintf(stderr, "FAIL value head dim %lld accepted\n",
+                 static_cast<long long>(p.value_head_dim));
+    ++g_failures;
+  }
   const int8_t* no_pages = nullptr;
   if (cuda::launch_paged_attention<float, int8_t>(nullptr, problem.p, problem.query.data, no_pages,
                                                   no_pages, nullptr, nullptr, nullptr) !=
@@ -350,13 +390,17 @@ void run_rejections(const Shape& s, const Cache& cache, std::mt19937& rng) {
 
 bool parse(const std::string& text, Shape* s) {
   long long v[7];
-  char flags[3] = {0, 0, 0};
-  const int n = std::sscanf(text.c_str(), "%lldx%lldx%lldx%lldx%lldx%lldx%lld%2s", &v[0], &v[1],
+  char flags[17] = {0};
+  const int n = std::sscanf(text.c_str(), "%lldx%lldx%lldx%lldx%lldx%lldx%lld%16s", &v[0], &v[1],
                             &v[2], &v[3], &v[4], &v[5], &v[6], flags);
   if (n < 7 || v[3] <= 0 || v[2] % v[3] != 0 || v[0] <= 0 || v[5] <= 0 || v[6] <= 0) return false;
   const std::string f(flags);
+  const size_t at = f.find('v');
+  const long long hv = at == std::string::npos ? v[4] : std::atoll(f.c_str() + at + 1);
+  const bool in_keys = f.find('k') != std::string::npos;
+  if (hv < 0 || (in_keys && hv > v[4])) return false;
   *s = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], f.find('w') != std::string::npos,
-        f.find('s') != std::string::npos};
+        f.find('s') != std::string::npos, hv, in_keys};
   return true;
 }
 

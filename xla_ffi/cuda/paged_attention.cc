@@ -10,6 +10,9 @@
 // state there and a second kernel merges them; otherwise it is [0] and one
 // kernel runs a block per row tile, kv head and sequence. The plan depends on
 // shapes only, so the workspace is what the handler recomputes and checks.
+// Value pages may have a head dim of their own, or be absent (values in the
+// key rows: absorbed MLA); the plan then takes the MLA kernel
+// (params/paged_attention_plan.h), its partial outputs value_head_dim wide.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -56,11 +59,17 @@ ffi::Error PagedAttentionFwd(cudaStream_t stream, ffi::AnyBuffer query, ffi::Any
                                                 *out, *logsumexp, *workspace,
                                                 contract::Platform::kCuda, scale,
                                                 logits_soft_cap, window_left, value_head_dim, &p));
-  // The kernel's own limit: its tiles hold whole float32 head vectors.
+  // The kernels' own limits: their tiles hold whole float32 query rows, and
+  // the MLA kernel's four warps 128 output columns each.
   if (p.head_dim > cuda::kCudaPagedAttentionMaxHeadDim) {
     return invalid(op, "the CUDA kernel supports head_dim <= " +
                            str(cuda::kCudaPagedAttentionMaxHeadDim) + ", got " +
                            str(p.head_dim));
+  }
+  if (params::paged_value_head_dim(p) > cuda::kCudaPagedAttentionMaxValueHeadDim) {
+    return invalid(op, "the CUDA kernel supports value_head_dim <= " +
+                           str(cuda::kCudaPagedAttentionMaxValueHeadDim) + ", got " +
+                           str(params::paged_value_head_dim(p)));
   }
   return dispatch(op, query.element_type(), key_pages.element_type(), [&](auto q_tag, auto kv_tag) {
     using Q = decltype(q_tag);
@@ -68,10 +77,13 @@ ffi::Error PagedAttentionFwd(cudaStream_t stream, ffi::AnyBuffer query, ffi::Any
     // The plan the contract sized the workspace by (checked in decode): it
     // splits exactly when the workspace is not empty.
     const cuda::PagedAttentionPlan plan = cuda::paged_attention_plan(p);
+    // Values in the keys: no value pages (a [0] placeholder); the key pages
+    // hold them.
+    const KV* values = p.values_in_keys ? data<const KV>(key_pages) : data<const KV>(value_pages);
     return launch_status(op, cuda::launch_paged_attention<Q, KV>(
                                  stream, p, plan, data<const Q>(query), data<const KV>(key_pages),
-                                 data<const KV>(value_pages), data<Q>(*out),
-                                 data<float>(*logsumexp), data_or_null<void>(*workspace)));
+                                 values, data<Q>(*out), data<float>(*logsumexp),
+                                 data_or_null<void>(*workspace)));
   });
 }
 
