@@ -1,7 +1,10 @@
 """The Flax attention wrappers against Flax's own attention, argument by
 argument: ``jaxops.flax.{linen,nnx}.dot_product_attention`` as the
 ``attention_fn`` of Flax's modules (sown weights, mixed precision, dropout) and
-the jaxops modules against Flax's (parameter trees, outputs, caches)."""
+the jaxops modules against Flax's (parameter trees, outputs, caches); with
+``context_parallel_axis``, the modules inside ``jax.shard_map`` on 4 host
+devices (ring attention, RoPE and the causal mask on global positions) against
+the same module on the whole sequence."""
 
 import functools
 import warnings
@@ -11,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
+from support import meshes
 from support.flax_twins import (assert_same_dtypes_and_close, assert_same_tree, linen_twins,
                                 nnx_twins, perturbed)
 
@@ -285,3 +290,86 @@ def test_flax_paths_fold_segment_ids_and_refuse_the_rest():
   capped = jlinen.MultiHeadDotProductAttention(num_heads=2, logits_soft_cap=2.0)
   with pytest.raises(ValueError, match="logits_soft_cap runs on jaxops.attention only"):
     capped.apply(params, _x, sow_weights=True, mutable=["intermediates"])
+
+
+# -- context parallelism: the modules inside jax.shard_map, on ring attention ---------------
+
+_CP_AXIS, _CP_DEVICES = "seq", 4
+
+
+def _context_parallel(module_call, x, layout, collective=None):
+  """``module_call(x_block)`` inside a shard_map over 4 devices, x's sequence
+  split over "seq" in ``layout``; the output back in natural order. With
+  ``collective``, the compiled program must hold it (the ring's
+  collective-permute, the all-gather strategy's all-gather)."""
+  mesh = meshes.make_mesh((_CP_DEVICES,), (_CP_AXIS,))
+  if layout == "zigzag":
+    x = jaxops.zigzag_permute(x, _CP_DEVICES, axis=1)
+  program = jax.jit(jax.shard_map(module_call, mesh=mesh, in_specs=P(None, _CP_AXIS),
+                                  out_specs=P(None, _CP_AXIS)))
+  if collective is not None:
+    assert collective in program.lower(x).compile().as_text()
+  out = program(x)
+  return jaxops.zigzag_unpermute(out, _CP_DEVICES, axis=1) if layout == "zigzag" else out
+
+
+_CP_KWARGS = dict(num_heads=4, qkv_features=16, num_kv_heads=2, is_causal=True,
+                  rope=lambda x, positions: jaxops.rope(x, positions))
+
+
+@pytest.mark.parametrize("layout,strategy", [("contiguous", "ring"), ("zigzag", "ring"),
+                                             ("zigzag", "all_gather")])
+def test_linen_context_parallel_matches_the_whole_sequence(layout, strategy):
+  """RoPE, the causal mask and query_offset on global positions: the module on
+  each device's block equals it on the whole sequence, and so do the
+  parameters' gradients."""
+  x, = random_inputs(11, [(2, 32, 8)])
+  whole = jlinen.MultiHeadDotProductAttention(**_CP_KWARGS)
+  ring = jlinen.MultiHeadDotProductAttention(
+      **_CP_KWARGS, context_parallel_axis=_CP_AXIS, context_parallel_layout=layout,
+      context_parallel_strategy=strategy)
+  params = whole.init(jax.random.key(0), x)
+  loss = lambda out: jnp.sum(jnp.sin(out))
+  expected = whole.apply(params, x, query_offset=3)
+  grads = jax.grad(lambda p: loss(whole.apply(p, x, query_offset=3)))(params)
+
+  def run(p):
+    return _context_parallel(lambda block: ring.apply(p, block, query_offset=3), x, layout)
+
+  collective = "collective-permute" if strategy == "ring" else "all-gather"
+  out = _context_parallel(lambda block: ring.apply(params, block, query_offset=3), x, layout,
+                          collective)
+  assert_tree_close(out, expected, atol=2e-5, rtol=2e-5)
+  assert_tree_close(jax.grad(lambda p: loss(run(p)))(params), grads, atol=1e-4, rtol=1e-4)
+
+
+def test_nnx_context_parallel_matches_the_whole_sequence():
+  x, = random_inputs(12, [(2, 32, 8)])
+  kwargs = dict(num_heads=4, in_features=8, qkv_features=16, is_causal=True,
+                rope=lambda x, positions: jaxops.rope(x, positions), decode=False)
+  whole = jnnx.MultiHeadAttention(**kwargs, rngs=nnx.Rngs(0))
+  ring = jnnx.MultiHeadAttention(**kwargs, context_parallel_axis=_CP_AXIS,
+                                 context_parallel_layout="zigzag", rngs=nnx.Rngs(0))
+  assert ring.context_parallel == dict(axis_name=_CP_AXIS, layout="zigzag", strategy="ring")
+  assert_tree_close(_context_parallel(ring, x, "zigzag"), whole(x), atol=2e-5, rtol=2e-5)
+
+
+def test_context_parallel_refuses_what_has_no_ring():
+  x, = random_inputs(13, [(1, 8, 8)])
+  ring = jlinen.MultiHeadDotProductAttention(num_heads=2, context_parallel_axis=_CP_AXIS)
+  params = jlinen.MultiHeadDotProductAttention(num_heads=2).init(jax.random.key(0), x)
+  cache = (jnp.zeros((1, 8, 2, 4)), jnp.zeros((1, 8, 2, 4)))
+  with pytest.raises(ValueError, match="context_parallel_axis must be None with kv_cache"):
+    ring.apply(params, x, kv_cache=cache, query_offset=0)
+  with pytest.raises(ValueError, match="context_parallel_axis must be None with sow_weights"):
+    ring.apply(params, x, sow_weights=True, mutable=["intermediates"])
+  bad = jlinen.MultiHeadDotProductAttention(num_heads=2, context_parallel_axis=_CP_AXIS,
+                                            context_parallel_layout="striped")
+  with pytest.raises(ValueError, match="context_parallel_layout must be one of"):
+    bad.apply(params, x)
+  with pytest.raises(ValueError, match="context_parallel_strategy must be one of"):
+    jnnx.MultiHeadAttention(num_heads=2, in_features=8, context_parallel_axis=_CP_AXIS,
+                            context_parallel_strategy="tree", rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match="context_parallel_axis must be None, a mesh axis name"):
+    jnnx.MultiHeadAttention(num_heads=2, in_features=8, context_parallel_axis=3,
+                            rngs=nnx.Rngs(0))

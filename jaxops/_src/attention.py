@@ -66,7 +66,8 @@ def _fwd_abstract_eval(q, k, v, *operands, **params):
 
 def _fwd_reference(q, k, v, bias, mask, q_lengths, kv_lengths, q_segments, kv_segments,
                    query_offset, *, scale, is_causal, window_left, window_right,
-                   logits_soft_cap, allow_tf32):
+                   logits_soft_cap, allow_tf32, context_parallel=None):
+  del context_parallel  # how a sharded sequence partitions (ring_attention.partitioned)
   return reference.attention_with_logsumexp(
       q, k, v, _optional(bias), _optional(mask), scale=scale, is_causal=is_causal,
       query_seq_lengths=_optional(q_lengths), key_value_seq_lengths=_optional(kv_lengths),
@@ -209,7 +210,7 @@ def _bwd_batch_rule(prim, args, dims, *, with_dbias, **params):
 # -- sharding: batch and heads shard; sequences and head_dim stay whole ----------------
 
 
-def _sharding(extra_operands, results):
+def _sharding(extra_operands, results, ring):
   """Batch- and head-sharded attention runs locally on each shard.
 
   ``extra_operands``: the layouts of the operands after query_offset;
@@ -221,10 +222,18 @@ def _sharding(extra_operands, results):
   broadcast along B or N keeps that axis whole, and its gradient (the sum of
   the broadcast copies) is summed over the shards. The query and key sequence
   axes and head_dim stay whole: the kernel needs every key of a query row.
+
+  With the ``context_parallel`` parameter (``attention(...,
+  context_parallel="ring")``), the query and key sequences are one factor,
+  ``seq``, which may shard: each shard then runs ``ring`` (``"forward"``,
+  ``"forward_jvp"`` or ``"backward"``) of jaxops.ring_attention over its mesh
+  axes instead of the kernel (``ring_attention.partitioned``).
   """
 
   def factors(avals_in, avals_out, **params):
     q, k = avals_in[0], avals_in[1]
+    option = params.get("context_parallel")
+    seq = None if option is None else "seq"
     B, _, N, _ = q.shape
     K = k.shape[2]
     if N == K or K == 1:
@@ -237,24 +246,29 @@ def _sharding(extra_operands, results):
       if is_absent(aval):
         return (None,)
       if layout == "q":
-        return ("batch", None, heads, None)
+        return ("batch", seq, heads, None)
       if layout == "kv":
-        return ("batch", None, kv_heads, None)
+        return ("batch", seq, kv_heads, None)
       if layout == "bnts":  # bias, mask and dbias: [B or 1, N or 1, T, S]
         return ("batch" if aval.shape[0] == B else None,
-                heads if aval.shape[1] == N else None, None, None)
+                heads if aval.shape[1] == N else None,
+                seq if aval.shape[2] == q.shape[1] else None, None)
       if layout == "bnt":  # log-sum-exp
-        return ("batch", heads, None)
+        return ("batch", heads, seq)
       if layout == "b":  # sequence lengths
         return ("batch",)
-      if layout == "bt":  # segment ids: [B, T] or [B, S]; the sequence stays whole
-        return ("batch", None)
+      if layout == "bt":  # segment ids: [B, T] or [B, S]; the sequence whole unless "seq"
+        return ("batch", seq)
       return (None,) * aval.ndim  # query_offset
 
     operands = ["q", "kv", "kv", "bnts", "bnts", "b", "b", "bt", "bt", "scalar",
                 *extra_operands]
+    partitioned = None
+    if option is not None:
+      from jaxops._src import ring_attention  # it is built on this module
+      partitioned = ring_attention.partitioned(ring, params)
     return Factors([dims(a, l) for a, l in zip(avals_in, operands)],
-                   [dims(a, l) for a, l in zip(avals_out, results)], sizes)
+                   [dims(a, l) for a, l in zip(avals_out, results)], sizes, partitioned)
 
   return factors
 
@@ -262,13 +276,15 @@ def _sharding(extra_operands, results):
 attention_fwd_p = FfiPrimitive(
     name="jaxops_attention_fwd", target="jaxops_attention_fwd",
     abstract_eval=_fwd_abstract_eval, reference=_fwd_reference,
-    batch_rule=_fwd_batch_rule, sharding=_sharding([], ["q", "bnt"]))
+    batch_rule=_fwd_batch_rule, sharding=_sharding([], ["q", "bnt"], "forward"),
+    reference_params=("context_parallel",))
 
 attention_fwd_jvp_p = FfiPrimitive(
     name="jaxops_attention_fwd_jvp", target="jaxops_attention_fwd_jvp",
     abstract_eval=_fwd_jvp_abstract_eval, reference=_fwd_jvp_reference,
     batch_rule=_fwd_batch_rule,
-    sharding=_sharding(["q", "kv", "kv", "bnts"], ["q", "bnt", "q", "bnt"]))
+    sharding=_sharding(["q", "kv", "kv", "bnts"], ["q", "bnt", "q", "bnt"], "forward_jvp"),
+    reference_params=("context_parallel",))
 
 attention_jvp_p = FfiPrimitive(
     name="jaxops_attention_jvp", target=None,
@@ -282,7 +298,8 @@ attention_bwd_p = FfiPrimitive(
     name="jaxops_attention_bwd", target="jaxops_attention_bwd",
     abstract_eval=_bwd_abstract_eval, reference=_bwd_reference,
     batch_rule=_bwd_batch_rule,
-    sharding=_sharding(["q", "bnt", "q", "bnt"], ["q", "kv", "kv", "bnts"]))
+    sharding=_sharding(["q", "bnt", "q", "bnt"], ["q", "kv", "kv", "bnts"], "backward"),
+    reference_params=("context_parallel",))
 
 
 def _transpose(cotangents, saved, wanted, **params):
@@ -311,7 +328,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
               query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
               return_residual=False, query_offset=0, logits_soft_cap=None,
               query_segment_ids=None, key_value_segment_ids=None, sinks=None, precision=None,
-              implementation=None):
+              implementation=None, context_parallel=None, context_parallel_layout="contiguous"):
   """Scaled dot-product attention, a drop-in for ``jax.nn.dot_product_attention``.
 
   ``softmax(scale * query @ key^T + bias, masked) @ value`` per head, computed
@@ -390,6 +407,25 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       reference), "ffi" (the kernel, or an error) or "xla" (the reference).
       The CPU and CUDA kernels take every argument (CUDA: head dims up to
       256; beyond, None runs the reference and "ffi" raises).
+    context_parallel: None (the default) or ``"ring"``: how a sequence axis
+      sharded under ``jax.jit`` (a NamedSharding splitting T and S over mesh
+      axes) is partitioned. None: as for every op, the kernel needs the
+      sequence whole and XLA all-gathers it (memory O(S) per device).
+      ``"ring"``: the op's partitioning rule keeps the sequence sharded and
+      each device runs :func:`jaxops.ring_attention`'s ring on its blocks
+      (K/V passed around with ``ppermute``, memory O(S/P); forward, ``grad``
+      and ``jvp``; a device's queries, keys and bias rows are its shard of
+      the sequence axis). Needs T == S; on the kernel path only (the jnp
+      reference, e.g. float64 or ``implementation="xla"``, is partitioned by
+      XLA); unsharded, the result is the same as None's. Inside
+      ``jax.shard_map``, call :func:`jaxops.ring_attention` instead
+      (docs/sharding.md, "Ring attention").
+    context_parallel_layout: with ``context_parallel="ring"``, the order of
+      the sharded sequence: ``"contiguous"`` (natural order, shard d holds
+      [d T/P, (d+1) T/P)) or ``"zigzag"`` (the arrays are in
+      :func:`jaxops.zigzag_permute` order for P = the number of shards of
+      the sequence axis, the bias's query rows too: the causal work is
+      balanced; put the output back with :func:`jaxops.zigzag_unpermute`).
 
   Returns:
     The attention output [B, T, N, Hv] (or [T, N, Hv]) in the query's dtype,
@@ -403,7 +439,9 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       ``logits_soft_cap``, non-integer segment ids, non-float sinks).
     ValueError: a wrong shape or value (key/value axes that do not match the
       query's, segment ids of the wrong shape or only one of them, sinks of a
-      length other than N, ``logits_soft_cap`` <= 0 or NaN).
+      length other than N, ``logits_soft_cap`` <= 0 or NaN); a
+      ``context_parallel`` or ``context_parallel_layout`` not listed above,
+      ``"zigzag"`` without ``"ring"``, ``"ring"`` with T != S.
 
   Example:
     >>> import jax.numpy as jnp, jaxops
@@ -467,6 +505,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
   sinks = check_sinks(op, sinks, N, query.dtype)
   is_causal = validation.static_bool(op, "is_causal", is_causal)
   return_residual = validation.static_bool(op, "return_residual", return_residual)
+  partitioning = _check_context_parallel(op, context_parallel, context_parallel_layout, T, S,
+                                         query_offset)
   query_offset = validation.int_scalar(op, "query_offset", query_offset)
   allow_tf32 = matmul_precision.allow_tf32(op, precision)
 
@@ -481,7 +521,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         absent(_I32) if q_segments is None else q_segments,
         absent(_I32) if kv_segments is None else kv_segments,
         query_offset, scale=scale, is_causal=is_causal, window_left=window_left,
-        window_right=window_right, logits_soft_cap=soft_cap or 0.0, allow_tf32=allow_tf32)
+        window_right=window_right, logits_soft_cap=soft_cap or 0.0, allow_tf32=allow_tf32,
+        **partitioning)
     if sinks is not None:
       out, lse = merge_sinks(out, lse, sinks)
   else:
@@ -612,6 +653,26 @@ def _check_lengths(op, name, x, batch, unbatched):
     x = x[None]
   validation.shape(op, name, x, (batch,), of="[B]")
   return x.astype(_I32)
+
+
+def _check_context_parallel(op, strategy, layout, q_len, kv_len, query_offset) -> dict:
+  """The primitives' ``context_parallel`` parameter ((strategy, layout, query_offset
+  when a Python int), only when opted in, so that the default program is unchanged)."""
+  strategy = validation.choice(op, "context_parallel", strategy, (None, "ring"))
+  layout = validation.choice(op, "context_parallel_layout", layout, ("contiguous", "zigzag"))
+  if strategy is None:
+    if layout != "contiguous":
+      raise validation.value_error(op, "context_parallel_layout",
+                                   "be 'contiguous' without context_parallel='ring'", repr(layout))
+    return {}
+  if q_len != kv_len:
+    raise validation.value_error(
+        op, "context_parallel", "be None when the query and key sequences differ in length "
+        "(the ring partitions them as one sequence axis; use jaxops.ring_attention inside "
+        "jax.shard_map)", f"'ring' with T = {q_len}, S = {kv_len}")
+  known = (int(query_offset) if isinstance(query_offset, (int, np.integer))
+           and not isinstance(query_offset, bool) else None)
+  return {"context_parallel": (strategy, layout, known)}
 
 
 def _check_window(op, window):

@@ -540,6 +540,52 @@ Differentiable(
     saved_outputs=(0, 1), checkpoint_name="jaxops.ring_attention")
 
 
+# -- under jit: attention's partitioning rule runs these rings ------------------------------
+
+
+def partitioned(kind, params):
+  """What attention's primitives run on each shard when ``jaxops.attention(...,
+  context_parallel="ring")`` meets a sharded sequence under ``jax.jit``.
+
+  ``kind``: ``"forward"``, ``"forward_jvp"`` or ``"backward"``, the primitive
+  (attention_fwd_p, attention_fwd_jvp_p, attention_bwd_p) whose
+  ``custom_partitioning`` asks; ``params`` its parameters, whose
+  ``context_parallel`` is (strategy, layout, query_offset if static). Returns
+  ``build(axes, mesh)`` for :class:`jaxops._src.sharding.Factors`: None when
+  the sequence factor got no mesh axis (the kernel runs on local shapes), else
+  the ring of this module over those axes: the same functions as
+  ``ring_attention``'s primitives, on the shards' blocks (the partitioning
+  traces them with the mesh's axis names bound, so ppermute runs over them)."""
+  _, layout, known_offset = params["context_parallel"]
+  kernel = _kernel_params(params)
+
+  def build(axes, mesh):
+    names = axes.get("seq")
+    if not names:
+      return None
+    ring = dict(axis_name=names[0] if len(names) == 1 else tuple(names),
+                axis_size=int(np.prod([mesh.shape[a] for a in names])), layout=layout,
+                known_offset=known_offset, **kernel)
+    if kind == "forward":
+      run = lambda *operands: _kernel_forward(*operands, **ring)
+    elif kind == "forward_jvp":
+      run = lambda *args: _kernel_forward_jvp(*args, **ring)
+    else:
+      run = lambda *args: _kernel_backward(*args, with_dbias=params["with_dbias"], **ring)
+
+    def lower(*local_operands):
+      if layout == "zigzag" and local_operands[0].shape[1] % 2:
+        raise validation.value_error(
+            "jaxops.attention", "context_parallel_layout", "be 'contiguous' when a shard of "
+            "the sequence has an odd length (zigzag: two chunks per shard, a length "
+            "divisible by 2P)", f"'zigzag' with local length {local_operands[0].shape[1]}")
+      return tuple(run(*local_operands))
+
+    return lower
+
+  return build
+
+
 # -- the zigzag layout -------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import jax
 from jax.experimental.custom_partitioning import (
@@ -88,11 +88,17 @@ class Factors:
   ``operands[i][d]`` / ``results[j][d]`` name dimension ``d`` of operand ``i``
   / result ``j``. ``sizes`` gives the size of factors used only inside
   compound factors (as Shardy requires).
+
+  ``partitioned(axes, mesh)``, optional: given the mesh axes chosen for each
+  named factor, the function to run on each shard in place of the kernel on
+  its local shapes (it may use collectives over those axes: ring attention
+  over a sharded sequence factor), or None for the kernel.
   """
 
   operands: Sequence[Sequence[Factor]]
   results: Sequence[Sequence[Factor]]
   sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  partitioned: Callable | None = dataclasses.field(default=None, compare=False)
 
   def sdy_rule(self) -> SdyShardingRule:
     fresh = (f"whole{i}" for i in range(1_000_000))
@@ -199,6 +205,10 @@ def shard_locally(local_bind, factors: Factors, args, n_results: int):
     arg_shardings = tuple(assignment.sharding(dims) for dims in factors.operands)
     result_shardings = tuple(assignment.sharding(dims) for dims in factors.results)
     summed = [assignment.summed_axes(dims) for dims in factors.results]
+    custom = (None if factors.partitioned is None
+              else factors.partitioned(dict(assignment.axes), mesh))
+    if custom is not None:
+      return mesh, custom, result_shardings, arg_shardings
 
     def lower(*local_operands):
       outs = list(local_bind(*local_operands))

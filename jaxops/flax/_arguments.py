@@ -86,3 +86,31 @@ def no_decode_with_cache(op, decode):
   (the cache kept in the module's variables) are two caches: one at a time."""
   if decode:
     raise validation.value_error(op, "decode", "be False with kv_cache", repr(decode))
+
+
+def context_parallel(op, *, axis, layout, strategy):
+  """The context-parallel options of an attention module: None (attention on
+  the whole sequence, the default) or ``jaxops.ring_attention``'s axis_name,
+  layout and strategy, as a dict."""
+  from jaxops._src.ring_attention import LAYOUTS, STRATEGIES
+  layout = validation.choice(op, "context_parallel_layout", layout, LAYOUTS)
+  strategy = validation.choice(op, "context_parallel_strategy", strategy, STRATEGIES)
+  if axis is None:
+    return None
+  names = axis if isinstance(axis, tuple) else (axis,)
+  if not names or not all(isinstance(name, str) for name in names):
+    raise validation.type_error(op, "context_parallel_axis",
+                                "be None, a mesh axis name (str) or a tuple of them",
+                                validation.describe(axis))
+  return dict(axis_name=axis, layout=layout, strategy=strategy)
+
+
+def no_context_parallel_with(op, context_parallel, what, value):
+  """Ring attention runs the fused kernels on blocks of one sequence: Flax's
+  paths that need the whole attention weights, and the decode caches, have
+  no ring form."""
+  if context_parallel is not None and value:
+    raise validation.value_error(
+        op, "context_parallel_axis", f"be None with {what} (ring attention splits the "
+        "sequence over devices; that path needs it whole)",
+        repr(context_parallel["axis_name"]))

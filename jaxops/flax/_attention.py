@@ -13,6 +13,7 @@ default and "high" precisions, full float32 at "highest"); None follows
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -24,6 +25,7 @@ from jax import lax
 
 import jaxops
 from jaxops._src import validation
+from jaxops.flax import _arguments
 from jaxops.flax._dtypes import is_kernel_dtype
 from jaxops.flax._serving_caches import SERVING_CACHES
 
@@ -35,12 +37,18 @@ FEATURES = ("logits_soft_cap", "query_segment_ids", "key_value_segment_ids", "si
 
 def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_offset=0,
            precision=None, implementation=None, logits_soft_cap=None, query_segment_ids=None,
-           key_value_segment_ids=None, sinks=None):
+           key_value_segment_ids=None, sinks=None, context_parallel=None):
   """``jaxops.attention`` over any number of batch axes.
 
   query [batch..., T, N, H], key/value [batch..., S, K, H or Hv]; bias and mask
   broadcastable to [batch..., N, T, S]; segment ids [batch..., T] and
   [batch..., S]. As in Flax, a mask of any dtype attends where it is nonzero.
+
+  ``context_parallel`` (``jaxops.ring_attention``'s ``axis_name``, ``layout``
+  and ``strategy``, as a dict): inside ``jax.shard_map``, the inputs are this
+  device's blocks of a sequence split over that mesh axis, and
+  ``jaxops.ring_attention`` runs instead (T, S local; bias and mask [...,
+  T, S_global], as it takes them).
   """
   mask = None if mask is None else jnp.asarray(mask).astype(bool)
   batch_shape = query.shape[:-3]
@@ -63,22 +71,57 @@ def attend(query, key, value, bias=None, mask=None, *, is_causal=False, query_of
     ids = jnp.asarray(ids)
     return jnp.broadcast_to(ids, batch_shape + ids.shape[-1:]).reshape(-1, ids.shape[-1])
 
-  out = jaxops.attention(flat(query), flat(key), flat(value), flat_broadcastable(bias),
-                         flat_broadcastable(mask), is_causal=is_causal,
-                         query_offset=query_offset, precision=precision,
-                         implementation=implementation, logits_soft_cap=logits_soft_cap,
-                         query_segment_ids=flat_ids(query_segment_ids),
-                         key_value_segment_ids=flat_ids(key_value_segment_ids), sinks=sinks)
+  function = jaxops.attention
+  if context_parallel is not None:
+    function = functools.partial(jaxops.ring_attention, **context_parallel)
+  out = function(flat(query), flat(key), flat(value), flat_broadcastable(bias),
+                 flat_broadcastable(mask), is_causal=is_causal, query_offset=query_offset,
+                 precision=precision, implementation=implementation,
+                 logits_soft_cap=logits_soft_cap, query_segment_ids=flat_ids(query_segment_ids),
+                 key_value_segment_ids=flat_ids(key_value_segment_ids), sinks=sinks)
   return out.reshape(batch_shape + out.shape[1:])
 
 
-def rotate(rope, query, key, query_offset, key_offset=0):
+def rotate(rope, query, key, query_offset, key_offset=0, context_parallel=None):
   """``rope(x, positions)`` (if given) on the query at positions
-  query_offset + t and on the key at key_offset + j."""
+  query_offset + t and on the key at key_offset + j; with ``context_parallel``
+  (inside ``jax.shard_map``), t and j are the global positions of this
+  device's rows under the layout (``context_positions``)."""
   if rope is None:
     return query, key
+  if context_parallel is not None:
+    at = lambda x, offset: context_positions(x.shape[-3], context_parallel["axis_name"],
+                                             context_parallel["layout"], offset)
+    return rope(query, at(query, query_offset)), rope(key, at(key, key_offset))
   positions = lambda x, offset: jnp.arange(x.shape[-3]) + jnp.asarray(offset, jnp.int32)
   return rope(query, positions(query, query_offset)), rope(key, positions(key, key_offset))
+
+
+def context_positions(length, axis_name, layout, offset=0):
+  """The global positions of this device's ``length`` rows of a sequence split
+  over ``axis_name`` (inside ``jax.shard_map``), plus ``offset``:
+  ``"contiguous"``: device d holds [d * length, (d+1) * length); ``"zigzag"``:
+  chunks d and 2P-1-d of ``length / 2`` rows (``jaxops.zigzag_permute``)."""
+  device = lax.axis_index(axis_name)
+  offset = jnp.asarray(offset, jnp.int32)
+  if layout == "contiguous":
+    return offset + device * length + jnp.arange(length, dtype=jnp.int32)
+  if length % 2:
+    raise ValueError(f"context_parallel_layout='zigzag' needs an even local sequence length "
+                     f"(two chunks per device), got {length}")
+  half = length // 2
+  size = lax.axis_size(axis_name)
+  rows = jnp.arange(half, dtype=jnp.int32)
+  return offset + jnp.concatenate([device * half + rows, (2 * size - 1 - device) * half + rows])
+
+
+def context_parallel_arguments(context_parallel):
+  """A module's context-parallel options as the attention functions' keywords."""
+  if context_parallel is None:
+    return {}
+  return dict(context_parallel_axis=context_parallel["axis_name"],
+              context_parallel_layout=context_parallel["layout"],
+              context_parallel_strategy=context_parallel["strategy"])
 
 
 def self_attention_inputs(inputs_q, inputs_k, inputs_v, inputs_kv=None):
@@ -211,7 +254,10 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
                                 qk_attn_weights_einsum=None, attn_weights_value_einsum=None,
                                 *, is_causal=False, query_offset=0, implementation=None,
                                 logits_soft_cap=None, query_segment_ids=None,
-                                key_value_segment_ids=None, sinks=None):
+                                key_value_segment_ids=None, sinks=None,
+                                context_parallel_axis=None,
+                                context_parallel_layout="contiguous",
+                                context_parallel_strategy="ring"):
   """``flax.linen.dot_product_attention`` on ``jaxops.attention``: the same
   signature (so ``flax.linen.MultiHeadDotProductAttention`` passes it every
   argument), and Flax's own function wherever the kernel cannot give Flax's result.
@@ -232,13 +278,26 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
   ``precision`` sets the kernel's float32 products as it sets Flax's einsums
   (module docstring), and a query row whose keys are all masked gives 0 where
   Flax averages the values.
+
+  ``context_parallel_axis`` (with ``context_parallel_layout`` and
+  ``context_parallel_strategy``): called inside ``jax.shard_map`` on this
+  device's blocks of a sequence split over that mesh axis, the attention is
+  ``jaxops.ring_attention`` (see :func:`jaxops.ring_attention`); Flax's paths
+  (the weights, dropout on them, custom einsums) are then an error.
   """
+  op = "jaxops.flax.linen.dot_product_attention"
   features = dict(logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
                   key_value_segment_ids=key_value_segment_ids, sinks=sinks)
+  context_parallel = _arguments.context_parallel(
+      op, axis=context_parallel_axis, layout=context_parallel_layout,
+      strategy=context_parallel_strategy)
   query, key, value = nn.dtypes.promote_dtype(query, key, value, dtype=dtype)
-  if (module is not None or (dropout_rate > 0.0 and not deterministic)
-      or einsum_dot_general is not None or qk_attn_weights_einsum is not None
-      or attn_weights_value_einsum is not None or not is_kernel_dtype(query.dtype)):
+  weights = (module is not None or (dropout_rate > 0.0 and not deterministic)
+             or einsum_dot_general is not None or qk_attn_weights_einsum is not None
+             or attn_weights_value_einsum is not None)
+  _arguments.no_context_parallel_with(
+      op, context_parallel, "sow_weights, dropout on the weights or custom einsums", weights)
+  if weights or (context_parallel is None and not is_kernel_dtype(query.dtype)):
     mask = fold_features("jaxops.flax.linen.dot_product_attention", mask, features)
     key, value, mask = flax_inputs(query, key, value, mask, is_causal=is_causal,
                                    query_offset=query_offset)
@@ -247,7 +306,8 @@ def linen_dot_product_attention(query, key, value, bias=None, mask=None, broadca
         deterministic, dtype, precision, module, force_fp32_for_softmax, einsum_dot_general,
         qk_attn_weights_einsum, attn_weights_value_einsum)
   out = attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
-               precision=precision, implementation=implementation, **features)
+               precision=precision, implementation=implementation,
+               context_parallel=context_parallel, **features)
   # Flax's fp32 softmax leaves float32 weights, whose product with V is float32.
   return out.astype(jnp.float32) if force_fp32_for_softmax else out
 
@@ -257,7 +317,9 @@ def nnx_dot_product_attention(query, key, value, bias=None, mask=None, broadcast
                               precision=None, module=None,
                               promote_dtype=nnx_dtypes.promote_dtype, is_causal=False,
                               *, query_offset=0, implementation=None, logits_soft_cap=None,
-                              query_segment_ids=None, key_value_segment_ids=None, sinks=None):
+                              query_segment_ids=None, key_value_segment_ids=None, sinks=None,
+                              context_parallel_axis=None, context_parallel_layout="contiguous",
+                              context_parallel_strategy="ring"):
   """``flax.nnx.dot_product_attention`` on ``jaxops.attention``, with its
   signature; pass it as ``attention_fn`` to ``flax.nnx.MultiHeadAttention``.
 
@@ -269,20 +331,30 @@ def nnx_dot_product_attention(query, key, value, bias=None, mask=None, broadcast
   ``query_offset`` included, and ``jaxops.attention``'s ``logits_soft_cap``,
   segment ids and ``sinks``). ``precision`` sets the kernel's float32
   products as it sets Flax's einsums (module docstring); a query row whose
-  keys are all masked gives 0.
+  keys are all masked gives 0. ``context_parallel_axis`` (with
+  ``context_parallel_layout`` and ``context_parallel_strategy``) runs
+  ``jaxops.ring_attention`` inside ``jax.shard_map``, as in
+  :func:`jaxops.flax.linen.dot_product_attention`.
   """
+  op = "jaxops.flax.nnx.dot_product_attention"
   features = dict(logits_soft_cap=logits_soft_cap, query_segment_ids=query_segment_ids,
                   key_value_segment_ids=key_value_segment_ids, sinks=sinks)
+  context_parallel = _arguments.context_parallel(
+      op, axis=context_parallel_axis, layout=context_parallel_layout,
+      strategy=context_parallel_strategy)
   query, key, value = promote_dtype((query, key, value), dtype=dtype)
-  if (module is not None or (dropout_rate > 0.0 and not deterministic)
-      or not is_kernel_dtype(query.dtype)):
+  weights = module is not None or (dropout_rate > 0.0 and not deterministic)
+  _arguments.no_context_parallel_with(
+      op, context_parallel, "sow_weights or dropout on the weights", weights)
+  if weights or (context_parallel is None and not is_kernel_dtype(query.dtype)):
     mask = fold_features("jaxops.flax.nnx.dot_product_attention", mask, features)
     mask, is_causal = nnx_causality(query, key, mask, is_causal, query_offset)
     return nnx.dot_product_attention(
         query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
         deterministic, dtype, precision, module, promote_dtype, is_causal)
   return attend(query, key, value, bias, mask, is_causal=is_causal, query_offset=query_offset,
-                precision=precision, implementation=implementation, **features)
+                precision=precision, implementation=implementation,
+                context_parallel=context_parallel, **features)
 
 
 def nnx_causality(query, key, mask, is_causal, query_offset):

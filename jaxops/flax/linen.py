@@ -11,8 +11,9 @@ from jax import lax
 
 import jaxops
 from jaxops.flax import _arguments
-from jaxops.flax._attention import (attend_cached, flax_inputs, model_features,
-                                     only_on_jaxops, rotate, self_attention_inputs)
+from jaxops.flax._attention import (attend_cached, context_parallel_arguments, flax_inputs,
+                                     model_features, only_on_jaxops, rotate,
+                                     self_attention_inputs)
 from jaxops.flax._attention import linen_dot_product_attention as dot_product_attention
 from jaxops.flax._dtypes import compute_dtype, is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
@@ -229,6 +230,17 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     sequences, [batch..., T] and [batch..., S] (``key_value_segment_ids``
     defaults to ``query_segment_ids``, for self-attention).
 
+  - ``context_parallel_axis`` (a mesh axis name, or a tuple of them): the
+    module is called inside ``jax.shard_map`` on this device's block of a
+    sequence split over that axis, and attends by ``jaxops.ring_attention``
+    (``context_parallel_layout``: ``"contiguous"`` or ``"zigzag"``;
+    ``context_parallel_strategy``: ``"ring"`` or ``"all_gather"``). ``rope``,
+    ``is_causal`` and ``query_offset`` then act on global positions (this
+    device's rows under the layout); a ``mask`` or ``bias`` covers the local
+    query rows against every key, as ``jaxops.ring_attention`` takes them.
+    Not with ``kv_cache``, ``decode``, ``sow_weights``, dropout on the weights,
+    custom einsums or another ``attention_fn``.
+
   ``precision`` applies, as in Flax, to the projections and to the attention
   products (the kernel's float32 precision: docs/precision.md). On the kernel
   path a query row with no attended key gives 0 (Flax averages the values).
@@ -241,6 +253,9 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
   implementation: str | None = None
   logits_soft_cap: float | None = None
   learnable_sinks: bool = False
+  context_parallel_axis: str | tuple[str, ...] | None = None
+  context_parallel_layout: str = "contiguous"
+  context_parallel_strategy: str = "ring"
 
   @nn.compact
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
@@ -256,6 +271,11 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
         _MHA, qkv_features=self.qkv_features or inputs_q.shape[-1], num_heads=self.num_heads,
         num_kv_heads=self.num_kv_heads, dropout_rate=self.dropout_rate,
         is_causal=self.is_causal, implementation=self.implementation)
+    context_parallel = _arguments.context_parallel(
+        _MHA, axis=self.context_parallel_axis, layout=self.context_parallel_layout,
+        strategy=self.context_parallel_strategy)
+    _arguments.no_context_parallel_with(_MHA, context_parallel, "kv_cache", kv_cache is not None)
+    _arguments.no_context_parallel_with(_MHA, context_parallel, "decode", self.decode)
     dense = lambda heads, name: nn.DenseGeneral(
         features=(heads, head_dim), axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
         kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias,
@@ -284,10 +304,12 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
       if self.decode:
         query, key, value, mask, query_offset = self._decode_step(query, key, value, mask)
       else:
-        query, key = rotate(self.rope, query, key, query_offset)
+        query, key = rotate(self.rope, query, key, query_offset,
+                            context_parallel=context_parallel)
       x = self._attention(query, key, value, mask=mask, bias=bias, query_offset=query_offset,
                           deterministic=deterministic, dropout_rng=dropout_rng,
-                          sow_weights=sow_weights, features=features)
+                          sow_weights=sow_weights, features=features,
+                          context_parallel=context_parallel)
     out = nn.DenseGeneral(
         features=self.out_features or inputs_q.shape[-1], axis=(-2, -1),
         kernel_init=self.out_kernel_init or self.kernel_init,
@@ -322,7 +344,7 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     return (query, cached_key.value, cached_value.value, nn.combine_masks(mask, written), index)
 
   def _attention(self, query, key, value, *, mask, bias, query_offset, deterministic,
-                 dropout_rng, sow_weights, features):
+                 dropout_rng, sow_weights, features, context_parallel=None):
     """``attention_fn`` with Flax's arguments (dropout merged as Flax merges
     it); jaxops' own also gets grouped-query key/value, ``is_causal``,
     ``query_offset``, ``bias`` and ``implementation``."""
@@ -346,8 +368,10 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     if self.attention_fn is dot_product_attention:
       return dot_product_attention(query, key, value, bias=bias, is_causal=self.is_causal,
                                    query_offset=query_offset,
-                                   implementation=self.implementation, **kwargs, **features)
+                                   implementation=self.implementation, **kwargs, **features,
+                                   **context_parallel_arguments(context_parallel))
     only_on_jaxops(_MHA, features)
+    _arguments.no_context_parallel_with(_MHA, context_parallel, "another attention_fn", True)
     # Another attention_fn gets what Flax gives it: equal heads, causality as a mask.
     key, value, kwargs["mask"] = flax_inputs(query, key, value, mask, is_causal=self.is_causal,
                                              query_offset=query_offset)

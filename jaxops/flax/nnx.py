@@ -10,8 +10,9 @@ from jax import lax
 
 import jaxops
 from jaxops.flax import _arguments
-from jaxops.flax._attention import (attend_cached, model_features, nnx_causality,
-                                     only_on_jaxops, rotate, self_attention_inputs)
+from jaxops.flax._attention import (attend_cached, context_parallel_arguments, model_features,
+                                     nnx_causality, only_on_jaxops, rotate,
+                                     self_attention_inputs)
 from jaxops.flax._attention import nnx_dot_product_attention as dot_product_attention
 from jaxops.flax._dtypes import is_kernel_dtype
 from jaxops.flax._norms import runs_kernel
@@ -178,7 +179,9 @@ class RotaryEmbedding(nnx.Module):
 _MHA = "jaxops.flax.nnx.MultiHeadAttention"
 _MULTI_HEAD_ATTENTION = extended(
     nnx.MultiHeadAttention.__init__, attention_fn=dot_product_attention, is_causal=False,
-    rope=None, implementation=None, logits_soft_cap=None, learnable_sinks=False)
+    rope=None, implementation=None, logits_soft_cap=None, learnable_sinks=False,
+    context_parallel_axis=None, context_parallel_layout="contiguous",
+    context_parallel_strategy="ring")
 
 
 class MultiHeadAttention(nnx.MultiHeadAttention):
@@ -209,6 +212,14 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   parameter ``sinks`` [num_heads] (zeros at init; gpt-oss); the call
   arguments ``query_segment_ids`` [batch..., T] and ``key_value_segment_ids``
   [batch..., S] (default: the query's, for self-attention) pack sequences.
+  ``context_parallel_axis`` (constructor; with ``context_parallel_layout`` and
+  ``context_parallel_strategy``): called inside ``jax.shard_map`` on this
+  device's block of a sequence split over that mesh axis, the module attends
+  by ``jaxops.ring_attention``, with ``rope``, ``is_causal`` and
+  ``query_offset`` on global positions (as
+  :class:`jaxops.flax.linen.MultiHeadDotProductAttention`'s; not with
+  ``kv_cache``, ``decode``, ``sow_weights``, dropout on the weights or another
+  ``attention_fn``).
 
   ``precision`` applies, as in Flax, to the projections and to the attention
   products (the kernel's float32 precision: docs/precision.md). On the kernel
@@ -216,15 +227,24 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   """
 
   def __init__(self, *args, attention_fn=dot_product_attention, is_causal=False, rope=None,
-               implementation=None, logits_soft_cap=None, learnable_sinks=False, **kwargs):
+               implementation=None, logits_soft_cap=None, learnable_sinks=False,
+               context_parallel_axis=None, context_parallel_layout="contiguous",
+               context_parallel_strategy="ring", **kwargs):
     a = bind(_MULTI_HEAD_ATTENTION, self, *args, attention_fn=attention_fn,
              is_causal=is_causal, rope=rope, implementation=implementation,
-             logits_soft_cap=logits_soft_cap, learnable_sinks=learnable_sinks, **kwargs)
+             logits_soft_cap=logits_soft_cap, learnable_sinks=learnable_sinks,
+             context_parallel_axis=context_parallel_axis,
+             context_parallel_layout=context_parallel_layout,
+             context_parallel_strategy=context_parallel_strategy, **kwargs)
     _arguments.attention_heads(
         _MHA, qkv_features=a["qkv_features"] or a["in_features"], num_heads=a["num_heads"],
         num_kv_heads=a["num_kv_heads"], dropout_rate=a["dropout_rate"], is_causal=is_causal,
         implementation=implementation)
+    context_parallel = _arguments.context_parallel(
+        _MHA, axis=context_parallel_axis, layout=context_parallel_layout,
+        strategy=context_parallel_strategy)
     super().__init__(*args, attention_fn=attention_fn, **kwargs)
+    self.context_parallel = context_parallel
     self.is_causal, self.rope, self.implementation = is_causal, rope, implementation
     self.logits_soft_cap = logits_soft_cap
     self.sinks = (nnx.Param(jnp.zeros((a["num_heads"],), a["param_dtype"]))
@@ -252,6 +272,9 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
     decode = decode if decode is not None else bool(self.decode)
     features = model_features(_MHA, self.logits_soft_cap, _value(self.sinks),
                               query_segment_ids, key_value_segment_ids, query.dtype)
+    _arguments.no_context_parallel_with(_MHA, self.context_parallel, "kv_cache",
+                                        kv_cache is not None)
+    _arguments.no_context_parallel_with(_MHA, self.context_parallel, "decode", decode)
     if kv_cache is not None:
       _arguments.no_mask_with_cache(_MHA, mask, bias)
       _arguments.no_decode_with_cache(_MHA, decode)
@@ -263,7 +286,8 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
       if decode:
         query, key, value, mask, query_offset = self._decode_step(query, key, value, mask)
       else:
-        query, key = rotate(self.rope, query, key, query_offset)
+        query, key = rotate(self.rope, query, key, query_offset,
+                            context_parallel=self.context_parallel)
       x = self._attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
                           query_offset=query_offset, deterministic=deterministic, rngs=rngs,
                           sow_weights=sow_weights, features=features)
@@ -317,8 +341,11 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
     if self.attention_fn is dot_product_attention:
       return dot_product_attention(query, key, value, bias=bias, is_causal=is_causal,
                                    query_offset=query_offset,
-                                   implementation=self.implementation, **kwargs, **features)
+                                   implementation=self.implementation, **kwargs, **features,
+                                   **context_parallel_arguments(self.context_parallel))
     only_on_jaxops(_MHA, features)
+    _arguments.no_context_parallel_with(_MHA, self.context_parallel, "another attention_fn",
+                                        True)
     kwargs["mask"], is_causal = nnx_causality(query, key, mask, is_causal, query_offset)
     if bias is not None:
       kwargs["bias"] = bias
