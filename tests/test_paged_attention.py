@@ -363,6 +363,25 @@ def test_mla_vmap(backend, in_axes):
   vmap_against_loop(fn, args, in_axes)
 
 
+def test_head_dims_beyond_the_cuda_kernels_take_the_reference_there(monkeypatch):
+  """On CUDA (the platform faked: the routing is Python's), a head dim above
+  the kernels' 576 (or a value head dim above 512) runs the jnp reference under
+  implementation=None and is a clear error under "ffi"."""
+  from jaxops._src import paged_attention as module, primitive
+  query, kp, _, tables, kv_lens, _ = mla_cache(3, head_dim=584, value_head_dim=512,
+                                               in_keys=True, dtype=jnp.float32, heads=2)
+  monkeypatch.setattr(primitive, "current_platform", lambda: "cuda")
+  assert module._CUDA_MAX_HEAD_DIM == 576 and module._CUDA_MAX_VALUE_HEAD_DIM == 512
+  call = lambda **kw: jaxops.paged_attention(query, kp, None, tables, kv_lens,
+                                             value_head_dim=512, **kw)
+  assert not [t for t in custom_call_targets(call) if "paged" in t]
+  within = lambda: jaxops.paged_attention(query[..., :576], kp[..., :576], None, tables,
+                                          kv_lens, value_head_dim=512)
+  assert [t for t in custom_call_targets(within) if "paged" in t]  # 576 takes the kernel
+  with pytest.raises(ValueError, match="CUDA kernels support head_dim <= 576"):
+    call(implementation="ffi")
+
+
 def test_mla_heads_shard_with_values_in_keys():
   mesh = meshes.make_mesh((4, 2), ("data", "model"))
   query, kp, _, tables, kv_lens, _ = mla_cache(14, head_dim=40, value_head_dim=32, in_keys=True,

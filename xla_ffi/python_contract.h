@@ -107,6 +107,9 @@ inline void define(nb::module_& m) {
       []() {
         nb::dict out;
         out["cuda_attention_max_head_dim"] = params::kCudaAttentionMaxHeadDim;
+        out["cuda_paged_attention_max_head_dim"] = params::kCudaPagedAttentionMaxHeadDim;
+        out["cuda_paged_attention_max_value_head_dim"] =
+            params::kCudaPagedAttentionMaxValueHeadDim;
         return out;
       },
       "Limits of the kernels that the Python side checks before choosing one.");

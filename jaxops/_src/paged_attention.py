@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax.interpreters import ad
 
 from jaxops import reference
-from jaxops._src import matmul_precision, primitive, validation
+from jaxops._src import ffi_targets, matmul_precision, primitive, validation
 from jaxops._src.attention import check_sinks, merge_sinks
 from jaxops._src.primitive import NOT_MAPPED, FfiPrimitive, absent, is_absent
 from jaxops._src.sharding import Factors
@@ -45,6 +45,9 @@ from jaxops._src.sharding import Factors
 _F32 = jnp.float32
 _I32 = jnp.int32
 _INT8 = jnp.dtype(jnp.int8)
+# The CUDA kernels hold a tile's key and value rows in shared memory.
+_CUDA_MAX_HEAD_DIM = ffi_targets.limit("cuda_paged_attention_max_head_dim")
+_CUDA_MAX_VALUE_HEAD_DIM = ffi_targets.limit("cuda_paged_attention_max_value_head_dim")
 
 
 def _optional(x):
@@ -280,6 +283,22 @@ def _pages(op, key_pages, value_pages, key_scales, value_scales):
   return key_pages, value_pages, None, None
 
 
+def _use_kernel(op, implementation, dtypes, head_dim, value_head_dim):
+  """primitive.use_kernel, within the CUDA kernels' head dims (beyond them None
+  runs the reference and "ffi" raises)."""
+  if not primitive.use_kernel(op, implementation, dtypes):
+    return False
+  if primitive.current_platform() == "cuda" and (head_dim > _CUDA_MAX_HEAD_DIM or
+                                                 value_head_dim > _CUDA_MAX_VALUE_HEAD_DIM):
+    if implementation == "ffi":
+      raise ValueError(
+          f"{op}: implementation='ffi': the CUDA kernels support head_dim <= "
+          f"{_CUDA_MAX_HEAD_DIM} and value_head_dim <= {_CUDA_MAX_VALUE_HEAD_DIM}, got "
+          f"{head_dim} and {value_head_dim}")
+    return False
+  return True
+
+
 def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, query_lens=None,
                     scale=None, logits_soft_cap=None, local_window_size=None,
                     return_residual=False, key_scales=None, value_scales=None,
@@ -415,7 +434,7 @@ def paged_attention(query, key_pages, value_pages, block_tables, kv_lens, *, que
   dtypes = {"query": query.dtype}
   if key_pages.dtype != _INT8:
     dtypes["key_pages"] = key_pages.dtype
-  if primitive.use_kernel(op, implementation, dtypes):
+  if _use_kernel(op, implementation, dtypes, H, Hv):
     out, lse = paged_attention_fwd_p(
         query, key_pages, absent(key_pages.dtype) if value_pages is None else value_pages,
         block_tables, kv_lens,
