@@ -1,6 +1,8 @@
 // jaxops.attention's decode path on CUDA (see attention_decode.h): the
 // decode kernels of kv_decode.cuh with a dense cache as the row source,
-// attention_decode_kernel and attention_decode_merge_kernel.
+// attention_decode_kernel and attention_decode_merge_kernel, and its MLA
+// kernel (attention_decode_mla_kernel, attention_decode_mla_merge_kernel) for
+// a value head dim of its own.
 #include "cuda/attention_decode.h"
 
 #include <cstdint>
@@ -56,6 +58,23 @@ __global__ void __launch_bounds__(kv_decode::kThreads)
   kv_decode::decode_merge_row<kv_decode::kMaxOut>(L, partial, out, logsumexp);
 }
 
+// A value head dim of its own (MLA's 192/128) and heads above 256: the MLA
+// kernel, value rows of their own (the dense cache's value tensor).
+template <typename Rows, typename Q, typename Unit, bool kValuesInKeys>
+__global__ void __launch_bounds__(kv_decode::kThreads, kv_decode::kMinBlocksPerSm)
+    attention_decode_mla_kernel(kv_decode::MlaLaunch L, Rows rows, const Q* query, Q* out,
+                                float* logsumexp, float* partial) {
+  kv_decode::mla_decode_block<Rows, Q, Unit, kValuesInKeys>(L, rows, query, out, logsumexp,
+                                                            partial);
+}
+
+template <typename Q>
+__global__ void __launch_bounds__(kv_decode::kThreads)
+    attention_decode_mla_merge_kernel(kv_decode::MlaLaunch L, const float* partial, Q* out,
+                                      float* logsumexp) {
+  kv_decode::decode_merge_row<kv_decode::kMlaMergeOut>(L, partial, out, logsumexp);
+}
+
 struct AttentionDecodeKernels {
   template <typename Rows, typename Q, typename Unit, int kOut, int kRows>
   static auto decode() {
@@ -65,6 +84,14 @@ struct AttentionDecodeKernels {
   static auto merge() {
     return attention_decode_merge_kernel<Q>;
   }
+  template <typename Rows, typename Q, typename Unit, bool kValuesInKeys>
+  static auto mla() {
+    return attention_decode_mla_kernel<Rows, Q, Unit, kValuesInKeys>;
+  }
+  template <typename Q>
+  static auto mla_merge() {
+    return attention_decode_mla_merge_kernel<Q>;
+  }
 };
 
 }  // namespace
@@ -73,10 +100,11 @@ template <typename T>
 cudaError_t attention_decode_fwd(cudaStream_t stream, const params::AttentionParams& p,
                                  const T* q, const T* k, const T* v, T* out, float* logsumexp,
                                  void* workspace) {
+  const int64_t value_dim = params::value_head_dim(p);
   if (params::attention_params_error(p) != nullptr ||
       !params::attention_decode_applies(p.q_len, p.num_heads, p.num_kv_heads, p.head_dim,
-                                        p.bias != nullptr, p.mask != nullptr) ||
-      p.q_segment_ids != nullptr || params::value_head_dim(p) != p.head_dim) {
+                                        value_dim, p.bias != nullptr, p.mask != nullptr) ||
+      p.q_segment_ids != nullptr) {
     return cudaErrorInvalidValue;
   }
   kv_decode::DecodeShape shape;
@@ -101,8 +129,13 @@ cudaError_t attention_decode_fwd(cudaStream_t stream, const params::AttentionPar
                           p.query_offset,
                           p.q_seq_lengths,
                           p.kv_seq_lengths};
+  // The contract sized the workspace for this plan (partials Hv floats a row).
   const params::DecodePlan plan = params::attention_decode_plan(
-      p.batch, p.q_len, p.kv_len, p.num_heads, p.num_kv_heads, p.head_dim);
+      p.batch, p.q_len, p.kv_len, p.num_heads, p.num_kv_heads, p.head_dim, value_dim);
+  if (params::attention_decode_takes_mla_kernel(p.head_dim, value_dim)) {
+    return kv_decode::launch_mla_decode<AttentionDecodeKernels, DenseRows<T>, T, false>(
+        stream, shape, static_cast<int>(value_dim), plan, rows, q, out, logsumexp, workspace);
+  }
   return kv_decode::launch_decode<AttentionDecodeKernels>(stream, shape, plan, rows, q, out,
                                                          logsumexp, workspace);
 }

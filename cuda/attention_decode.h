@@ -1,13 +1,14 @@
 // jaxops.attention's decode path on CUDA: the forward of calls with few query
 // rows per kv head (params/attention_decode.h says which) on the split-K
-// decode kernels of cuda/kv_decode.cuh, reading a dense [B, S, K, H] cache.
+// decode kernels of cuda/kv_decode.cuh, reading a dense [B, S, K, H] cache
+// (values [B, S, K, Hv]: a value head dim of its own takes the MLA kernel).
 // No XLA, no Python.
 //
 // Same operation, layouts and results as cuda::attention_fwd (cuda/
-// attention.h) for the calls it applies to: no bias, mask or segment ids
-// and a value head dim equal to H; causal, windows, sequence lengths, the
+// attention.h) for the calls it applies to: no bias, mask or segment ids;
+// causal, windows, sequence lengths, the
 // soft cap and the query offset (device memory, read by the kernel) as
-// params/attention.h says; out [B, T, N, H] and logsumexp
+// params/attention.h says; out [B, T, N, Hv] and logsumexp
 // [B, N, T] (-inf and a zero row where no key is attended). float32
 // arithmetic at every precision (the allow_tf32 policy permits TF32; the
 // decode is bound by memory).

@@ -237,7 +237,7 @@ def test_float32_tensor_cores(backend):
     dict(logits_soft_cap=2.5, is_causal=True),  # the split-K decode kernels
     dict(query_segment_ids=np.array([[1], [0]]), key_value_segment_ids=np.array(
         [[1] * 30 + [2] * 35 + [1] * 2, [0] * 67])),  # the tiled forward (the handler's choice)
-    dict(Hv=40, is_causal=True),  # the tiled forward too
+    dict(Hv=40, is_causal=True),  # the MLA decode kernel (a value head dim of its own)
 ], ids=["soft_cap", "segments", "value_head_dim"])
 def test_decoding_shapes(backend, case):
   """One query row of 4 heads per kv head: the CUDA forward's decode path

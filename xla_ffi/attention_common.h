@@ -65,21 +65,23 @@ inline contract::Workspace bwd_workspace(const contract::WorkspaceQuery& call) {
 inline int64_t fwd_workspace_bytes(const AttentionParams& p, contract::Platform platform) {
   if (platform == contract::Platform::kCpu) return 0;
   return params::attention_fwd_workspace_bytes(p.batch, p.q_len, p.kv_len, p.num_heads,
-                                               p.num_kv_heads, p.head_dim, p.bias != nullptr,
+                                               p.num_kv_heads, p.head_dim,
+                                               params::value_head_dim(p), p.bias != nullptr,
                                                p.mask != nullptr);
 }
 
-// The workspace for q [B, T, N, H], k [B, S, K, H], bias and mask (operands
-// 0, 1, 3 and 4; an absent bias or mask is [0]), in bytes.
+// The workspace for q [B, T, N, H], k [B, S, K, H], v [B, S, K, Hv], bias and
+// mask (operands 0-4; an absent bias or mask is [0]), in bytes.
 inline contract::Workspace fwd_workspace(const contract::WorkspaceQuery& call) {
   const auto& q = call.operand(0);
   const auto& k = call.operand(1);
+  const auto& v = call.operand(2);
   const auto present = [](const std::vector<int64_t>& shape) {
     return !(shape.size() == 1 && shape[0] == 0);
   };
   if (call.platform == contract::Platform::kCpu) return {{0}, "uint8"};
   return {{params::attention_fwd_workspace_bytes(q.at(0), q.at(1), k.at(1), q.at(2), k.at(2),
-                                                 q.at(3), present(call.operand(3)),
+                                                 q.at(3), v.at(3), present(call.operand(3)),
                                                  present(call.operand(4)))},
           "uint8"};
 }

@@ -69,12 +69,13 @@ ffi::Error AttentionFwd(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
       check_fwd_workspace(op, *workspace, fwd_workspace_bytes(p, contract::Platform::kCuda)));
   // Few query rows per kv head (decoding): the split-K decode kernels, whose
   // partial states the contract sized the workspace for (they take the soft
-  // cap; segment ids and a value head dim of its own take the tiled kernels,
-  // leaving that workspace unused).
+  // cap; a value head dim of its own takes the MLA decode kernel; segment ids
+  // take the tiled kernels, leaving that workspace unused).
   const bool decode =
       params::attention_decode_applies(p.q_len, p.num_heads, p.num_kv_heads, p.head_dim,
-                                       p.bias != nullptr, p.mask != nullptr) &&
-      p.q_segment_ids == nullptr && params::value_head_dim(p) == p.head_dim;
+                                       params::value_head_dim(p), p.bias != nullptr,
+                                       p.mask != nullptr) &&
+      p.q_segment_ids == nullptr;
   return dispatch(op, q.element_type(), [&](auto tag) {
     using T = decltype(tag);
     if (decode) {
