@@ -302,21 +302,27 @@ attention_bwd_p = FfiPrimitive(
     reference_params=("context_parallel",))
 
 
-def _transpose(cotangents, saved, wanted, **params):
-  """The backward kernel; dbias (an extra pass) only when the bias is differentiated."""
-  dout, dlse = cotangents
-  operands, (out, lse) = saved[:_FORWARD_OPERANDS], saved[_FORWARD_OPERANDS:]
-  with_dbias = wanted[3] is not None
-  dq, dk, dv, dbias = attention_bwd_p(
-      *operands, out, lse,
-      jnp.zeros_like(out) if dout is None else dout, absent(_F32) if dlse is None else dlse,
-      with_dbias=with_dbias, **params)
-  return dq, dk, dv, dbias if with_dbias else None
+def transpose_by(backward):
+  """The transpose rule that runs ``backward`` (attention_bwd_p's operands and
+  results: the backward kernel here, the backward ring in ring_attention);
+  dbias (an extra pass) only when the bias is differentiated."""
+
+  def transpose(cotangents, saved, wanted, **params):
+    dout, dlse = cotangents
+    operands, (out, lse) = saved[:_FORWARD_OPERANDS], saved[_FORWARD_OPERANDS:]
+    with_dbias = wanted[3] is not None
+    dq, dk, dv, dbias = backward(
+        *operands, out, lse,
+        jnp.zeros_like(out) if dout is None else dout, absent(_F32) if dlse is None else dlse,
+        with_dbias=with_dbias, **params)
+    return dq, dk, dv, dbias if with_dbias else None
+
+  return transpose
 
 
 Differentiable(
     forward=attention_fwd_p, tangent=attention_jvp_p, fused=attention_fwd_jvp_p,
-    transpose=_transpose, tangent_inputs=(0, 1, 2, 3),
+    transpose=transpose_by(attention_bwd_p), tangent_inputs=(0, 1, 2, 3),
     saved_inputs=tuple(range(_FORWARD_OPERANDS)),
     saved_outputs=(0, 1), checkpoint_name="jaxops.attention")
 

@@ -521,21 +521,9 @@ ring_attention_bwd_p = FfiPrimitive(
     abstract_eval=_attention._bwd_abstract_eval, reference=_reference_backward)
 
 
-def _transpose(cotangents, saved, wanted, **params):
-  """The backward ring; dbias only when the bias is differentiated."""
-  dout, dlse = cotangents
-  operands, (out, lse) = saved[:_FORWARD_OPERANDS], saved[_FORWARD_OPERANDS:]
-  with_dbias = wanted[3] is not None
-  dq, dk, dv, dbias = ring_attention_bwd_p(
-      *operands, out, lse,
-      jnp.zeros_like(out) if dout is None else dout, absent(_F32) if dlse is None else dlse,
-      with_dbias=with_dbias, **params)
-  return dq, dk, dv, dbias if with_dbias else None
-
-
 Differentiable(
     forward=ring_attention_fwd_p, tangent=ring_attention_jvp_p, fused=ring_attention_fwd_jvp_p,
-    transpose=_transpose, tangent_inputs=(0, 1, 2, 3),
+    transpose=_attention.transpose_by(ring_attention_bwd_p), tangent_inputs=(0, 1, 2, 3),
     saved_inputs=tuple(range(_FORWARD_OPERANDS)),
     saved_outputs=(0, 1), checkpoint_name="jaxops.ring_attention")
 
