@@ -7,9 +7,16 @@
 //   dout_i    = sum_j p_ij (ds_ij - mu_i) v_j + sum_j p_ij dv_j
 // computed in the forward's single pass: with the online softmax's
 // unnormalised probabilities e_ij (running max, rescale alpha per key tile)
-// the tile loop accumulates O = sum e v, dO = sum e ds v + e dv and
-// M = sum e ds, all rescaled by alpha like the running sum l, and the rows
-// end with out = O / l, mu = M / l, dout = dO / l - mu out.
+// the tile loop accumulates O = sum e v, dO = sum e (ds - c) v + e dv and
+// M = sum e (ds - c), all rescaled by alpha like the running sum l, and the
+// rows end with out = O / l, mu = M / l + c, dout = dO / l - (M / l) out.
+// Any per-row constant c gives the same result in exact arithmetic; the
+// kernel takes the e-weighted mean of ds over the tile that last raised the
+// row's maximum (online_softmax_with_tangent), so that where ds is large and
+// nearly constant over the keys that carry the weight (a query of 1e30: ds
+// ~1e31 at a one-hot key) e (ds - c) stays small and e dv is not absorbed
+// into it. Without the shift such a row's output tangent came out all zero
+// (issue 43, item 2); the CUDA kernel shifts the same way.
 //
 // Work items, tiles and order are the forward's (row tiles of
 // cpu/attention_tiles.h: query rows along the lanes, transposed score tiles).
@@ -47,7 +54,8 @@ struct JvpScratch : TileRowState {
   float* dkf;   // [Bc][H]
   float* vf;    // [Bc][Hv]
   float* dvf;   // [Bc][Hv]
-  float* mu;    // [Br] M, the running sum of e * ds
+  float* mu;    // [Br] M, the running sum of e * (ds - c)
+  float* shift_of_tangents;  // [Br] c (log2 units), the shift of ds
 };
 
 JvpScratch carve_jvp(const Geometry& g, int64_t Br, Arena& arena) {
@@ -63,8 +71,75 @@ JvpScratch carve_jvp(const Geometry& g, int64_t Br, Arena& arena) {
   s.vf = arena.take<float>(kKeyTile * g.Hv);
   s.dvf = arena.take<float>(kKeyTile * g.Hv);
   s.mu = arena.take<float>(Br);
+  s.shift_of_tangents = arena.take<float>(Br);
   carve_tile_row_state(s, g, Br, arena);
   return s;
+}
+
+// online_softmax (cpu/attention_tiles.h) with the logits' tangents: dst[j][i]
+// holds them (log2 units) and becomes e * (ds - c) in natural units, mu
+// accumulates its sum, rescaled by alpha like l. The shift c of a row is the
+// e-weighted mean of ds over the tile that raised its maximum last: when a
+// tile raises it, the earlier accumulators, which hold e * (ds - c_old), are
+// moved to the new shift (dO += (c_old - c_new) O, M += (c_old - c_new) l)
+// before alpha rescales them, a product of Hv x Br per raising tile against
+// the tile's Hv x Br x jn. A key the row does not attend has e = 0 and adds
+// nothing, whatever its tangent holds (a non-finite bias tangent at a masked
+// key); a NaN e (a NaN reached the row's logits) carries on.
+void online_softmax_with_tangent(int64_t jn, int64_t Br, int64_t Hv, bool max_known, float* st,
+                                 const SoftmaxRows& s, float* dst, float* mu, float* shift,
+                                 const float* ot, float* dot) {
+  for (int64_t c = 0; c < Br; c += kLanes) {
+    VecF tile_max = vsplat(-kInf);
+    if (max_known) {
+      tile_max = vload(s.tile_max + c);
+    } else {
+      for (int64_t j = 0; j < jn; ++j) tile_max = vmax(tile_max, vload(st + j * Br + c));
+    }
+    const VecF m_old = vload(s.m + c);
+    const VecF m_new = vmax(m_old, tile_max);
+    const VecF row_shift = m_new == vsplat(-kInf) ? VecF{} : m_new;
+    vstore(s.m + c, m_new);
+    vstore(s.shift + c, row_shift);
+    const VecF alpha = vexp2(m_old - row_shift);
+    vstore(s.alpha + c, alpha);
+    VecF sum{}, weighted_tangents{};
+    for (int64_t j = 0; j < jn; ++j) {
+      const VecF prob = vexp2(vload(st + j * Br + c) - row_shift);
+      vstore(st + j * Br + c, prob);
+      sum += prob;
+      const VecF weighted = prob * vload(dst + j * Br + c);
+      weighted_tangents += prob != VecF{} ? weighted : VecF{};  // NaN prob: attended
+    }
+    // Rows whose maximum this tile raised take its mean tangent as their shift.
+    const VecF c_old = vload(shift + c);
+    const VecF raised = m_new > m_old ? vsplat(1.0f) : VecF{};
+    const VecF c_new = raised != VecF{} ? weighted_tangents / sum : c_old;
+    vstore(shift + c, c_new);
+    // Rows with earlier accumulators (m_old finite) move them to the new shift.
+    const VecF earlier = m_old != vsplat(-kInf) ? raised : VecF{};
+    const VecF move = earlier != VecF{} ? (c_old - c_new) * vsplat(kLn2) : VecF{};
+    VecF l_old = vload(s.l + c);
+    VecF mu_old = vload(mu + c);
+    bool any_move = false;
+    for (int i = 0; i < kLanes; ++i) any_move |= move[i] != 0.0f;
+    if (any_move) {
+      mu_old = vfma(move, l_old, mu_old);
+      for (int64_t h = 0; h < Hv; ++h) {
+        vstore(dot + h * Br + c, vfma(move, vload(ot + h * Br + c), vload(dot + h * Br + c)));
+      }
+    }
+    VecF tangent_sum{};
+    for (int64_t j = 0; j < jn; ++j) {
+      const VecF prob = vload(st + j * Br + c);
+      const VecF centred = prob * ((vload(dst + j * Br + c) - c_new) * vsplat(kLn2));
+      const VecF attended = prob != VecF{} ? centred : VecF{};
+      vstore(dst + j * Br + c, attended);
+      tangent_sum += attended;
+    }
+    vstore(s.l + c, vfma(l_old, alpha, sum));
+    vstore(mu + c, vfma(mu_old, alpha, tangent_sum));
+  }
 }
 
 template <typename T>
@@ -92,6 +167,7 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
     std::fill(s.ot, s.ot + Hv * Br, 0.0f);
     std::fill(s.dot, s.dot + Hv * Br, 0.0f);
     std::fill(s.mu, s.mu + Br, 0.0f);
+    std::fill(s.shift_of_tangents, s.shift_of_tangents + Br, 0.0f);
     std::fill(s.stats.m, s.stats.m + Br, -kInf);
     std::fill(s.stats.l, s.stats.l + Br, 0.0f);
 
@@ -147,7 +223,8 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
         add_bias_tile(d.dbias, p.bias_strides, b, s.n, s.t, rows, j0, jn, s.dst, Br);
       }
       if (logits_have_tangent) {
-        online_softmax<true>(jn, Br, logits_as_computed, s.st, s.stats, s.dst, s.mu);
+        online_softmax_with_tangent(jn, Br, Hv, logits_as_computed, s.st, s.stats, s.dst, s.mu,
+                                    s.shift_of_tangents, s.ot, s.dot);
       } else {
         online_softmax(jn, Br, logits_as_computed, s.st, s.stats);
       }
@@ -163,14 +240,15 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
     const bool attended = tile.attends() && s.t[i] < tile.q_valid && !(s.stats.l[i] == 0.0f);  // NaN l: a NaN row
     if (attended) {
       const float inv = 1.0f / s.stats.l[i];
-      const float mu = s.mu[i] * inv;
+      const float centred_mu = s.mu[i] * inv;
       for (int64_t h = 0; h < Hv; ++h) {
         const float o = s.ot[h * Br + i] * inv;
         out_row[h] = static_cast<T>(o);
-        dout_row[h] = static_cast<T>(s.dot[h * Br + i] * inv - mu * o);
+        dout_row[h] = static_cast<T>(s.dot[h * Br + i] * inv - centred_mu * o);
       }
       lse[stat] = row_logsumexp(s.stats.shift[i], s.stats.l[i]);
-      dlse[stat] = mu;
+      // Where no tangent reaches the logits the shift stays 0.
+      dlse[stat] = centred_mu + s.shift_of_tangents[i] * kLn2;
     } else {
       std::fill(out_row, out_row + Hv, static_cast<T>(0.0f));
       std::fill(dout_row, dout_row + Hv, static_cast<T>(0.0f));

@@ -533,16 +533,10 @@ inline void carve_tile_row_state(TileRowState& s, const Geometry& g, int64_t Br,
 // the running max m, the shift, the rescale alpha of earlier accumulators and
 // the running sum l, and turns st into probabilities. With `max_known` the
 // tile's maximum is in s.tile_max already.
-//
-// kWithTangent (the forward-mode kernel): dst[j][i] holds the logits'
-// tangents (log2 units) and becomes e * ds, the probabilities times the
-// tangents in natural units, and mu[i] accumulates their sum, rescaled by
-// alpha like l. A key the row does not attend has e = 0 and adds nothing,
-// whatever its tangent holds (a non-finite bias tangent at a masked key); a
-// NaN e (a NaN reached the row's logits) carries on.
-template <bool kWithTangent = false>
+// The forward-mode kernel has its variant with the logits' tangents
+// (online_softmax_with_tangent, cpu/attention_jvp.cc).
 inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
-                           const SoftmaxRows& s, float* dst = nullptr, float* mu = nullptr) {
+                           const SoftmaxRows& s) {
   for (int64_t c = 0; c < Br; c += kLanes) {
     VecF tile_max = vsplat(-kInf);
     if (max_known) {
@@ -556,22 +550,13 @@ inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
     vstore(s.m + c, m_new);
     vstore(s.shift + c, shift);
     vstore(s.alpha + c, vexp2(m_old - shift));
-    VecF sum{}, tangent_sum{};
+    VecF sum{};
     for (int64_t j = 0; j < jn; ++j) {
       const VecF prob = vexp2(vload(st + j * Br + c) - shift);
       vstore(st + j * Br + c, prob);
       sum += prob;
-      if constexpr (kWithTangent) {
-        const VecF weighted = prob * (vload(dst + j * Br + c) * vsplat(kLn2));
-        const VecF attended = prob != VecF{} ? weighted : VecF{};  // NaN prob: attended
-        vstore(dst + j * Br + c, attended);
-        tangent_sum += attended;
-      }
     }
     vstore(s.l + c, vfma(vload(s.l + c), vload(s.alpha + c), sum));
-    if constexpr (kWithTangent) {
-      vstore(mu + c, vfma(vload(mu + c), vload(s.alpha + c), tangent_sum));
-    }
   }
 }
 

@@ -14,11 +14,15 @@
 //   M_i = sum_j e_ij (ds_ij - c_i)
 // with dS = dQ K^T + Q dK^T (two products into one accumulator), and ends with
 // out = O / l, dlogsumexp = M / l + c, dout = A / l - (M / l) out. The shift
-// c_i, the e-weighted mean of ds over the row's first attended tile, keeps A
-// and M small where ds has a large common part along the row (a large mean of
-// the keys, a bias tangent constant along keys): dout is then the difference
-// of two small terms, which matters once e (ds - c) is rounded to bfloat16 or
-// float16 as an A operand. An absent tangent (null) is never loaded and its
+// c_i, the e-weighted mean of ds over the tile that last raised the row's
+// maximum, keeps A and M small where ds has a large common part along the row
+// (a large mean of the keys, a bias tangent constant along keys): dout is then
+// the difference of two small terms, which matters once e (ds - c) is rounded
+// to bfloat16 or float16 as an A operand, and where ds is huge at a one-hot
+// key (a query element of 1e30) e dv is not absorbed into e ds. A tile that
+// raises the maximum moves the earlier A and M to its shift (A += (c_old -
+// c_new) O, M += (c_old - c_new) l) before alpha rescales them: one FMA per
+// accumulator, as the CPU kernel does. An absent tangent (null) is never loaded and its
 // products are skipped. K, dK, V, dV stream through two stages by cp.async;
 // Q and dQ stay in shared memory (their fragments are read at each k-step:
 // the accumulators of O, A, S and dS fill the registers). Where the
@@ -234,9 +238,12 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd, kHdv, kFeatures>::kWarps
         const float tile_max = row_tile_max(e, r, row_max[r]);
         const float base = tile_max == -CUDART_INF_F ? 0.0f : tile_max;
         const float alpha = exp2_approx(row_max[r] - base);
-        // The row's first attended key is in this tile: its shift comes from it.
-        const bool first_keys = row_max[r] == -CUDART_INF_F && tile_max != -CUDART_INF_F;
+        // This tile raised the row's maximum: the shift becomes its mean
+        // tangent, and the earlier accumulators (if any) move to it below.
+        const bool raised = tile_max > row_max[r];
+        const bool earlier = raised && row_max[r] != -CUDART_INF_F;
         row_max[r] = tile_max;
+        float move = 0.0f;
         float sum = 0.0f, weighted = 0.0f;
 #pragma unroll
         for (int j = 0; j < kBc / 8; ++j) {
@@ -247,11 +254,17 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd, kHdv, kFeatures>::kWarps
             weighted += e[j][c] * ds[j][c];
           }
         }
-        row_sum[r] = row_sum[r] * alpha + sum;
+        const float earlier_sum = row_sum[r];
+        row_sum[r] = earlier_sum * alpha + sum;
         if (logit_tangents) {
-          // Every lane of the quad takes the same branch (first_keys is the row's).
+          // Every lane of the quad takes the same branch (raised is the row's).
           const float tile_sum = quad_sum(sum), tile_weighted = quad_sum(weighted);
-          if (first_keys) shift[r] = tile_weighted / tile_sum;
+          if (raised) {
+            const float new_shift = tile_weighted / tile_sum;
+            // A and M hold e (ds - c_old): A += (c_old - c_new) O, M += (c_old - c_new) l.
+            if (earlier) move = shift[r] - new_shift;
+            shift[r] = new_shift;
+          }
           float dsum = 0.0f;
 #pragma unroll
           for (int j = 0; j < kBc / 8; ++j) {
@@ -261,14 +274,14 @@ __global__ void __launch_bounds__(32 * JvpTiles<T, kHd, kHdv, kFeatures>::kWarps
               dsum += ds[j][c];
             }
           }
-          row_dsum[r] = row_dsum[r] * alpha + dsum;
+          row_dsum[r] = (row_dsum[r] + move * earlier_sum) * alpha + dsum;
         }
 #pragma unroll
         for (int d = 0; d < kDv / 8; ++d) {
 #pragma unroll
           for (int c = 2 * r; c < 2 * r + 2; ++c) {
+            a_acc[d][c] = (a_acc[d][c] + move * o[d][c]) * alpha;
             o[d][c] *= alpha;
-            a_acc[d][c] *= alpha;
           }
         }
       }

@@ -31,8 +31,10 @@
 //   A_i = sum_j e_ij (ds_ij - c_i) v_j + e_ij dv_j
 //   M_i = sum_j e_ij (ds_ij - c_i)
 // and ends with out = O / l, dlogsumexp = M / l + c, dout = A / l - (M / l) out.
-// The shift c_i, the e-weighted mean of ds over the row's first attended tile,
-// keeps A and M small where ds has a large common part along the row.
+// The shift c_i, the e-weighted mean of ds over the tile that last raised the
+// row's maximum, keeps A and M small where ds has a large common part along the
+// row, and keeps e dv from being absorbed where ds is huge at a one-hot key; a
+// raising tile moves the earlier A and M to the new shift (attention_jvp.cu).
 // Tangents sit next to their primals in the tiles, so each tangent sum is one
 // product: [dQ | Q] [K | dK]^T over 2 hp columns (over hp when one of dq, dk is
 // absent), then [e (ds - c) | e] [V ; dV] over 2 kBc keys, O += e V using its
@@ -584,15 +586,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sum = group_sum<kRowThreads>(sum);
       const float alpha = old_max == -CUDART_INF_F ? 0.0f : __expf(old_max - new_max);
-      for (int c = sub; c < hvp; c += kRowThreads) {
-        sh.o[r * st.ld_ov + c] *= alpha;
-        sh.a[r * st.ld_ov + c] *= alpha;
-      }
-      float shift = sh.row_shift[r], dsum = 0.0f;
+      float shift = sh.row_shift[r], dsum = 0.0f, move = 0.0f;
       if (logit_tangents) {
         weighted = group_sum<kRowThreads>(weighted);
-        // l is 0 until the row's first attended key and at least 1 after.
-        if (old_sum == 0.0f && sum > 0.0f) shift = weighted / sum;
+        // A tile that raises the row's maximum gives it its shift; A and M,
+        // which hold e (ds - c_old), move to it: A += (c_old - c_new) O and
+        // M += (c_old - c_new) l, before alpha rescales them.
+        if (new_max > old_max) {
+          const float new_shift = weighted / sum;
+          if (old_max != -CUDART_INF_F) move = shift - new_shift;
+          shift = new_shift;
+        }
         for (int c = sub; c < kBc; c += kRowThreads) {
           const float centred = s_row[c] * (ds_row[c] - shift);
           probs_row[c] = from_float<T>(centred);
@@ -600,11 +604,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         dsum = group_sum<kRowThreads>(dsum);
       }
+      for (int c = sub; c < hvp; c += kRowThreads) {
+        sh.a[r * st.ld_ov + c] = (sh.a[r * st.ld_ov + c] + move * sh.o[r * st.ld_ov + c]) * alpha;
+        sh.o[r * st.ld_ov + c] *= alpha;
+      }
       __syncwarp();  // the row's threads have read its statistics
       if (sub == 0) {
         sh.row_max[r] = new_max;
         sh.row_sum[r] = old_sum * alpha + sum;
-        sh.row_dsum[r] = sh.row_dsum[r] * alpha + dsum;
+        sh.row_dsum[r] = (sh.row_dsum[r] + move * old_sum) * alpha + dsum;
         sh.row_shift[r] = shift;
       }
     }

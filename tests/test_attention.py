@@ -286,6 +286,20 @@ def test_rows_without_keys_give_zero_and_finite_gradients(backend):
       q, k, v), ref_grads)
 
 
+@backends.parametrize("offset", {backends.CPU: [2**31 - 1, 2**30 + 5], backends.HARNESS: [2**31 - 1]})
+def test_causal_query_offset_near_int32_max(backend, offset):
+  """Rows at positions offset + t beyond every key attend all of them, even
+  where offset + t passes 2^31 (the reference's int32 positions wrapped around
+  there and dropped rows 1.. : issue 43's sweep). Values and gradients."""
+  q, k, v = qkv(11, 1, 3, 5, 2, 1, 8)
+  kwargs = dict(is_causal=True, query_offset=offset)
+  expected = reference.attention(q, k, v)
+  assert_tree_close(reference.attention(q, k, v, **kwargs), expected)
+  assert_tree_close(jaxops.attention(q, k, v, **kwargs), expected)
+  vjp_against_reference(jax.jit(functools.partial(jaxops.attention, **kwargs)),
+                        functools.partial(reference.attention, **kwargs), [q, k, v])
+
+
 @pytest.mark.parametrize("window", [(2**31 - 1, 0), (0, 2**31 - 1), (2**31 - 1, 2**31 - 1)])
 def test_windows_wider_than_int32_positions(window):
   """A window side near 2^31 means "unbounded on that side"; the reference
@@ -354,6 +368,28 @@ def test_jvp_of_some_inputs(backend, argnums):
   f = lambda q, k, v, b: jaxops.attention(q, k, v, b, is_causal=True, return_residual=True)
   r = lambda q, k, v, b: reference.attention(q, k, v, b, is_causal=True, return_residual=True)
   jvp_against_reference(jax.jit(f), r, [q, k, v, bias], argnums=argnums, reduce_size=S)
+
+
+@backends.parametrize("dtype,keys", {backends.CPU: [(jnp.float32, 2), (jnp.bfloat16, 2),
+                                                     (jnp.float32, 300)],
+                                      backends.HARNESS: [(jnp.float32, 2), (jnp.bfloat16, 2)]},
+                      ids=backends.param_id)
+def test_jvp_of_a_query_with_a_huge_element(backend, dtype, keys):
+  """A query element of 1e30 makes each row's weights one-hot, with logit
+  tangents of ~1e31: the output tangent is then the attended value's tangent,
+  O(1), as in the reference (issue 43, item 2: it came out all zero, dv
+  absorbed into e ds before the two cancelled). With 300 keys the one-hot key
+  is the last, in a later key tile than the first tile's maximum, so the
+  kernel's shift of the tangents moves with the maximum."""
+  q, k, v = qkv(43, 1, 2, keys, 1, 1, 16, dtype=dtype)
+  q = q.at[0, 1, 0, 3].set(1e30)
+  k = k.at[0, keys - 1, 0, 3].set(4.0)
+  f = lambda q, k, v: jaxops.attention(q, k, v, is_causal=True, query_offset=keys - 2,
+                                       return_residual=True)
+  r = lambda q, k, v: reference.attention(q, k, v, is_causal=True, query_offset=keys - 2,
+                                          return_residual=True)
+  _, (out_tangent, _) = jvp_against_reference(jax.jit(f), r, [q, k, v], reduce_size=keys)
+  assert np.abs(np.asarray(out_tangent[0, 1], np.float32)).max() > 0.1
 
 
 @pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
