@@ -93,8 +93,13 @@ def _gelu_f32(x, approximate):
   # the same functions, written without the cancellation of 1 + tanh / 1 + erf
   # for negative x, so that the reference (and its gradient) stays accurate in
   # relative terms on the negative tail, as the kernels are.
+  # The cube is taken of x clipped to +-1e4: beyond, the logistic is already 1
+  # or 0 exactly, and x^3 overflows from ~7e12 on, which made the gradient
+  # 0 * inf = NaN there (at 1e30, say) where the function is x or 0.
   if approximate:
-    return x * lax.logistic(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
+    clipped = jnp.clip(x, -1e4, 1e4)
+    inner = clipped + 0.044715 * clipped * clipped * clipped
+    return x * lax.logistic(2.0 * math.sqrt(2.0 / math.pi) * inner)
   return 0.5 * x * lax.erfc(x * (-1.0 / math.sqrt(2.0)))
 
 
@@ -242,16 +247,20 @@ def attention_allowed(batch, num_heads, q_len, kv_len, *, mask=None, is_causal=F
   for row t only where they are equal; ``mask`` (bool, broadcastable) is and-ed in.
   """
   del batch, num_heads
-  position = jnp.arange(q_len, dtype=jnp.int32)[:, None] + jnp.asarray(query_offset, jnp.int32)
-  key = jnp.arange(kv_len, dtype=jnp.int32)[None, :]
+  # Key j against row t's position t + offset, as j - t against the offset:
+  # the position itself wraps around int32 (an offset of 2^31 - 1 put rows 1..
+  # before every key). Rows and keys stay below 2^29, so an offset clamped to
+  # +-2^30 and window sides clamped to 2^29 give the same comparisons, and
+  # offset - left and offset + right cannot wrap.
+  offset = jnp.clip(jnp.asarray(query_offset, jnp.int32), -2**30, 2**30)
+  relative = (jnp.arange(kv_len, dtype=jnp.int32)[None, :]
+              - jnp.arange(q_len, dtype=jnp.int32)[:, None])
   allowed = jnp.ones((q_len, kv_len), bool)
   if is_causal:
-    allowed &= key <= position
+    allowed &= relative <= offset
   if local_window_size is not None:
-    # A side of 2^30 or more already spans every position below 2^30; clamping
-    # keeps position - left and position + right from wrapping around int32.
-    left, right = (min(int(side), 2**30) for side in local_window_size)
-    allowed &= (key >= position - left) & (key <= position + right)
+    left, right = (min(int(side), 2**29) for side in local_window_size)
+    allowed &= (relative >= offset - left) & (relative <= offset + right)
   allowed = allowed[None, None]
   if query_seq_lengths is not None:
     rows = jnp.arange(q_len)[None, :] < query_seq_lengths[:, None]
@@ -771,10 +780,16 @@ def topk_router_weights(logits, experts, *, score="softmax", renormalize=True):
   """The weights [..., k] of the given experts: their (unbiased) scores, divided
   by their sum when renormalize; float32 (float64 for float64 logits). Expert
   ids are clipped to [0, num_experts), as the kernels clamp them."""
-  scores = router_scores(logits, score)
   # Clipped, not wrapped: a negative id is expert 0, as in the kernels.
-  experts = jnp.clip(experts, 0, scores.shape[-1] - 1)
-  weights = jnp.take_along_axis(scores, experts, axis=-1)
+  experts = jnp.clip(experts, 0, logits.shape[-1] - 1)
+  if score == "sigmoid":
+    # Elementwise: the experts' logits are gathered first, so that a NaN or
+    # inf logit of an unselected expert stays out of the gradient (sigmoid's
+    # derivative there times the gather's zero cotangent would be NaN).
+    x = logits.astype(compute_dtype(logits.dtype))
+    weights = jax.nn.sigmoid(jnp.take_along_axis(x, experts, axis=-1))
+  else:
+    weights = jnp.take_along_axis(router_scores(logits, score), experts, axis=-1)
   if renormalize:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   return weights
