@@ -28,7 +28,8 @@ from . import build
 PREFIX = "jaxops_harness_"
 _MODES = {"fibers": 0, "threads": 1}
 # jaxops_harness::WmmaOperand (include/cuda_on_cpu.h) and MmaOperand
-# (include/mma_emulation.h), in their order.
+# (include/mma_emulation.h), in their order; count_wgmma's kinds
+# (include/wgmma_emulation_products.h) follow MmaOperand.
 _WMMA_OPERANDS = ("half", "bfloat16", "tf32")
 _MMA_OPERANDS = ("half", "bfloat16", "tf32")
 
@@ -53,6 +54,8 @@ class Harness:
     self._lib.jaxops_harness_mma_syncs.restype = ctypes.c_ulonglong
     self._lib.jaxops_harness_ldmatrices.restype = ctypes.c_ulonglong
     self._lib.jaxops_harness_cp_asyncs.restype = ctypes.c_ulonglong
+    self._lib.jaxops_harness_wgmmas.argtypes = (ctypes.c_int,)
+    self._lib.jaxops_harness_wgmmas.restype = ctypes.c_ulonglong
     self._lib.jaxops_harness_float_to_tf32.argtypes = (ctypes.c_float,)
     self._lib.jaxops_harness_float_to_tf32.restype = ctypes.c_float
     self._lib.jaxops_harness_configure.argtypes = (ctypes.c_int, ctypes.c_ulonglong)
@@ -89,6 +92,11 @@ class Harness:
   def cp_asyncs(self) -> int:
     """Emulated cp.async copies issued so far."""
     return self._lib.jaxops_harness_cp_asyncs()
+
+  def wgmmas(self, operands: str) -> int:
+    """Emulated wgmma.mma_async products (cuda/wgmma.cuh) run so far on
+    ``operands``: "half", "bfloat16" (m64nNk16) or "tf32" (m64nNk8)."""
+    return self._lib.jaxops_harness_wgmmas(_MMA_OPERANDS.index(operands))
 
   def float_to_tf32(self, x: float) -> float:
     """The harness's ``nvcuda::wmma::__float_to_tf32`` (cvt.rna.tf32.f32)."""

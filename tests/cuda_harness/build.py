@@ -140,13 +140,17 @@ def library(flavor: str = "plain") -> Path:
   """The kernels, the CUDA handlers and the runtime as one shared library."""
   units = [(s, flavor, "kernel") for s in kernel_sources()]
   units += [(s, "plain", "handler") for s in handler_sources()]
-  units += [(HARNESS / "runtime.cc", flavor, "runtime"), (HARNESS / "exports.cc", flavor, "runtime")]
+  units += [(HARNESS / "runtime.cc", flavor, "runtime"), (HARNESS / "tma_emulation.cc", flavor, "runtime"),
+            (HARNESS / "wgmma_emulation.cc", flavor, "runtime"),
+            (HARNESS / "exports.cc", flavor, "runtime")]
   return _link(f"libjaxops_cuda_harness.{flavor}.so", _compile_all(units), flavor, shared=True)
 
 
 def executable(driver: Path, flavor: str, with_kernels: bool) -> Path:
   """`driver` (a main) with the runtime, and the cuda/ kernels when asked."""
-  units = [(driver, flavor, "driver"), (HARNESS / "runtime.cc", flavor, "runtime")]
+  units = [(driver, flavor, "driver"), (HARNESS / "runtime.cc", flavor, "runtime"),
+           (HARNESS / "tma_emulation.cc", flavor, "runtime"),
+           (HARNESS / "wgmma_emulation.cc", flavor, "runtime")]
   if with_kernels:
     units += [(s, flavor, "kernel") for s in kernel_sources()]
   return _link(f"{driver.stem}.{flavor}", _compile_all(units), flavor, shared=False)

@@ -15,6 +15,8 @@
 // which is also how lanes that never meet at a collective end).
 #include "cuda_on_cpu.h"
 #include "mma_emulation.h"
+#include "tma_emulation.h"
+#include "wgmma_emulation.h"
 
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -130,6 +132,13 @@ struct Thread {
   // per block: a block-wide notify_all at every barrier woke all 256 threads to
   // re-check, and the futex traffic was most of a TSan driver's time.
   std::condition_variable released;
+  // block_wait (include/tma_emulation.h): the condition this thread waits for
+  // (an mbarrier phase, a named barrier), whether it may time out, whether it
+  // did, and what a deadlock report says of it.
+  const std::function<bool()>* condition = nullptr;
+  bool may_time_out = false;
+  bool timed_out = false;
+  const std::function<std::string()>* wait_detail = nullptr;
 };
 
 struct Pending {
@@ -183,6 +192,13 @@ struct Block {
     int thread;
   };
   std::unordered_map<uintptr_t, PendingCopy> pending_copies;
+  // Asynchronous operations in flight (TMA copies; issue_async), oldest first;
+  // updates and landings so far, and their count at the last timed-out stall.
+  std::vector<std::pair<uint64_t, std::function<void()>>> async_ops;
+  uint64_t next_async_id = 0;
+  uint64_t progress = 0;
+  uint64_t progress_at_timeout = ~uint64_t{0};
+  uint64_t serial = 0;
 };
 
 thread_local Thread* tls_thread = nullptr;
@@ -281,7 +297,10 @@ std::string deadlock_report(const Block& b) {
   out << "deadlock: every live thread waits and none can proceed;";
   for (const auto& [where, indices] : waits) {
     out << " " << indices.size() << " thread(s) at " << where << " (first: "
-        << thread_name(b, indices.front()) << ");";
+        << thread_name(b, indices.front());
+    const Thread& first = b.threads[indices.front()];
+    if (first.wait_detail != nullptr) out << "; " << (*first.wait_detail)();
+    out << ");";
   }
   int exited = 0;
   for (const Thread& t : b.threads) exited += t.exited;
@@ -323,11 +342,72 @@ void switch_to_scheduler(Block& b, Thread& t) {
 #endif
 }
 
+// Wakes the threads in block_wait whose condition now holds.
+void wake_ready_conditions(Block& b) {
+  for (Thread& t : b.threads) {
+    if (t.blocked && t.condition != nullptr && (*t.condition)()) {
+      t.condition = nullptr;
+      wake(b, t);
+    }
+  }
+}
+
+void land_one(Block& b, size_t i) {
+  std::function<void()> land = std::move(b.async_ops[i].second);
+  b.async_ops.erase(b.async_ops.begin() + static_cast<std::ptrdiff_t>(i));
+  land();
+  ++b.progress;
+}
+
+// With a seed, each operation in flight lands here with probability 1/2.
+void land_some(Block& b) {
+  if (!b.random) return;
+  for (size_t i = 0; i < b.async_ops.size();) {
+    if (b.rng() & 1u) {
+      land_one(b, i);
+    } else {
+      ++i;
+    }
+  }
+  wake_ready_conditions(b);
+}
+
+// No live thread can run: the asynchronous operations in flight land (they may
+// complete what the threads wait for); else the threads in a try_wait time
+// out, once per stall with no progress since the last; else it is a deadlock.
+void resolve_stall(Block& b) {
+  while (!b.async_ops.empty()) land_one(b, 0);
+  wake_ready_conditions(b);
+  if (b.running > 0) return;
+  if (b.progress != b.progress_at_timeout) {
+    bool woke = false;
+    for (Thread& t : b.threads) {
+      if (t.blocked && t.condition != nullptr && t.may_time_out) {
+        t.condition = nullptr;
+        t.timed_out = true;
+        wake(b, t);
+        woke = true;
+      }
+    }
+    if (woke) {
+      b.progress_at_timeout = b.progress;
+      return;
+    }
+  }
+  fail(b, deadlock_report(b));
+}
+
 // Blocks the calling thread until another releases it (or the block fails).
 void wait(Block& b, Thread& t, Guard& guard) {
   t.blocked = true;
   --b.running;
-  if (b.running == 0 && b.error.empty()) fail(b, deadlock_report(b));
+  if (b.running == 0 && b.error.empty()) resolve_stall(b);
+  if (b.mode == Mode::kFibers && !t.blocked) {
+    // The stall woke this thread itself (its condition holds, or it timed
+    // out): it runs on, and must not be resumed from the ready list too.
+    const auto self = std::find(b.ready.begin(), b.ready.end(), t.index);
+    if (self != b.ready.end()) b.ready.erase(self);
+  }
   if (b.mode == Mode::kFibers) {
     while (t.blocked) switch_to_scheduler(b, t);
   } else {
@@ -374,12 +454,14 @@ void thread_exited(Block& b, Thread& t) {
                   site_name(p.op.op, p.op.site) + " with mask " + hex(p.op.mask));
     }
   }
-  if (b.error.empty() && b.live > 0 && b.running == 0) fail(b, deadlock_report(b));
+  if (b.error.empty() && b.live > 0 && b.running == 0) resolve_stall(b);
 }
 
 void run_thread(Block& b, Thread& t) {
   try {
     (*b.kernel)();
+    const std::string left = tma_thread_exit_check(t.index);
+    if (!left.empty()) misuse(b, left);
   } catch (const Aborted&) {
   } catch (const std::exception& e) {
     Guard guard(b);
@@ -581,6 +663,8 @@ std::string run_block(const Settings& s, uint3 block_idx, dim3 grid, dim3 block_
     b.warps[t.warp].existing |= 1u << t.ctx.lane;
   }
   b.live = b.running = n;
+  static uint64_t serials = 0;
+  b.serial = ++serials;
   poison_static_shared();
   // Exactly the requested bytes, so AddressSanitizer sees reads past the end.
   b.dynamic_shared = std::malloc(shared_bytes == 0 ? 1 : shared_bytes);
@@ -639,6 +723,7 @@ ThreadContext& this_thread() {
 }
 
 void* dynamic_shared_memory() { return current_block().dynamic_shared; }
+size_t dynamic_shared_memory_bytes() { return current_block().dynamic_shared_bytes; }
 
 // -- cp.async (include/mma_emulation.h) -------------------------------------------------------
 
@@ -719,6 +804,78 @@ void check_not_pending(const void* row, const char* op, Site site) {
     }
   }
   if (!message.empty()) misuse(b, message);
+  check_tma_landed(row, 16, op, site);
+}
+
+// -- waiting on conditions, asynchronous operations (include/tma_emulation.h) ---------------
+
+uint64_t block_serial() { return current_block().serial; }
+
+void block_update(const std::function<std::string()>& update) {
+  Block& b = current_block();
+  Guard guard(b);
+  if (!b.error.empty()) throw Aborted{};
+  const std::string error = update();
+  if (!error.empty()) {
+    fail(b, error);
+    throw Aborted{};
+  }
+  ++b.progress;
+  land_some(b);
+  wake_ready_conditions(b);
+}
+
+bool block_wait(const char* op, Site site, const std::function<bool()>& ready, bool may_time_out,
+                const std::function<std::string()>& detail) {
+  Block& b = current_block();
+  Thread& t = *tls_thread;
+  Guard guard(b);
+  if (!b.error.empty()) throw Aborted{};
+  land_some(b);
+  if (ready()) return true;
+  t.condition = &ready;
+  t.may_time_out = may_time_out;
+  t.timed_out = false;
+  t.wait_detail = &detail;
+  t.wait_op = op;
+  t.wait_site = site;
+  try {
+    wait(b, t, guard);
+  } catch (const Aborted&) {
+    t.condition = nullptr;
+    t.wait_detail = nullptr;
+    throw;
+  }
+  t.wait_detail = nullptr;
+  return !t.timed_out;
+}
+
+uint64_t issue_async(std::function<void()> land) {
+  Block& b = current_block();
+  Guard guard(b);
+  if (!b.error.empty()) throw Aborted{};
+  const uint64_t id = ++b.next_async_id;
+  b.async_ops.emplace_back(id, std::move(land));
+  return id;
+}
+
+void land_async(uint64_t id) {
+  Block& b = current_block();
+  Guard guard(b);
+  if (!b.error.empty()) throw Aborted{};
+  for (size_t i = 0; i < b.async_ops.size(); ++i) {
+    if (b.async_ops[i].first == id) {
+      land_one(b, i);
+      wake_ready_conditions(b);
+      return;
+    }
+  }
+}
+
+int thread_index() { return tls_thread->index; }
+std::string thread_description(int index) { return thread_name(current_block(), index); }
+std::string shared_description(const void* p) {
+  return shared_location(current_block(), reinterpret_cast<uintptr_t>(p));
 }
 
 unsigned live_lanes() {
