@@ -95,9 +95,10 @@ def _gelu_f32(x, approximate):
   # relative terms on the negative tail, as the kernels are.
   # The cube is taken of x clipped to +-1e4: beyond, the logistic is already 1
   # or 0 exactly, and x^3 overflows from ~7e12 on, which made the gradient
-  # 0 * inf = NaN there (at 1e30, say) where the function is x or 0.
+  # 0 * inf = NaN there (at 1e30, say) where the function is x or 0. A complex
+  # x has no order to clip by; its form is jax.nn's, unclipped.
   if approximate:
-    clipped = jnp.clip(x, -1e4, 1e4)
+    clipped = x if jnp.iscomplexobj(x) else jnp.clip(x, -1e4, 1e4)
     inner = clipped + 0.044715 * clipped * clipped * clipped
     return x * lax.logistic(2.0 * math.sqrt(2.0 / math.pi) * inner)
   return 0.5 * x * lax.erfc(x * (-1.0 / math.sqrt(2.0)))
