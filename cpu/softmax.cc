@@ -61,6 +61,27 @@ const float* load_broadcast_row(const BroadcastOperand<T>& operand, int64_t offs
   return out;
 }
 
+// Row r's z = x + bias with -inf where the mask hides a column, over its first
+// n columns, written to `out` (x's row `xr` itself when there is neither a mask
+// nor a bias). bias_row holds a converted bias row (cols floats, or 1 when it
+// broadcasts along the columns).
+template <typename T>
+const float* visible_logits(const float* xr, const BroadcastOperand<uint8_t>& where,
+                            const BroadcastOperand<T>& bias, int64_t r, float* bias_row,
+                            float* out, int64_t n) {
+  if (where.data == nullptr && bias.data == nullptr) return xr;
+  const uint8_t* wr = where.data ? where.data + where.row_offset(r) : nullptr;
+  if (bias.data != nullptr) load_broadcast_row(bias, bias.row_offset(r), bias_row, n);
+  if (wr != nullptr && bias.data != nullptr) {
+    masked_biased_row<true, true>(xr, wr, where.col_stride, bias_row, bias.col_stride, out, n);
+  } else if (wr != nullptr) {
+    masked_biased_row<true, false>(xr, wr, where.col_stride, bias_row, 0, out, n);
+  } else {
+    masked_biased_row<false, true>(xr, nullptr, 0, bias_row, bias.col_stride, out, n);
+  }
+  return out;
+}
+
 // A row with a NaN among its visible columns: NaN there, and -inf where the
 // column is invisible (z = -inf), as the reference's log_softmax (z - lse would
 // make -inf - NaN = NaN). out may be z.
@@ -126,73 +147,97 @@ class SummedRows {
 };
 
 // The linear maps of a row that the backward (g = the cotangent dy) and the
-// JVP (g = the input's tangent) apply: out_c = out(y_c, g_c, s) with
-// s = sum_c term(y_c, g_c). Softmax's Jacobian is symmetric, so its VJP and JVP
-// are one map; log_softmax's are each other's transpose.
+// JVP (g = the input's tangent) apply, from z (the row's visible logits, -inf
+// where invisible) and its statistics m, inv (params/softmax.h):
+//   s = sum_c term(z_c, g_c, m, inv, p_c),  out_c = out(z_c, p_c, g_c, s, m, inv),
+// where term may store the float32 probability p_c = exp(z_c - m) * inv for
+// out to reuse (one exp per column in all). Softmax's Jacobian is symmetric,
+// so its VJP and JVP are one map; log_softmax's are each other's transpose.
+// An invisible column takes no part and gets 0: its tangent or cotangent may
+// be non-finite, and in a NaN row the row sum s is NaN (0 * NaN would be NaN).
+// p is selected to 0 there, not computed: z - m is NaN in a NaN row.
 //
 // kStageRows: copy float rows into the thread's buffers before the reduction.
 // A reduction with an exp per column, run on rows that are still in memory,
 // keeps too few loads in flight (log_softmax's JVP: 15-20% slower at 4096 x 4096
 // float32); where the exp is in the writing pass, the copy would only cost.
-// Columns with y = 0 are masked ones (by a mask, or causally hidden), whose
-// tangent or cotangent may be non-finite, and whose row sum s is NaN in a
-// NaN row: they take no part and get 0, as the references' masked columns
-// do (0 * NaN would be NaN). The backward and the JVP are the same map.
+// (Bit selects, as in vector_math: a float select left the products under a
+// branch that kept these loops scalar off AVX-512.)
+inline float probability(float z, float m, float inv) {
+  return vector_math::select(z != kNegInf, vexp_nonpositive(z - m) * inv, 0.f);
+}
+
+// p * (g - sum(p * g)) over the columns where p != 0 (a NaN p counts): as the
+// kernels always have, a visible column whose p underflows to 0 takes no part.
 struct SoftmaxLinearMap {
-  static constexpr bool kStageRows = false;
-  // (Bit selects, as in vector_math: a float select left the products under
-  // a branch that kept these loops scalar off AVX-512.)
-  static float term(float y, float g) { return vector_math::select(y != 0.f, y * g, 0.f); }
-  static float out(float y, float g, float s) {
-    return vector_math::select(y != 0.f, y * (g - s), 0.f);
+  static constexpr bool kStageRows = true;
+  static float term(float z, float g, float m, float inv, float& p) {
+    p = probability(z, m, inv);
+    return vector_math::select(p != 0.f, p * g, 0.f);
+  }
+  static float out(float, float p, float g, float s, float, float) {
+    return vector_math::select(p != 0.f, p * (g - s), 0.f);
   }
 };
 
+// g - p * sum(g) over the visible columns.
 struct LogSoftmaxVjp {
   static constexpr bool kStageRows = false;
-  // (A NaN y counts.)
-  static float term(float y, float g) { return vector_math::select(y != kNegInf, g, 0.f); }
-  static float out(float y, float g, float s) {
-    return vector_math::select(y != kNegInf, g - vexp_nonpositive(y) * s, 0.f);
+  static float term(float z, float g, float, float, float&) {
+    return vector_math::select(z != kNegInf, g, 0.f);
+  }
+  static float out(float z, float, float g, float s, float m, float inv) {
+    return vector_math::select(z != kNegInf, g - probability(z, m, inv) * s, 0.f);
   }
 };
 
+// g - sum(p * g) over the visible columns.
 struct LogSoftmaxJvp {
   static constexpr bool kStageRows = true;
-  static float term(float y, float g) {
-    return vector_math::select(y != kNegInf, vexp_nonpositive(y) * g, 0.f);
+  static float term(float z, float g, float m, float inv, float&) {
+    return vector_math::select(z != kNegInf, probability(z, m, inv) * g, 0.f);
   }
-  static float out(float y, float g, float s) {
-    return vector_math::select(y != kNegInf, g - s, 0.f);
+  static float out(float z, float, float g, float s, float, float) {
+    return vector_math::select(z != kNegInf, g - s, 0.f);
   }
 };
 
-// out = Map(y, g + g_broadcast) row by row: one pass for s over rows that stay
-// in cache, one that writes.
+// out = Map(p, g + g_broadcast) row by row, p recomputed from `input`: one pass
+// for s over rows that stay in cache, one that writes.
 // With a causal limit, the columns past a row's visible prefix are 0 and take
-// no part: in a NaN row y is NaN there too, so the guard on y cannot hide them.
+// no part (they are not read).
 template <typename Map, typename T>
-void softmax_linear_map(const T* y, const T* g, const BroadcastOperand<T>& g_broadcast, T* out,
-                        SoftmaxShape shape, CausalLimit causal = {}) {
+void softmax_linear_map(const SoftmaxInput<T>& input, const T* g,
+                        const BroadcastOperand<T>& g_broadcast, T* out, SoftmaxShape shape,
+                        CausalLimit causal = {}) {
   const int64_t cols = shape.cols;
+  const bool has_bias = input.bias.data != nullptr;
+  const bool has_logits = input.where.data != nullptr || has_bias;
   advise_huge_pages(out, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
     using Reader = std::conditional_t<Map::kStageRows, StagedRow<T>, RowBuffer<T>>;
-    Reader y_rows(cols);
+    Reader x_rows(cols);
     RowBuffer<T> out_rows(cols);
     SummedRows<T, Reader> g_rows(g, g_broadcast, cols);
+    std::vector<float> logits(has_logits ? cols : 0);
+    std::vector<float> bias_row(has_bias && input.bias.col_stride != 0 ? cols : 1);
+    std::vector<float> probabilities(cols);
+    float* p = probabilities.data();
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
-      const float* yr = y_rows.read(y + r * cols, cols);
-      const float* gr = g_rows.read(r);
       const int64_t n = visible_prefix(r, shape, causal);
+      const float* z = visible_logits(x_rows.read(input.x + r * cols, n), input.where,
+                                      input.bias, r, bias_row.data(), logits.data(), n);
+      const float* gr = g_rows.read(r);
+      const float m = input.stats[kStatsPerRow * r];
+      const float inv = input.stats[kStatsPerRow * r + 1];
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < n; ++c) s += Map::term(yr[c], gr[c]);
+      for (int64_t c = 0; c < n; ++c) s += Map::term(z[c], gr[c], m, inv, p[c]);
       float* o = out_rows.target(out + r * cols);
 #pragma omp simd
-      for (int64_t c = 0; c < n; ++c) o[c] = Map::out(yr[c], gr[c], s);
+      for (int64_t c = 0; c < n; ++c) o[c] = Map::out(z[c], p[c], gr[c], s, m, inv);
       std::fill(o + n, o + cols, 0.f);
       out_rows.commit(out + r * cols, cols);
     }
@@ -203,8 +248,8 @@ void softmax_linear_map(const T* y, const T* g, const BroadcastOperand<T>& g_bro
 
 template <typename T>
 void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
-                 const BroadcastOperand<T>& bias, T* y, SoftmaxShape shape, SoftmaxOutput output,
-                 CausalLimit causal) {
+                 const BroadcastOperand<T>& bias, T* y, float* stats, SoftmaxShape shape,
+                 SoftmaxOutput output, CausalLimit causal) {
   const int64_t cols = shape.cols;
   const bool log_output = output == SoftmaxOutput::kLogProbabilities;
   const float invisible = log_output ? kNegInf : 0.f;
@@ -218,25 +263,16 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
       const int64_t n = visible_prefix(r, shape, causal);
       const float* xr = x_rows.read(x + r * cols, n);
       float* out = y_rows.target(y + r * cols);
-      const float* z = xr;
-      if (where.data != nullptr || bias.data != nullptr) {
-        const uint8_t* wr = where.data ? where.data + where.row_offset(r) : nullptr;
-        const float* br = bias_row.data();
-        if (bias.data != nullptr) load_broadcast_row(bias, bias.row_offset(r), bias_row.data(), n);
-        if (wr != nullptr && bias.data != nullptr) {
-          masked_biased_row<true, true>(xr, wr, where.col_stride, br, bias.col_stride, out, n);
-        } else if (wr != nullptr) {
-          masked_biased_row<true, false>(xr, wr, where.col_stride, br, 0, out, n);
-        } else {
-          masked_biased_row<false, true>(xr, nullptr, 0, br, bias.col_stride, out, n);
-        }
-        z = out;
-      }
+      // z is computed into the output row, which the passes below overwrite.
+      const float* z = visible_logits(xr, where, bias, r, bias_row.data(), out, n);
       const float m = n > 0 ? row_max(z, n) : kNegInf;
       float inv_sum = 1.f;
+      float* row_stats = stats + kStatsPerRow * r;
+      row_stats[0] = m;
       if (m == kNegInf) {
         // max() skips NaN; a NaN beside only invisible columns still poisons the row.
         const bool has_nan = std::any_of(z, z + n, [](float v) { return v != v; });
+        row_stats[1] = has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.f;
         if (has_nan && log_output) {
           nan_row_log_probabilities(z, out, n);
         } else {
@@ -246,6 +282,7 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t c = 0; c < n; ++c) sum += vexp_nonpositive(z[c] - m);
+        row_stats[1] = 1.f / sum;
         const float lse = m + std::log(sum);
         if (lse != lse) {
           nan_row_log_probabilities(z, out, n);
@@ -261,6 +298,7 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
           sum += out[c];
         }
         inv_sum = 1.f / sum;
+        row_stats[1] = inv_sum;
 #pragma omp simd
         for (int64_t c = 0; c < n; ++c) out[c] *= inv_sum;
       }
@@ -273,37 +311,39 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
 
 
 template <typename T>
-void softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape, CausalLimit causal) {
-  softmax_linear_map<SoftmaxLinearMap>(y, dy, BroadcastOperand<T>{}, dx, shape, causal);
+void softmax_bwd(const T* dy, const SoftmaxInput<T>& input, T* dx, SoftmaxShape shape,
+                 CausalLimit causal) {
+  softmax_linear_map<SoftmaxLinearMap>(input, dy, BroadcastOperand<T>{}, dx, shape, causal);
 }
 
 template <typename T>
-void log_softmax_bwd(const T* dy, const T* y, T* dx, SoftmaxShape shape) {
-  softmax_linear_map<LogSoftmaxVjp>(y, dy, BroadcastOperand<T>{}, dx, shape);
+void log_softmax_bwd(const T* dy, const SoftmaxInput<T>& input, T* dx, SoftmaxShape shape) {
+  softmax_linear_map<LogSoftmaxVjp>(input, dy, BroadcastOperand<T>{}, dx, shape);
 }
 
 template <typename T>
-void softmax_jvp(const T* y, const T* dx, const BroadcastOperand<T>& dbias, T* dy,
-                 SoftmaxShape shape) {
-  softmax_linear_map<SoftmaxLinearMap>(y, dx, dbias, dy, shape);
+void softmax_jvp(const SoftmaxInput<T>& input, const T* dx, const BroadcastOperand<T>& dbias,
+                 T* dy, SoftmaxShape shape, CausalLimit causal) {
+  softmax_linear_map<SoftmaxLinearMap>(input, dx, dbias, dy, shape, causal);
 }
 
 template <typename T>
-void log_softmax_jvp(const T* y, const T* dx, const BroadcastOperand<T>& dbias, T* dy,
-                     SoftmaxShape shape) {
-  softmax_linear_map<LogSoftmaxJvp>(y, dx, dbias, dy, shape);
+void log_softmax_jvp(const SoftmaxInput<T>& input, const T* dx, const BroadcastOperand<T>& dbias,
+                     T* dy, SoftmaxShape shape) {
+  softmax_linear_map<LogSoftmaxJvp>(input, dx, dbias, dy, shape);
 }
 
 #define JAXOPS_INSTANTIATE_SOFTMAX(T)                                                         \
   template void softmax_fwd<T>(const T*, const BroadcastOperand<uint8_t>&,                    \
-                               const BroadcastOperand<T>&, T*, SoftmaxShape, SoftmaxOutput,   \
+                               const BroadcastOperand<T>&, T*, float*, SoftmaxShape,          \
+                               SoftmaxOutput, CausalLimit);                                   \
+  template void softmax_bwd<T>(const T*, const SoftmaxInput<T>&, T*, SoftmaxShape,            \
                                CausalLimit);                                                  \
-  template void softmax_bwd<T>(const T*, const T*, T*, SoftmaxShape, CausalLimit);            \
-  template void log_softmax_bwd<T>(const T*, const T*, T*, SoftmaxShape);                     \
-  template void softmax_jvp<T>(const T*, const T*, const BroadcastOperand<T>&, T*,            \
-                               SoftmaxShape);                                                 \
-  template void log_softmax_jvp<T>(const T*, const T*, const BroadcastOperand<T>&, T*,        \
-                                   SoftmaxShape);
+  template void log_softmax_bwd<T>(const T*, const SoftmaxInput<T>&, T*, SoftmaxShape);       \
+  template void softmax_jvp<T>(const SoftmaxInput<T>&, const T*, const BroadcastOperand<T>&,  \
+                               T*, SoftmaxShape, CausalLimit);                                \
+  template void log_softmax_jvp<T>(const SoftmaxInput<T>&, const T*,                          \
+                                   const BroadcastOperand<T>&, T*, SoftmaxShape);
 
 JAXOPS_INSTANTIATE_SOFTMAX(float)
 JAXOPS_INSTANTIATE_SOFTMAX(bfloat16)

@@ -89,8 +89,8 @@ __device__ __forceinline__ void load_visible(const T* x, const BroadcastRow<uint
 template <typename T, int kVec, bool kBroadcast>
 __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
     softmax_fwd_kernel(const T* __restrict__ x, BroadcastOperand<uint8_t> where,
-                       BroadcastOperand<T> bias, T* __restrict__ y, int64_t rows, int cols,
-                       bool log_output, CausalLimit causal) {
+                       BroadcastOperand<T> bias, T* __restrict__ y, float* __restrict__ saved_stats,
+                       int64_t rows, int cols, bool log_output, CausalLimit causal) {
   constexpr int kItemCount = kItems<kVec, kFwdElements>;
   constexpr int kElems = kItemCount * kVec;
   const int64_t row = group_row();
@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
   const int chunk = blockDim.x * kElems;
   const int chunks = (cols + chunk - 1) / chunk;
 
+  float* row_stats = saved_stats + kStatsPerRow * row;
   // A softmax keeps the last chunk's exp(z - the thread's shift) in z.
   float z[kElems];
   MaxSum stats = MaxSum::empty(), last;
@@ -114,6 +115,12 @@ __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
     last = part;
   }
   stats = row_reduce::block_max_sum(stats);
+  // The derivatives' statistics (params/softmax.h); without a visible column
+  // 0, or NaN when the row holds a NaN (0 * sum).
+  if (threadIdx.x == 0) {
+    row_stats[0] = stats.max;
+    row_stats[1] = stats.max == -CUDART_INF_F ? 0.f * stats.sum : 1.f / stats.sum;
+  }
 
   const float invisible = log_output ? -CUDART_INF_F : 0.f;
   // A log_softmax row with a NaN and no finite column takes the log path below,
@@ -170,51 +177,73 @@ __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
 }
 
 // The linear maps of a row that the backward (g = the cotangent dy) and the
-// JVP (g = the input's tangent dx + dbias) apply: out_c = out(y_c, g_c, s) with
-// s the row sum of term(y_c, g_c). Softmax's Jacobian is symmetric, so its VJP
-// and JVP are one map; log_softmax's are each other's
-// transpose.
-// Columns with y = 0 are masked ones (by a mask, or causally hidden), whose
-// tangent or cotangent may be non-finite, and whose row sum s is NaN in a
-// NaN row: they take no part and get 0, as the references' masked columns
-// do (0 * NaN would be NaN). The backward and the JVP are the same map.
+// JVP (g = the input's tangent dx + dbias) apply, from z (the row's visible
+// logits, -inf where invisible) and its statistics m, inv (params/softmax.h),
+// which give the forward's float32 probability p = exp(z - m) * inv:
+// out_c = out(z_c, g_c, s) with s the row sum of term(z_c, g_c). Softmax's
+// Jacobian is symmetric, so its VJP and JVP are one map; log_softmax's are
+// each other's transpose. An invisible column takes no part and gets 0: its
+// tangent or cotangent may be non-finite, and in a NaN row s is NaN (0 * NaN
+// would be NaN). p is 0 there by a select, not computed: z - m is NaN in a
+// NaN row.
+struct RowStats {
+  float m, inv;
+  __device__ __forceinline__ float probability(float z) const {
+    return z != -CUDART_INF_F ? row_reduce::exp_of_difference(z, m) * inv : 0.f;
+  }
+};
+
+// p * (g - sum(p * g)) over the columns where p != 0 (a NaN p counts).
 struct SoftmaxLinearMap {
-  __device__ static float term(float y, float g) { return y != 0.f ? y * g : 0.f; }
-  __device__ static float out(float y, float g, float s) { return y != 0.f ? y * (g - s) : 0.f; }
+  __device__ static float term(float z, float g, RowStats st) {
+    const float p = st.probability(z);
+    return p != 0.f ? p * g : 0.f;
+  }
+  __device__ static float out(float z, float g, float s, RowStats st) {
+    const float p = st.probability(z);
+    return p != 0.f ? p * (g - s) : 0.f;
+  }
 };
 
+// g - p * sum(g) over the visible columns.
 struct LogSoftmaxVjp {
-  __device__ static float term(float y, float g) { return y != -CUDART_INF_F ? g : 0.f; }
-  __device__ static float out(float y, float g, float s) {
-    return y != -CUDART_INF_F ? g - row_reduce::exp_of_difference(y, 0.f) * s : 0.f;  // NaN y: NaN
+  __device__ static float term(float z, float g, RowStats) {
+    return z != -CUDART_INF_F ? g : 0.f;
+  }
+  __device__ static float out(float z, float g, float s, RowStats st) {
+    return z != -CUDART_INF_F ? g - st.probability(z) * s : 0.f;
   }
 };
 
+// g - sum(p * g) over the visible columns.
 struct LogSoftmaxJvp {
-  __device__ static float term(float y, float g) {
-    return y != -CUDART_INF_F ? row_reduce::exp_of_difference(y, 0.f) * g : 0.f;
+  __device__ static float term(float z, float g, RowStats st) {
+    return z != -CUDART_INF_F ? st.probability(z) * g : 0.f;
   }
-  __device__ static float out(float y, float g, float s) { return y != -CUDART_INF_F ? g - s : 0.f; }
+  __device__ static float out(float z, float g, float s, RowStats) {
+    return z != -CUDART_INF_F ? g - s : 0.f;
+  }
 };
 
-// Loads this thread's part of a chunk of y and of g = g + g_broadcast (either
-// absent: 0); packs entirely past the visible prefix n are not loaded (y = g = 0).
+// Loads this thread's part of a chunk of z (load_visible) and of g = g +
+// g_broadcast (either absent: 0); packs entirely past the visible prefix n are
+// not loaded (z = -inf, g = 0). kLogits: the input has a mask or a bias;
 // kBroadcast: g_broadcast is present.
-template <typename T, int kVec, int kCount, bool kBroadcast>
-__device__ __forceinline__ void load_map_operands(const T* y, const T* g,
+template <typename T, int kVec, int kCount, bool kLogits, bool kBroadcast>
+__device__ __forceinline__ void load_map_operands(const T* x, const BroadcastRow<uint8_t>& where,
+                                                  const BroadcastRow<T>& bias, const T* g,
                                                   const BroadcastRow<T>& g_broadcast, int base,
-                                                  int n, float (&y_v)[kCount * kVec],
+                                                  int n, float (&z)[kCount * kVec],
                                                   float (&g_v)[kCount * kVec]) {
+  load_visible<T, kVec, kCount, kLogits>(x, where, bias, base, n, z);
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
     const int col = item_col<kVec>(base, i);
-    const bool loaded = col < n;
-    if (loaded) load_pack<T, kVec>(y + col, &y_v[i * kVec]);
-    if (loaded && g != nullptr) load_pack<T, kVec>(g + col, &g_v[i * kVec]);
+    const bool loaded = col < n && g != nullptr;
+    if (loaded) load_pack<T, kVec>(g + col, &g_v[i * kVec]);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      if (!loaded) y_v[i * kVec + j] = 0.f;
-      if (!loaded || g == nullptr) g_v[i * kVec + j] = 0.f;
+      if (!loaded) g_v[i * kVec + j] = 0.f;
     }
   }
   if constexpr (kBroadcast) {
@@ -229,12 +258,12 @@ __device__ __forceinline__ void load_map_operands(const T* y, const T* g,
   }
 }
 
-// out = Map(y, g + g_broadcast), either term of g absent (0); past a row's
-// causal prefix (if any) out = 0: in a NaN row y is NaN there, so the guard on y
-// cannot hide those columns.
-template <typename T, int kVec, typename Map, bool kBroadcast>
+// out = Map(p, g + g_broadcast), p recomputed from `input`, either term of g
+// absent (0); past a row's causal prefix (if any) out = 0 (those columns are
+// not read).
+template <typename T, int kVec, typename Map, bool kLogits, bool kBroadcast>
 __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
-    softmax_linear_map_kernel(const T* __restrict__ y, const T* __restrict__ g,
+    softmax_linear_map_kernel(SoftmaxInput<T> input, const T* __restrict__ g,
                               BroadcastOperand<T> g_broadcast, T* __restrict__ out, int64_t rows,
                               int cols, CausalLimit causal) {
   constexpr int kItemCount = kItems<kVec, kMapElements>;
@@ -242,37 +271,40 @@ __global__ void __launch_bounds__(kMaxRowThreads, kMinBlocksPerSm)
   const int64_t row = group_row();
   if (row >= rows) return;
   const int n = visible_prefix(row, cols, causal);
-  const T* y_row = y + row * cols;
+  const T* x_row = input.x + row * cols;
+  const BroadcastRow<uint8_t> where_row(input.where, row);
+  const BroadcastRow<T> bias_row(input.bias, row);
   const T* g_row = g != nullptr ? g + row * cols : nullptr;
   const BroadcastRow<T> g_broadcast_row(g_broadcast, row);
+  const RowStats st{input.stats[kStatsPerRow * row], input.stats[kStatsPerRow * row + 1]};
   T* out_row = out + row * cols;
   const int chunk = blockDim.x * kElems;
   const int chunks = (cols + chunk - 1) / chunk;
 
-  float y_v[kElems], g_v[kElems];
+  float z[kElems], g_v[kElems];
   float sum[1] = {0.f};
+  const auto load = [&](int c) {
+    load_map_operands<T, kVec, kItemCount, kLogits, kBroadcast>(
+        x_row, where_row, bias_row, g_row, g_broadcast_row, c * chunk, n, z, g_v);
+  };
   for (int c = 0; c < chunks; ++c) {
-    load_map_operands<T, kVec, kItemCount, kBroadcast>(y_row, g_row, g_broadcast_row, c * chunk,
-                                                        n, y_v, g_v);
+    load(c);
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) sum[0] += Map::term(y_v[e], g_v[e]);
+    for (int e = 0; e < kElems; ++e) sum[0] += Map::term(z[e], g_v[e], st);
   }
   row_sum(sum);
   for (int c = chunks - 1; c >= 0; --c) {
-    if (c != chunks - 1) {
-      load_map_operands<T, kVec, kItemCount, kBroadcast>(y_row, g_row, g_broadcast_row,
-                                                          c * chunk, n, y_v, g_v);
-    }
+    if (c != chunks - 1) load(c);
 #pragma unroll
     for (int i = 0; i < kItemCount; ++i) {
       const int col = item_col<kVec>(c * chunk, i);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const int e = i * kVec + j;
-        y_v[e] = col + j < n ? Map::out(y_v[e], g_v[e], sum[0]) : 0.f;
+        z[e] = col + j < n ? Map::out(z[e], g_v[e], sum[0], st) : 0.f;
       }
     }
-    store_chunk<T, kVec, kItemCount>(out_row, c * chunk, cols, y_v);
+    store_chunk<T, kVec, kItemCount>(out_row, c * chunk, cols, z);
   }
 }
 
@@ -300,27 +332,37 @@ cudaError_t launch_rows(SoftmaxShape shape, std::initializer_list<const void*> b
 }
 
 template <typename Map, typename T>
-cudaError_t softmax_linear_map(cudaStream_t stream, const T* y, const T* g,
+cudaError_t softmax_linear_map(cudaStream_t stream, const SoftmaxInput<T>& input, const T* g,
                                BroadcastOperand<T> g_broadcast, T* out, SoftmaxShape shape,
                                CausalLimit causal = {}) {
-  if (!valid_shape(shape, causal) || !valid_broadcast(g_broadcast)) return cudaErrorInvalidValue;
-  return launch_rows<T, kMapElements>(shape, {y, g, out}, [&](auto pack_width, RowLaunch launch) {
-    constexpr int kVec = decltype(pack_width)::value;
-    return launch_kernel(g_broadcast.data != nullptr
-                             ? softmax_linear_map_kernel<T, kVec, Map, true>
-                             : softmax_linear_map_kernel<T, kVec, Map, false>,
-                         launch.grid, launch.block, stream, y, g, g_broadcast, out, shape.rows,
-                         static_cast<int>(shape.cols), causal);
-  });
+  if (!valid_shape(shape, causal) || !valid_broadcast(input.where) ||
+      !valid_broadcast(input.bias) || !valid_broadcast(g_broadcast) || input.x == nullptr ||
+      input.stats == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const bool logits = input.where.data != nullptr || input.bias.data != nullptr;
+  const bool broadcast = g_broadcast.data != nullptr;
+  return launch_rows<T, kMapElements>(
+      shape, {input.x, g, out}, [&](auto pack_width, RowLaunch launch) {
+        constexpr int kVec = decltype(pack_width)::value;
+        const auto kernel =
+            logits ? (broadcast ? softmax_linear_map_kernel<T, kVec, Map, true, true>
+                                : softmax_linear_map_kernel<T, kVec, Map, true, false>)
+                   : (broadcast ? softmax_linear_map_kernel<T, kVec, Map, false, true>
+                                : softmax_linear_map_kernel<T, kVec, Map, false, false>);
+        return launch_kernel(kernel, launch.grid, launch.block, stream, input, g, g_broadcast,
+                             out, shape.rows, static_cast<int>(shape.cols), causal);
+      });
 }
 
 }  // namespace
 
 template <typename T>
 cudaError_t softmax_fwd(cudaStream_t stream, const T* x, BroadcastOperand<uint8_t> where,
-                        BroadcastOperand<T> bias, T* y, SoftmaxShape shape, SoftmaxOutput output,
-                        CausalLimit causal) {
-  if (!valid_shape(shape, causal) || !valid_broadcast(where) || !valid_broadcast(bias)) {
+                        BroadcastOperand<T> bias, T* y, float* stats, SoftmaxShape shape,
+                        SoftmaxOutput output, CausalLimit causal) {
+  if (!valid_shape(shape, causal) || !valid_broadcast(where) || !valid_broadcast(bias) ||
+      stats == nullptr) {
     return cudaErrorInvalidValue;
   }
   return launch_rows<T, kFwdElements>(shape, {x, y}, [&](auto pack_width, RowLaunch launch) {
@@ -328,48 +370,49 @@ cudaError_t softmax_fwd(cudaStream_t stream, const T* x, BroadcastOperand<uint8_
     const bool broadcast = where.data != nullptr || bias.data != nullptr;
     return launch_kernel(broadcast ? softmax_fwd_kernel<T, kVec, true>
                                    : softmax_fwd_kernel<T, kVec, false>,
-                         launch.grid, launch.block, stream, x, where, bias, y, shape.rows,
+                         launch.grid, launch.block, stream, x, where, bias, y, stats, shape.rows,
                          static_cast<int>(shape.cols),
                          output == SoftmaxOutput::kLogProbabilities, causal);
   });
 }
 
 template <typename T>
-cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx, SoftmaxShape shape,
-                        CausalLimit causal) {
-  return softmax_linear_map<SoftmaxLinearMap>(stream, y, dy, BroadcastOperand<T>{}, dx, shape,
+cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, SoftmaxInput<T> input, T* dx,
+                        SoftmaxShape shape, CausalLimit causal) {
+  return softmax_linear_map<SoftmaxLinearMap>(stream, input, dy, BroadcastOperand<T>{}, dx, shape,
                                               causal);
 }
 
 template <typename T>
-cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx,
+cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, SoftmaxInput<T> input, T* dx,
                             SoftmaxShape shape) {
-  return softmax_linear_map<LogSoftmaxVjp>(stream, y, dy, BroadcastOperand<T>{}, dx, shape);
+  return softmax_linear_map<LogSoftmaxVjp>(stream, input, dy, BroadcastOperand<T>{}, dx, shape);
 }
 
 template <typename T>
-cudaError_t softmax_jvp(cudaStream_t stream, const T* y, const T* dx, BroadcastOperand<T> dbias,
-                        T* dy, SoftmaxShape shape) {
-  return softmax_linear_map<SoftmaxLinearMap>(stream, y, dx, dbias, dy, shape);
+cudaError_t softmax_jvp(cudaStream_t stream, SoftmaxInput<T> input, const T* dx,
+                        BroadcastOperand<T> dbias, T* dy, SoftmaxShape shape, CausalLimit causal) {
+  return softmax_linear_map<SoftmaxLinearMap>(stream, input, dx, dbias, dy, shape, causal);
 }
 
 template <typename T>
-cudaError_t log_softmax_jvp(cudaStream_t stream, const T* y, const T* dx,
+cudaError_t log_softmax_jvp(cudaStream_t stream, SoftmaxInput<T> input, const T* dx,
                             BroadcastOperand<T> dbias, T* dy, SoftmaxShape shape) {
-  return softmax_linear_map<LogSoftmaxJvp>(stream, y, dx, dbias, dy, shape);
+  return softmax_linear_map<LogSoftmaxJvp>(stream, input, dx, dbias, dy, shape);
 }
 
 #define JAXOPS_CUDA_SOFTMAX_INSTANTIATE(T)                                                 \
   template cudaError_t softmax_fwd<T>(cudaStream_t, const T*, BroadcastOperand<uint8_t>,   \
-                                      BroadcastOperand<T>, T*, SoftmaxShape, SoftmaxOutput, \
-                                      CausalLimit);                                         \
-  template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, const T*, T*, SoftmaxShape,  \
-                                      CausalLimit);                                         \
-  template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, const T*, T*, SoftmaxShape); \
-  template cudaError_t softmax_jvp<T>(cudaStream_t, const T*, const T*, BroadcastOperand<T>, T*, \
-                                      SoftmaxShape);                                           \
-  template cudaError_t log_softmax_jvp<T>(cudaStream_t, const T*, const T*, BroadcastOperand<T>, \
-                                          T*, SoftmaxShape);
+                                      BroadcastOperand<T>, T*, float*, SoftmaxShape,       \
+                                      SoftmaxOutput, CausalLimit);                         \
+  template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, SoftmaxInput<T>, T*,         \
+                                      SoftmaxShape, CausalLimit);                          \
+  template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, SoftmaxInput<T>, T*,     \
+                                          SoftmaxShape);                                   \
+  template cudaError_t softmax_jvp<T>(cudaStream_t, SoftmaxInput<T>, const T*,             \
+                                      BroadcastOperand<T>, T*, SoftmaxShape, CausalLimit); \
+  template cudaError_t log_softmax_jvp<T>(cudaStream_t, SoftmaxInput<T>, const T*,         \
+                                          BroadcastOperand<T>, T*, SoftmaxShape);
 
 JAXOPS_CUDA_SOFTMAX_INSTANTIATE(float)
 JAXOPS_CUDA_SOFTMAX_INSTANTIATE(__half)

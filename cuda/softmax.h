@@ -26,51 +26,60 @@ namespace jaxops::cuda {
 // The parameters (params/softmax.h), shared with the CPU kernels and the handlers.
 using ::jaxops::params::BroadcastOperand;
 using ::jaxops::params::CausalLimit;
+using ::jaxops::params::kMaxBroadcastAxes;
+using ::jaxops::params::kStatsPerRow;
+using ::jaxops::params::SoftmaxInput;
 using ::jaxops::params::SoftmaxOutput;
 using ::jaxops::params::SoftmaxShape;
-using ::jaxops::params::kMaxBroadcastAxes;
 
-// `where` holds 0/1 bytes (XLA's PRED).
+// `where` holds 0/1 bytes (XLA's PRED). Also writes each row's statistics for
+// the derivatives (params/softmax.h) to `stats`, kStatsPerRow floats a row.
 template <typename T>
 cudaError_t softmax_fwd(cudaStream_t stream, const T* x, BroadcastOperand<uint8_t> where,
-                        BroadcastOperand<T> bias, T* y, SoftmaxShape shape, SoftmaxOutput output,
-                        CausalLimit causal);
+                        BroadcastOperand<T> bias, T* y, float* stats, SoftmaxShape shape,
+                        SoftmaxOutput output, CausalLimit causal);
 
-// dx = y * (dy - sum(y * dy)), y the softmax output, over the columns where
-// y != 0 and inside the causal prefix (causal.queries == 0: no limit); 0 elsewhere.
-template <typename T>
-cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx, SoftmaxShape shape,
-                        CausalLimit causal);
+// The derivatives recompute the forward's float32 probabilities p from its
+// input and statistics (`input`), never from the rounded y: p is 0 exactly at
+// an invisible column (also in a NaN row), which gets 0. With a causal limit
+// (causal.queries == 0: none) input has no mask or bias.
 
-// dx = dy - exp(y) * sum(dy) over columns where y > -inf; 0 elsewhere.
+// dx = p * (dy - sum(p * dy)) over the columns where p != 0; 0 elsewhere.
 template <typename T>
-cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, const T* y, T* dx,
+cudaError_t softmax_bwd(cudaStream_t stream, const T* dy, SoftmaxInput<T> input, T* dx,
+                        SoftmaxShape shape, CausalLimit causal);
+
+// dx = dy - p * sum(dy) over the visible columns; 0 elsewhere.
+template <typename T>
+cudaError_t log_softmax_bwd(cudaStream_t stream, const T* dy, SoftmaxInput<T> input, T* dx,
                             SoftmaxShape shape);
 
-// The tangent of softmax's y from y and the input's tangent t = dx + dbias (dx
+// The tangent of softmax's y from the input's tangent t = dx + dbias (dx
 // nullable, dbias broadcast as the forward's bias; absent terms are 0):
-// dy = y * (t - sum(y * t)) over the columns where y != 0, 0 where y == 0.
+// dy = p * (t - sum(p * t)) over the columns where p != 0, 0 where p == 0.
 template <typename T>
-cudaError_t softmax_jvp(cudaStream_t stream, const T* y, const T* dx, BroadcastOperand<T> dbias,
-                        T* dy, SoftmaxShape shape);
+cudaError_t softmax_jvp(cudaStream_t stream, SoftmaxInput<T> input, const T* dx,
+                        BroadcastOperand<T> dbias, T* dy, SoftmaxShape shape, CausalLimit causal);
 
-// The tangent of log_softmax's y (t as for softmax_jvp): dy = t - sum(exp(y) * t)
-// over the columns where y > -inf, 0 elsewhere.
+// The tangent of log_softmax's y (t as for softmax_jvp): dy = t - sum(p * t)
+// over the visible columns, 0 elsewhere.
 template <typename T>
-cudaError_t log_softmax_jvp(cudaStream_t stream, const T* y, const T* dx,
+cudaError_t log_softmax_jvp(cudaStream_t stream, SoftmaxInput<T> input, const T* dx,
                             BroadcastOperand<T> dbias, T* dy, SoftmaxShape shape);
 
-#define JAXOPS_CUDA_SOFTMAX_DECLARE(T)                                                      \
-  extern template cudaError_t softmax_fwd<T>(cudaStream_t, const T*,                        \
-                                             BroadcastOperand<uint8_t>, BroadcastOperand<T>, \
-                                             T*, SoftmaxShape, SoftmaxOutput, CausalLimit);  \
-  extern template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, const T*, T*,          \
-                                             SoftmaxShape, CausalLimit);                     \
-  extern template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, const T*, T*,      \
-                                                 SoftmaxShape);                              \
-  extern template cudaError_t softmax_jvp<T>(cudaStream_t, const T*, const T*,              \
-                                             BroadcastOperand<T>, T*, SoftmaxShape);         \
-  extern template cudaError_t log_softmax_jvp<T>(cudaStream_t, const T*, const T*,          \
+#define JAXOPS_CUDA_SOFTMAX_DECLARE(T)                                                       \
+  extern template cudaError_t softmax_fwd<T>(cudaStream_t, const T*,                         \
+                                             BroadcastOperand<uint8_t>, BroadcastOperand<T>,  \
+                                             T*, float*, SoftmaxShape, SoftmaxOutput,         \
+                                             CausalLimit);                                    \
+  extern template cudaError_t softmax_bwd<T>(cudaStream_t, const T*, SoftmaxInput<T>, T*,    \
+                                             SoftmaxShape, CausalLimit);                      \
+  extern template cudaError_t log_softmax_bwd<T>(cudaStream_t, const T*, SoftmaxInput<T>,    \
+                                                 T*, SoftmaxShape);                           \
+  extern template cudaError_t softmax_jvp<T>(cudaStream_t, SoftmaxInput<T>, const T*,        \
+                                             BroadcastOperand<T>, T*, SoftmaxShape,           \
+                                             CausalLimit);                                    \
+  extern template cudaError_t log_softmax_jvp<T>(cudaStream_t, SoftmaxInput<T>, const T*,    \
                                                  BroadcastOperand<T>, T*, SoftmaxShape);
 
 JAXOPS_CUDA_SOFTMAX_DECLARE(float)

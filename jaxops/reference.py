@@ -413,7 +413,11 @@ def _softmax_parts(x, axis, where, bias):
 def softmax(x, axis=-1, *, where=None, bias=None):
   """softmax(x + bias) along ``axis`` over the columns ``where`` allows."""
   shifted, visible, total = _softmax_parts(x, axis, where, bias)
-  y = jnp.where(visible, jnp.exp(shifted), 0.0) / jnp.where(total == 0.0, 1.0, total)
+  # An invisible column's value is 0 / total (NaN in a NaN row, as the kernels
+  # give it), but a constant: its tangent is 0 even in a NaN row, as its VJP
+  # is (0 / total differentiated would carry the row's NaN into forward mode).
+  total = jnp.where(total == 0.0, 1.0, total)
+  y = jnp.where(visible, jnp.exp(shifted) / total, lax.stop_gradient(0.0 / total))
   return y.astype(x.dtype)
 
 

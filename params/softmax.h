@@ -52,4 +52,24 @@ struct CausalLimit {
 
 enum class SoftmaxOutput { kProbabilities, kLogProbabilities };
 
+// Per row, the float32 statistics the forward saves for the derivatives:
+// stats[kStatsPerRow * row + 0] = m, the maximum of z = x + bias over the row's
+// visible columns, and [... + 1] = 1 / sum(exp(z - m)) over them, so that
+// p = exp(z - m) * that is the forward's float32 probability at a visible
+// column. (In a row without a visible column: m = -inf, and 0, or NaN when the
+// row holds a NaN; no derivative reads them there.)
+constexpr int kStatsPerRow = 2;
+
+// What the backward and tangent kernels read instead of the rounded output:
+// the forward's input (x, and its mask and bias as the forward's handler
+// passed them) and its row statistics. The kernels recompute p in float32 from
+// them, and know a -inf column (p = 0, no gradient) even in a NaN row.
+template <typename T>
+struct SoftmaxInput {
+  const T* x = nullptr;
+  BroadcastOperand<uint8_t> where;  // absent: every column allowed
+  BroadcastOperand<T> bias;         // absent: 0
+  const float* stats = nullptr;     // kStatsPerRow floats a row
+};
+
 }  // namespace jaxops::params

@@ -137,6 +137,8 @@ PROGRAMS = {
     "log_softmax": (_vjp(lambda x: jaxops.log_softmax(x, **FFI)), (X,)),
     "log_softmax_jvp": (_jvp(lambda x: jaxops.log_softmax(x, **FFI)), (X,)),
     "causal_softmax": (_vjp(lambda x: jaxops.causal_softmax(x, query_offset=2, **FFI)), (X,)),
+    "causal_softmax_jvp": (_jvp(lambda x: jaxops.causal_softmax(x, query_offset=2, **FFI)),
+                           (X,)),
     "cross_entropy": (_vjp(lambda x: jaxops.cross_entropy(x, LABELS, label_smoothing=0.1, **FFI)),
                       (X,)),
     "cross_entropy_jvp": (_jvp(lambda x: jaxops.cross_entropy(x, LABELS, z_loss=1e-4, **FFI)),

@@ -15,17 +15,20 @@ from support.lowering import DTYPES, T, check_binding, custom_calls
 # target -> (operand dtypes, result dtypes), as bound in C++; the attributes
 # come from the targets' contract.
 BUFFERS = {
-    "jaxops_softmax_fwd": ((T, "i1", T), (T,)),
-    "jaxops_log_softmax_fwd": ((T, "i1", T), (T,)),
-    "jaxops_causal_softmax_fwd": ((T,), (T,)),
-    "jaxops_softmax_bwd": ((T, T), (T,)),
-    "jaxops_causal_softmax_bwd": ((T, T), (T,)),
-    "jaxops_log_softmax_bwd": ((T, T), (T,)),
+    # The softmax family's forwards save float32 row statistics; the
+    # derivatives take x (its mask and bias) and those, never y.
+    "jaxops_softmax_fwd": ((T, "i1", T), (T, "f32")),
+    "jaxops_log_softmax_fwd": ((T, "i1", T), (T, "f32")),
+    "jaxops_causal_softmax_fwd": ((T,), (T, "f32")),
+    "jaxops_softmax_bwd": ((T, T, "i1", T, "f32"), (T,)),
+    "jaxops_causal_softmax_bwd": ((T, T, "f32"), (T,)),
+    "jaxops_log_softmax_bwd": ((T, T, "i1", T, "f32"), (T,)),
     "jaxops_cross_entropy_fwd": ((T, "i32"), ("f32", "f32")),
     "jaxops_cross_entropy_bwd": ((T, "i32", "f32", "f32"), (T,)),
     "jaxops_cross_entropy_fwd_grad": ((T, "i32"), ("f32", T)),
-    "jaxops_softmax_jvp": ((T, T, T), (T,)),
-    "jaxops_log_softmax_jvp": ((T, T, T), (T,)),
+    "jaxops_softmax_jvp": ((T, "i1", T, "f32", T, T), (T,)),
+    "jaxops_log_softmax_jvp": ((T, "i1", T, "f32", T, T), (T,)),
+    "jaxops_causal_softmax_jvp": ((T, "f32", T), (T,)),
     "jaxops_cross_entropy_jvp": ((T, "i32", "f32", T), ("f32",)),
 }
 
@@ -49,9 +52,12 @@ def test_masked_softmax_lowers_to_the_cuda_targets(name, dtype):
   loss = lambda x, b: fn(x, where=where, bias=b, implementation="ffi").astype(jnp.float32).sum()
   calls = custom_calls(jax.grad(loss, (0, 1)), _x(dtype), bias)
   _check(calls, [f"jaxops_{name}_fwd", f"jaxops_{name}_bwd"], dtype)
-  # The mask and the bias reach the kernel unbroadcast, at x's rank.
+  # The mask and the bias reach the kernel unbroadcast, at x's rank; so do
+  # they the backward, with the forward's statistics (two floats a row).
   fwd_operands = calls[0][1]
   assert [shape for shape, _ in fwd_operands] == [(2, 6, 40), (1, 1, 40), (1, 6, 1)]
+  assert [shape for shape, _ in calls[1][1]] == [
+      (2, 6, 40), (2, 6, 40), (1, 1, 40), (1, 6, 1), (2, 6, 2)]
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -61,6 +67,7 @@ def test_causal_softmax_lowers_to_the_cuda_targets(dtype):
   calls = custom_calls(jax.grad(loss), _x(dtype))
   _check(calls, ["jaxops_causal_softmax_fwd", "jaxops_causal_softmax_bwd"], dtype)
   assert all("query_offset = 3 : i64" in call[4] for call in calls)
+  assert [shape for shape, _ in calls[1][1]] == [(2, 6, 40), (2, 6, 40), (2, 6, 2)]
 
 
 def test_absent_mask_and_bias_are_zero_size_operands():
@@ -103,12 +110,15 @@ def test_forward_mode_lowers_to_the_cuda_jvp_targets(name, dtype):
   f = lambda x, b: fn(x, bias=b, implementation="ffi")
   calls = custom_calls(lambda x, b: jax.jvp(f, (x, b), (x, b)), _x(dtype), bias)
   _check(calls, [f"jaxops_{name}_fwd", f"jaxops_{name}_jvp"], dtype)
-  # The bias tangent reaches the kernel unbroadcast, like the bias.
-  assert [shape for shape, _ in calls[1][1]] == [(2, 6, 40), (2, 6, 40), (1, 6, 1)]
-  causal = lambda x: jaxops.causal_softmax(x, implementation="ffi")
+  # x, no mask, the bias, the statistics, x's tangent and the bias tangent,
+  # which reaches the kernel unbroadcast like the bias.
+  assert [shape for shape, _ in calls[1][1]] == [
+      (2, 6, 40), (0,), (1, 6, 1), (2, 6, 2), (2, 6, 40), (1, 6, 1)]
+  causal = lambda x: jaxops.causal_softmax(x, query_offset=1, implementation="ffi")
   calls = custom_calls(lambda x: jax.jvp(causal, (x,), (x,)), _x(dtype))
-  _check(calls, ["jaxops_causal_softmax_fwd", "jaxops_softmax_jvp"], dtype)
-  assert [shape for shape, _ in calls[1][1]] == [(2, 6, 40), (2, 6, 40), (0,)]
+  _check(calls, ["jaxops_causal_softmax_fwd", "jaxops_causal_softmax_jvp"], dtype)
+  assert [shape for shape, _ in calls[1][1]] == [(2, 6, 40), (2, 6, 2), (2, 6, 40)]
+  assert "query_offset = 1 : i64" in calls[1][4]
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -365,23 +365,15 @@ def _neg_inf_row_cases(cols):
   }
 
 
-# The softmax backward kernels take y only, which is NaN in every column of a
-# NaN row: they cannot tell the -inf columns (gradient 0 in the reference) from
-# the others without x, a new operand of their handler.
-_NEEDS_X_IN_THE_BACKWARD = {"softmax", "causal_softmax"}
-
-
 @backends.parametrize("op", {backends.CPU: ["log_softmax", "softmax", "causal_softmax",
                                             "cross_entropy"],
                              backends.HARNESS: ["log_softmax", "softmax", "causal_softmax",
                                                 "cross_entropy"]})
-def test_nan_beside_neg_inf_in_a_row(backend, op, request):
+def test_nan_beside_neg_inf_in_a_row(backend, op):
   """The -inf columns of a NaN row: log-probability -inf and gradient 0, as in
   the reference; the NaN everywhere else; the other rows unaffected. Strict:
-  NaN and inf exactly where the reference has them."""
-  if op in _NEEDS_X_IN_THE_BACKWARD:
-    request.applymarker(pytest.mark.xfail(
-        strict=True, reason="the softmax backward kernels would need x (issue 43, item 4)"))
+  NaN and inf exactly where the reference has them. (The softmax family's
+  derivatives know those columns from x: its y is NaN there too.)"""
   cols = HARNESS_COLS if backend == backends.HARNESS else COLS
   fn, ref = _neg_inf_row_cases(cols)[op]
   x = _nan_and_neg_inf_rows(cols)

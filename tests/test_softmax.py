@@ -178,9 +178,8 @@ def test_each_mode_runs_the_fused_kernels(name, fn, ref, args):
   """grad: the forward and backward kernels; jvp: the forward and JVP kernels."""
   grad = jax.grad(scalarize(fn), argnums=tuple(range(len(args))))
   assert custom_call_targets(grad, *args) == [f"jaxops_{name}_fwd", f"jaxops_{name}_bwd"]
-  tangent = "jaxops_softmax_jvp" if name == "causal_softmax" else f"jaxops_{name}_jvp"
   assert custom_call_targets(lambda *p: jax.jvp(fn, p, p), *args) == [
-      f"jaxops_{name}_fwd", tangent]
+      f"jaxops_{name}_fwd", f"jaxops_{name}_jvp"]
 
 
 @pytest.mark.parametrize("name,fn,ref", MASKED, ids=MASKED_IDS)
@@ -291,12 +290,18 @@ def test_nan_in_a_visible_column_poisons_the_row(backend):
     assert jnp.isnan(y[0]).all() and jnp.isnan(y[2, 0]) and not jnp.isnan(y[1]).any()
 
 
-def _softmax_grad_float64(x, cotangent):
-  """softmax's vjp in float64 (NumPy): p * (g - sum(p * g)) over the last axis."""
-  x, g = np.asarray(x, np.float64), np.asarray(cotangent, np.float64)
+def _derivative_float64(name, mode, x, g):
+  """softmax's and log_softmax's vjp or jvp in float64 (NumPy), over the last
+  axis: softmax's Jacobian is symmetric, p * (g - sum(p * g)) both ways;
+  log_softmax's vjp is g - p * sum(g) and its jvp g - sum(p * g)."""
+  x, g = np.asarray(x, np.float64), np.asarray(g, np.float64)
   p = np.exp(x - x.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
-  return p * (g - (p * g).sum(-1, keepdims=True))
+  if name == "softmax":
+    return p * (g - (p * g).sum(-1, keepdims=True))
+  if mode == "vjp":
+    return g - p * g.sum(-1, keepdims=True)
+  return g - (p * g).sum(-1, keepdims=True)
 
 
 def _worst_row_error(actual, exact):
@@ -306,21 +311,43 @@ def _worst_row_error(actual, exact):
                       / np.maximum(np.linalg.norm(exact, axis=-1), 1e-30)))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 43 item 3: the backward kernel reads y rounded "
-                   "to the input dtype; computing it in float32 needs x (and a float32 "
-                   "log-sum-exp) as operands of jaxops_softmax_bwd, a handler change")
+def _derivative(fn, mode):
+  if mode == "vjp":
+    return jax.jit(lambda x, g: jax.vjp(fn, x)[1](g)[0])
+  return jax.jit(lambda x, t: jax.jvp(fn, (x,), (t,))[1])
+
+
+@pytest.mark.parametrize("mode", ["vjp", "jvp"])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("dtype,cols", [(jnp.bfloat16, 16), (jnp.float16, 65)],
                          ids=["bfloat16-16", "float16-65"])
-def test_low_precision_backward_error_against_float64(backend, dtype, cols):
-  """The kernel's gradient is no more than 2x as far from float64's as the
-  reference's run in that dtype (which computes in float32 and rounds once).
-  Peaked rows (logits of scale 10) are where differentiating through the
-  rounded output costs most."""
-  x, cotangent = random_inputs(23, [(64, cols), (64, cols)], dtype, scale=10.0)
-  exact = _softmax_grad_float64(x, cotangent)
-  grad = lambda fn: jax.jit(lambda x, c: jax.vjp(fn, x)[1](c)[0])(x, cotangent)
-  kernel = _worst_row_error(grad(functools.partial(jaxops.softmax, implementation="ffi")), exact)
-  ours = _worst_row_error(grad(reference.softmax), exact)
+def test_low_precision_backward_error_against_float64(backend, dtype, cols, name, mode):
+  """The kernel's gradient (and tangent) is no more than 2x as far from
+  float64's as the reference's run in that dtype (which computes in float32
+  and rounds once): the kernels recompute the probabilities in float32 from x,
+  where differentiating through the rounded output cost 40x (issue 43, item
+  3). Peaked rows (logits of scale 10) are where that costs most."""
+  x, g = random_inputs(23, [(64, cols), (64, cols)], dtype, scale=10.0)
+  exact = _derivative_float64(name, mode, x, g)
+  kernel_fn = functools.partial(getattr(jaxops, name), implementation="ffi")
+  kernel = _worst_row_error(_derivative(kernel_fn, mode)(x, g), exact)
+  ours = _worst_row_error(_derivative(getattr(reference, name), mode)(x, g), exact)
+  assert kernel <= 2 * ours, f"kernel {kernel:.3g}, reference {ours:.3g}"
+
+
+@pytest.mark.parametrize("mode", ["vjp", "jvp"])
+def test_causal_low_precision_derivatives_against_float64(backend, mode):
+  """causal_softmax's backward and tangent, likewise (queries 8, keys 16,
+  offset 8: every row sees 9 to 16 keys)."""
+  x, g = random_inputs(24, [(8, 16), (8, 16)], jnp.bfloat16, scale=10.0)
+  visible = np.asarray(reference.causal_mask(8, 16, 8))
+  masked = np.where(visible, np.asarray(x, np.float64), -np.inf)
+  exact = np.where(visible, _derivative_float64("softmax", mode, masked, np.where(visible, g, 0)),
+                   0.0)
+  kernel_fn = functools.partial(jaxops.causal_softmax, query_offset=8, implementation="ffi")
+  kernel = _worst_row_error(_derivative(kernel_fn, mode)(x, g), exact)
+  ref_fn = functools.partial(reference.causal_softmax, query_offset=8)
+  ours = _worst_row_error(_derivative(ref_fn, mode)(x, g), exact)
   assert kernel <= 2 * ours, f"kernel {kernel:.3g}, reference {ours:.3g}"
 
 
@@ -386,27 +413,51 @@ def test_empty_inputs_take_the_reference():
   assert jaxops.causal_softmax(jnp.ones((2, 0, 3))).shape == (2, 0, 3)
 
 
+_F32 = np.float32
+_NO_MASK, _NO_BIAS = np.ones((0,), bool), np.ones((0,), _F32)
+_X24, _STATS = np.ones((2, 4), _F32), np.ones((2, 2), _F32)
+_FWD_RESULTS = [((2, 4), _F32), ((2, 2), _F32)]
+
+
 @pytest.mark.parametrize("target,operands,results,attrs,match", [
-    ("jaxops_softmax_fwd", [np.ones((2, 4), np.float32), np.ones((0,), bool),
-                            np.ones((0,), np.float32)], [((2, 5), np.float32)], {}, "y has shape"),
-    ("jaxops_softmax_fwd", [np.ones((2, 4), np.float32), np.ones((3, 4), bool),
-                            np.ones((0,), np.float32)], [((2, 4), np.float32)], {},
+    ("jaxops_softmax_fwd", [_X24, _NO_MASK, _NO_BIAS], [((2, 5), _F32), ((2, 2), _F32)], {},
+     "y has shape"),
+    ("jaxops_softmax_fwd", [_X24, np.ones((3, 4), bool), _NO_BIAS], _FWD_RESULTS, {},
      "where has shape"),
-    ("jaxops_log_softmax_fwd", [np.ones((2, 4), np.float32), np.ones((4,), bool),
-                                np.ones((0,), np.float32)], [((2, 4), np.float32)], {},
+    ("jaxops_log_softmax_fwd", [_X24, np.ones((4,), bool), _NO_BIAS], _FWD_RESULTS, {},
      "where has shape"),
-    ("jaxops_softmax_fwd", [np.ones((2, 4), np.float32), np.ones((2, 4), np.int8),
-                            np.ones((0,), np.float32)], [((2, 4), np.float32)], {},
+    ("jaxops_softmax_fwd", [_X24, np.ones((2, 4), np.int8), _NO_BIAS], _FWD_RESULTS, {},
      "where must have dtype bool"),
-    ("jaxops_softmax_fwd", [np.ones((2, 4), np.float32), np.ones((0,), bool),
-                            np.ones((1, 4), np.float16)], [((2, 4), np.float32)], {},
+    ("jaxops_softmax_fwd", [_X24, _NO_MASK, np.ones((1, 4), np.float16)], _FWD_RESULTS, {},
      "bias must have dtype"),
-    ("jaxops_softmax_fwd", [np.ones((2, 4), np.int32), np.ones((0,), bool),
-                            np.ones((0,), np.int32)], [((2, 4), np.int32)], {}, "unsupported dtype"),
-    ("jaxops_causal_softmax_fwd", [np.ones((4,), np.float32)], [((4,), np.float32)],
+    ("jaxops_softmax_fwd", [np.ones((2, 4), np.int32), _NO_MASK, np.ones((0,), np.int32)],
+     [((2, 4), np.int32), ((2, 2), _F32)], {}, "unsupported dtype"),
+    # The statistics: float32, two a row.
+    ("jaxops_softmax_fwd", [_X24, _NO_MASK, _NO_BIAS], [((2, 4), _F32), ((2, 1), _F32)], {},
+     r"stats has shape \[2, 1\], expected \[2, 2\]"),
+    ("jaxops_log_softmax_fwd", [_X24, _NO_MASK, _NO_BIAS], [((2, 4), _F32), ((2, 2), np.float16)],
+     {}, "stats must have dtype float32"),
+    ("jaxops_causal_softmax_fwd", [np.ones((4,), _F32)], [((4,), _F32), ((2,), _F32)],
      {"query_offset": np.int64(0)}, "rank >= 2"),
-    ("jaxops_softmax_bwd", [np.ones((2, 4), np.float32), np.ones((2, 3), np.float32)],
-     [((2, 3), np.float32)], {}, "dy has shape"),
+    ("jaxops_softmax_bwd", [_X24, np.ones((2, 3), _F32), _NO_MASK, _NO_BIAS, _STATS],
+     [((2, 3), _F32)], {}, "dy has shape"),
+    ("jaxops_softmax_bwd", [_X24, _X24, _NO_MASK, _NO_BIAS, np.ones((2,), _F32)],
+     [((2, 4), _F32)], {}, "stats has shape"),
+    ("jaxops_log_softmax_bwd", [_X24, _X24, np.ones((2, 4), bool), _NO_BIAS,
+                                _STATS.astype(np.float16)], [((2, 4), _F32)], {},
+     "stats must have dtype float32"),
+    ("jaxops_log_softmax_bwd", [_X24, _X24, np.ones((2, 3), bool), _NO_BIAS, _STATS],
+     [((2, 4), _F32)], {}, "where has shape"),
+    ("jaxops_causal_softmax_bwd", [_X24, _X24, np.ones((3, 2), _F32)], [((2, 4), _F32)],
+     {"query_offset": np.int64(0)}, "stats has shape"),
+    ("jaxops_softmax_jvp", [_X24, _NO_MASK, np.ones((2, 4), np.float16), _STATS, _X24, _NO_BIAS],
+     [((2, 4), _F32)], {}, "bias must have dtype"),
+    ("jaxops_log_softmax_jvp", [_X24, _NO_MASK, _NO_BIAS, _STATS, np.ones((2, 5), _F32),
+                                _NO_BIAS], [((2, 4), _F32)], {}, "dx"),
+    ("jaxops_causal_softmax_jvp", [np.ones((4,), _F32), np.ones((2,), _F32), np.ones((4,), _F32)],
+     [((4,), _F32)], {"query_offset": np.int64(0)}, "rank >= 2"),
+    ("jaxops_causal_softmax_jvp", [_X24, np.ones((2, 2, 1), _F32), _X24], [((2, 4), _F32)],
+     {"query_offset": np.int64(0)}, "stats has shape"),
 ])
 def test_handler_rejects_inconsistent_buffers(target, operands, results, attrs, match):
   """Calls a handler directly with buffers the public API would never pass: the

@@ -17,88 +17,112 @@ ffi::Error dispatch(const std::string& op, ffi::DataType dtype, Fn&& fn) {
 
 ffi::Error masked_softmax_fwd(const std::string& op, cpu::SoftmaxOutput output,
                               const ffi::AnyBuffer& x, const ffi::AnyBuffer& where,
-                              const ffi::AnyBuffer& bias, ffi::AnyBuffer& y) {
+                              const ffi::AnyBuffer& bias, ffi::AnyBuffer& y,
+                              ffi::AnyBuffer& stats) {
   SoftmaxShape s;
-  JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, &s));
+  JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, stats, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     BroadcastOperand<uint8_t> where_view;
     BroadcastOperand<T> bias_view;
     JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "where", where, x, &where_view));
     JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "bias", bias, x, &bias_view));
-    cpu::softmax_fwd<T>(data<const T>(x), where_view, bias_view, data<T>(y), s, output, {});
+    cpu::softmax_fwd<T>(data<const T>(x), where_view, bias_view, data<T>(y), data<float>(stats),
+                        s, output, {});
     return ffi::Error::Success();
   });
 }
 
 ffi::Error SoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
-                      ffi::Result<ffi::AnyBuffer> y) {
+                      ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> stats) {
   return masked_softmax_fwd(kSoftmaxFwd.name, cpu::SoftmaxOutput::kProbabilities, x, where,
-                            bias, *y);
+                            bias, *y, *stats);
 }
 
 ffi::Error LogSoftmaxFwd(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
-                         ffi::Result<ffi::AnyBuffer> y) {
+                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> stats) {
   return masked_softmax_fwd(kLogSoftmaxFwd.name, cpu::SoftmaxOutput::kLogProbabilities, x,
-                            where, bias, *y);
+                            where, bias, *y, *stats);
 }
 
 ffi::Error CausalSoftmaxFwd(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
-                            int64_t query_offset) {
+                            ffi::Result<ffi::AnyBuffer> stats, int64_t query_offset) {
   SoftmaxShape s;
   CausalLimit causal;
-  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, query_offset, &s, &causal));
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, *stats, query_offset, &s, &causal));
   return dispatch(kCausalSoftmaxFwd.name, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::softmax_fwd<T>(data<const T>(x), {}, {}, data<T>(*y), s,
+    cpu::softmax_fwd<T>(data<const T>(x), {}, {}, data<T>(*y), data<float>(*stats), s,
                         cpu::SoftmaxOutput::kProbabilities, causal);
     return ffi::Error::Success();
   });
 }
 
-// A validated backward call; `causal` is softmax's limit (none unless causal_softmax's).
 template <bool kLog>
-ffi::Error softmax_bwd(const std::string& op, const ffi::AnyBuffer& dy, const ffi::AnyBuffer& y,
-                       ffi::AnyBuffer& dx, SoftmaxShape s, CausalLimit causal) {
-  return dispatch(op, y.element_type(), [&](auto tag) {
+ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer where,
+                      ffi::AnyBuffer bias, ffi::AnyBuffer stats, ffi::Result<ffi::AnyBuffer> dx) {
+  const std::string op = kLog ? kLogSoftmaxBwd.name : kSoftmaxBwd.name;
+  SoftmaxShape s;
+  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, x, where, bias, stats, *dx, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
+    SoftmaxInput<T> input;
+    JAXOPS_RETURN_IF_ERROR(softmax_input(op, x, where, bias, stats, &input));
     if constexpr (kLog) {
-      cpu::log_softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(dx), s);
+      cpu::log_softmax_bwd<T>(data<const T>(dy), input, data<T>(*dx), s);
     } else {
-      cpu::softmax_bwd<T>(data<const T>(dy), data<const T>(y), data<T>(dx), s, causal);
+      cpu::softmax_bwd<T>(data<const T>(dy), input, data<T>(*dx), s, {});
     }
     return ffi::Error::Success();
   });
 }
 
-template <bool kLog>
-ffi::Error SoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx) {
-  const std::string op = kLog ? kLogSoftmaxBwd.name : kSoftmaxBwd.name;
-  SoftmaxShape s;
-  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
-  return softmax_bwd<kLog>(op, dy, y, *dx, s, {});
-}
-
-ffi::Error CausalSoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx,
-                            int64_t query_offset) {
+ffi::Error CausalSoftmaxBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer stats,
+                            ffi::Result<ffi::AnyBuffer> dx, int64_t query_offset) {
   SoftmaxShape s;
   CausalLimit causal;
-  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_bwd(dy, y, *dx, query_offset, &s, &causal));
-  return softmax_bwd<false>(kCausalSoftmaxBwd.name, dy, y, *dx, s, causal);
+  JAXOPS_RETURN_IF_ERROR(
+      check_causal_softmax_bwd(dy, x, stats, *dx, query_offset, &s, &causal));
+  return dispatch(kCausalSoftmaxBwd.name, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const SoftmaxInput<T> input{data<const T>(x), {}, {}, data<const float>(stats)};
+    cpu::softmax_bwd<T>(data<const T>(dy), input, data<T>(*dx), s, causal);
+    return ffi::Error::Success();
+  });
 }
 
 template <bool kLog>
-ffi::Error SoftmaxJvp(ffi::AnyBuffer y, ffi::AnyBuffer dx, ffi::AnyBuffer dbias,
+ffi::Error SoftmaxJvp(ffi::AnyBuffer x, ffi::AnyBuffer where, ffi::AnyBuffer bias,
+                      ffi::AnyBuffer stats, ffi::AnyBuffer dx, ffi::AnyBuffer dbias,
                       ffi::Result<ffi::AnyBuffer> dy) {
   const std::string op = kLog ? kLogSoftmaxJvp.name : kSoftmaxJvp.name;
   SoftmaxShape s;
-  JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, y, dx, dbias, *dy, &s));
-  return dispatch(op, y.element_type(), [&](auto tag) {
+  JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, x, where, bias, stats, dx, dbias, *dy, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    const auto jvp = kLog ? cpu::log_softmax_jvp<T> : cpu::softmax_jvp<T>;
+    SoftmaxInput<T> input;
+    JAXOPS_RETURN_IF_ERROR(softmax_input(op, x, where, bias, stats, &input));
     BroadcastOperand<T> dbias_view;
-    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "dbias", dbias, y, &dbias_view));
-    jvp(data<const T>(y), data_or_null<const T>(dx), dbias_view, data<T>(*dy), s);
+    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "dbias", dbias, x, &dbias_view));
+    if constexpr (kLog) {
+      cpu::log_softmax_jvp<T>(input, data_or_null<const T>(dx), dbias_view, data<T>(*dy), s);
+    } else {
+      cpu::softmax_jvp<T>(input, data_or_null<const T>(dx), dbias_view, data<T>(*dy), s, {});
+    }
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error CausalSoftmaxJvp(ffi::AnyBuffer x, ffi::AnyBuffer stats, ffi::AnyBuffer dx,
+                            ffi::Result<ffi::AnyBuffer> dy, int64_t query_offset) {
+  SoftmaxShape s;
+  CausalLimit causal;
+  JAXOPS_RETURN_IF_ERROR(
+      check_causal_softmax_jvp(x, stats, dx, *dy, query_offset, &s, &causal));
+  return dispatch(kCausalSoftmaxJvp.name, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const SoftmaxInput<T> input{data<const T>(x), {}, {}, data<const float>(stats)};
+    cpu::softmax_jvp<T>(input, data_or_null<const T>(dx), {}, data<T>(*dy), s, causal);
     return ffi::Error::Success();
   });
 }
@@ -114,12 +138,14 @@ JAXOPS_FFI_TARGET(kCausalSoftmaxFwd, kCausalSoftmaxFwdCpu, CausalSoftmaxFwd,
 JAXOPS_FFI_TARGET(kSoftmaxBwd, kSoftmaxBwdCpu, SoftmaxBwd<false>,
                   bind_softmax_bwd(ffi::Ffi::Bind()));
 JAXOPS_FFI_TARGET(kCausalSoftmaxBwd, kCausalSoftmaxBwdCpu, CausalSoftmaxBwd,
-                  bind_softmax_bwd(ffi::Ffi::Bind()));
+                  bind_causal_softmax_bwd(ffi::Ffi::Bind()));
 JAXOPS_FFI_TARGET(kLogSoftmaxBwd, kLogSoftmaxBwdCpu, SoftmaxBwd<true>,
                   bind_softmax_bwd(ffi::Ffi::Bind()));
 JAXOPS_FFI_TARGET(kSoftmaxJvp, kSoftmaxJvpCpu, SoftmaxJvp<false>,
                   bind_softmax_jvp(ffi::Ffi::Bind()));
 JAXOPS_FFI_TARGET(kLogSoftmaxJvp, kLogSoftmaxJvpCpu, SoftmaxJvp<true>,
                   bind_softmax_jvp(ffi::Ffi::Bind()));
+JAXOPS_FFI_TARGET(kCausalSoftmaxJvp, kCausalSoftmaxJvpCpu, CausalSoftmaxJvp,
+                  bind_causal_softmax_jvp(ffi::Ffi::Bind()));
 
 }  // namespace jaxops

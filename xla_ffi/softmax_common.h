@@ -20,6 +20,8 @@ using namespace ::jaxops::ffi_common;
 using ::jaxops::params::BroadcastOperand;
 using ::jaxops::params::CausalLimit;
 using ::jaxops::params::kMaxBroadcastAxes;
+using ::jaxops::params::kStatsPerRow;
+using ::jaxops::params::SoftmaxInput;
 using ::jaxops::params::SoftmaxShape;
 
 // -- the targets' contract ------------------------------------------------------------
@@ -36,11 +38,14 @@ inline constexpr auto kCausalSoftmaxBwd = contract::target(
 inline constexpr auto kLogSoftmaxBwd = contract::target("jaxops_log_softmax_bwd");
 inline constexpr auto kSoftmaxJvp = contract::target("jaxops_softmax_jvp");
 inline constexpr auto kLogSoftmaxJvp = contract::target("jaxops_log_softmax_jvp");
+// softmax's tangent with causal_softmax's limit.
+inline constexpr auto kCausalSoftmaxJvp = contract::target(
+    "jaxops_causal_softmax_jvp", contract::Attribute<int64_t>{"query_offset"});
 
 inline std::vector<contract::TargetDescription> contracts() {
-  return {describe(kSoftmaxFwd),    describe(kLogSoftmaxFwd), describe(kCausalSoftmaxFwd),
+  return {describe(kSoftmaxFwd),    describe(kLogSoftmaxFwd),    describe(kCausalSoftmaxFwd),
           describe(kSoftmaxBwd),    describe(kCausalSoftmaxBwd), describe(kLogSoftmaxBwd),
-          describe(kSoftmaxJvp),    describe(kLogSoftmaxJvp)};
+          describe(kSoftmaxJvp),    describe(kLogSoftmaxJvp),    describe(kCausalSoftmaxJvp)};
 }
 
 // x and an output (or a second input) shaped like it.
@@ -124,15 +129,51 @@ ffi::Error broadcast_operand(const std::string& op, const char* name,
   return ffi::Error::Success();
 }
 
+// The forward's row statistics: float32 [leading axes of x..., kStatsPerRow].
+inline ffi::Error check_stats(const std::string& op, const char* x_name, const ffi::AnyBuffer& x,
+                              const ffi::AnyBuffer& stats) {
+  auto x_dims = x.dimensions();
+  std::vector<int64_t> expected(x_dims.begin(), x_dims.end());
+  if (expected.empty()) return invalid(op, std::string(x_name) + " must have rank >= 1");
+  expected.back() = kStatsPerRow;
+  JAXOPS_RETURN_IF_ERROR(dims_are(op, "stats", stats, expected));
+  if (stats.element_type() != ffi::DataType::F32) {
+    return invalid(op, "stats must have dtype float32");
+  }
+  return ffi::Error::Success();
+}
+
+// The derivative kernels' view of the forward's input (checked by
+// check_softmax_input): x, its mask and bias, and the statistics.
+// (causal_softmax's derivatives, which take no mask or bias, fill x and
+// stats themselves.)
+template <typename T>
+ffi::Error softmax_input(const std::string& op, const ffi::AnyBuffer& x,
+                         const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
+                         const ffi::AnyBuffer& stats, SoftmaxInput<T>* input) {
+  input->x = data<const T>(x);
+  input->stats = data<const float>(stats);
+  JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "where", where, x, &input->where));
+  return broadcast_operand(op, "bias", bias, x, &input->bias);
+}
+
 // -- whole-call validation, one per handler kind ----------------------------------------
 
-inline ffi::Error check_masked_softmax_fwd(const std::string& op, const ffi::AnyBuffer& x,
-                                           const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
-                                           const ffi::AnyBuffer& y, SoftmaxShape* s) {
-  JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
+// x with its optional mask and bias, as the forward takes them.
+inline ffi::Error check_masked_x(const std::string& op, const ffi::AnyBuffer& x,
+                                 const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias) {
   JAXOPS_RETURN_IF_ERROR(
       check_broadcast_operand(op, "where", where, "x", x, ffi::DataType::PRED, "bool"));
   return check_broadcast_operand(op, "bias", bias, "x", x, x.element_type(), "x's dtype");
+}
+
+inline ffi::Error check_masked_softmax_fwd(const std::string& op, const ffi::AnyBuffer& x,
+                                           const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
+                                           const ffi::AnyBuffer& y, const ffi::AnyBuffer& stats,
+                                           SoftmaxShape* s) {
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
+  JAXOPS_RETURN_IF_ERROR(check_stats(op, "x", x, stats));
+  return check_masked_x(op, x, where, bias);
 }
 
 // The causal limit: the queries are x's second-to-last axis.
@@ -146,36 +187,67 @@ inline ffi::Error causal_limit(const std::string& op, const char* x_name, const 
 }
 
 inline ffi::Error check_causal_softmax_fwd(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y,
-                                           int64_t query_offset, SoftmaxShape* s,
-                                           CausalLimit* causal) {
+                                           const ffi::AnyBuffer& stats, int64_t query_offset,
+                                           SoftmaxShape* s, CausalLimit* causal) {
   const std::string op = kCausalSoftmaxFwd.name;
   JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, y, "y", s));
+  JAXOPS_RETURN_IF_ERROR(check_stats(op, "x", x, stats));
   return causal_limit(op, "x", x, query_offset, causal);
 }
 
+// The derivatives' view of the forward: x (its mask and bias, absent for
+// causal_softmax's) and the statistics, and an array `other` shaped like x.
+inline ffi::Error check_softmax_input(const std::string& op, const ffi::AnyBuffer& x,
+                                      const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
+                                      const ffi::AnyBuffer& stats, const ffi::AnyBuffer& other,
+                                      const char* other_name, SoftmaxShape* s) {
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, other, other_name, s));
+  JAXOPS_RETURN_IF_ERROR(check_stats(op, "x", x, stats));
+  return check_masked_x(op, x, where, bias);
+}
+
+// The backward kernels: the cotangent dy and the result dx, shaped like x.
 inline ffi::Error check_softmax_bwd(const std::string& op, const ffi::AnyBuffer& dy,
-                                    const ffi::AnyBuffer& y, const ffi::AnyBuffer& dx,
-                                    SoftmaxShape* s) {
-  JAXOPS_RETURN_IF_ERROR(check_rows(op, "y", y, dy, "dy", s));
-  return check_rows(op, "y", y, dx, "dx", s);
+                                    const ffi::AnyBuffer& x, const ffi::AnyBuffer& where,
+                                    const ffi::AnyBuffer& bias, const ffi::AnyBuffer& stats,
+                                    const ffi::AnyBuffer& dx, SoftmaxShape* s) {
+  JAXOPS_RETURN_IF_ERROR(check_softmax_input(op, x, where, bias, stats, dy, "dy", s));
+  return check_rows(op, "x", x, dx, "dx", s);
 }
 
-inline ffi::Error check_causal_softmax_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& y,
-                                           const ffi::AnyBuffer& dx, int64_t query_offset,
-                                           SoftmaxShape* s, CausalLimit* causal) {
+inline ffi::Error check_causal_softmax_bwd(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
+                                           const ffi::AnyBuffer& stats, const ffi::AnyBuffer& dx,
+                                           int64_t query_offset, SoftmaxShape* s,
+                                           CausalLimit* causal) {
   const std::string op = kCausalSoftmaxBwd.name;
-  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, dx, s));
-  return causal_limit(op, "y", y, query_offset, causal);
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, dy, "dy", s));
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, dx, "dx", s));
+  JAXOPS_RETURN_IF_ERROR(check_stats(op, "x", x, stats));
+  return causal_limit(op, "x", x, query_offset, causal);
 }
 
-// The tangent primitives: the tangents dx ([0]: absent, else y's shape) and
-// dbias (broadcast against y as the forward's bias) sum to the input's tangent.
-inline ffi::Error check_softmax_jvp(const std::string& op, const ffi::AnyBuffer& y,
-                                    const ffi::AnyBuffer& dx, const ffi::AnyBuffer& dbias,
-                                    const ffi::AnyBuffer& dy, SoftmaxShape* s) {
-  JAXOPS_RETURN_IF_ERROR(check_rows(op, "y", y, dy, "dy", s));
-  JAXOPS_RETURN_IF_ERROR(check_optional_like(op, "y", y, "dx", dx));
-  return check_broadcast_operand(op, "dbias", dbias, "y", y, y.element_type(), "y's dtype");
+// The tangent primitives: the tangents dx ([0]: absent, else x's shape) and
+// dbias (broadcast against x as the forward's bias) sum to the input's
+// tangent; dy is the output's.
+inline ffi::Error check_softmax_jvp(const std::string& op, const ffi::AnyBuffer& x,
+                                    const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
+                                    const ffi::AnyBuffer& stats, const ffi::AnyBuffer& dx,
+                                    const ffi::AnyBuffer& dbias, const ffi::AnyBuffer& dy,
+                                    SoftmaxShape* s) {
+  JAXOPS_RETURN_IF_ERROR(check_softmax_input(op, x, where, bias, stats, dy, "dy", s));
+  JAXOPS_RETURN_IF_ERROR(check_optional_like(op, "x", x, "dx", dx));
+  return check_broadcast_operand(op, "dbias", dbias, "x", x, x.element_type(), "x's dtype");
+}
+
+inline ffi::Error check_causal_softmax_jvp(const ffi::AnyBuffer& x, const ffi::AnyBuffer& stats,
+                                           const ffi::AnyBuffer& dx, const ffi::AnyBuffer& dy,
+                                           int64_t query_offset, SoftmaxShape* s,
+                                           CausalLimit* causal) {
+  const std::string op = kCausalSoftmaxJvp.name;
+  JAXOPS_RETURN_IF_ERROR(check_rows(op, "x", x, dy, "dy", s));
+  JAXOPS_RETURN_IF_ERROR(check_stats(op, "x", x, stats));
+  JAXOPS_RETURN_IF_ERROR(check_optional_like(op, "x", x, "dx", dx));
+  return causal_limit(op, "x", x, query_offset, causal);
 }
 
 // -- bindings: `prefix` is ffi::Ffi::Bind(), with the stream context on CUDA ----------
@@ -185,27 +257,51 @@ auto bind_masked_softmax_fwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x
       .template Arg<ffi::AnyBuffer>()                      // where (bool; [0]: absent)
       .template Arg<ffi::AnyBuffer>()                      // bias ([0]: absent)
-      .template Ret<ffi::AnyBuffer>();                     // y
+      .template Ret<ffi::AnyBuffer>()                      // y
+      .template Ret<ffi::AnyBuffer>();                     // stats (float32 [..., 2])
 }
 
 template <typename Binding>
 auto bind_causal_softmax_fwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x
-      .template Ret<ffi::AnyBuffer>();                     // y
+      .template Ret<ffi::AnyBuffer>()                      // y
+      .template Ret<ffi::AnyBuffer>();                     // stats
 }
 
 template <typename Binding>
 auto bind_softmax_bwd(Binding prefix) {
   return std::move(prefix).template Arg<ffi::AnyBuffer>()  // dy
-      .template Arg<ffi::AnyBuffer>()                      // y (probabilities or log)
+      .template Arg<ffi::AnyBuffer>()                      // x
+      .template Arg<ffi::AnyBuffer>()                      // where ([0]: absent)
+      .template Arg<ffi::AnyBuffer>()                      // bias ([0]: absent)
+      .template Arg<ffi::AnyBuffer>()                      // stats (the forward's)
+      .template Ret<ffi::AnyBuffer>();                     // dx
+}
+
+template <typename Binding>
+auto bind_causal_softmax_bwd(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // dy
+      .template Arg<ffi::AnyBuffer>()                      // x
+      .template Arg<ffi::AnyBuffer>()                      // stats
       .template Ret<ffi::AnyBuffer>();                     // dx
 }
 
 template <typename Binding>
 auto bind_softmax_jvp(Binding prefix) {
-  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // y (probabilities or log)
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x
+      .template Arg<ffi::AnyBuffer>()                      // where ([0]: absent)
+      .template Arg<ffi::AnyBuffer>()                      // bias ([0]: absent)
+      .template Arg<ffi::AnyBuffer>()                      // stats
       .template Arg<ffi::AnyBuffer>()                      // dx ([0]: absent)
       .template Arg<ffi::AnyBuffer>()                      // dbias ([0]: absent)
+      .template Ret<ffi::AnyBuffer>();                     // dy
+}
+
+template <typename Binding>
+auto bind_causal_softmax_jvp(Binding prefix) {
+  return std::move(prefix).template Arg<ffi::AnyBuffer>()  // x
+      .template Arg<ffi::AnyBuffer>()                      // stats
+      .template Arg<ffi::AnyBuffer>()                      // dx ([0]: absent)
       .template Ret<ffi::AnyBuffer>();                     // dy
 }
 

@@ -11,17 +11,27 @@ row of a [B, H, S, S] input instead of being materialised at x's size. Under
 vmap an unbatched mask or bias gets a leading axis of size 1 for the same
 reason. Absent ones are passed as zero-size arrays.
 
-Forward primitives return the output only: the tangent and backward of
-softmax need y (``dx = y * (dy - sum(y * dy))``, the same expression both
-ways) and those of log_softmax need log y, both already the forward's result,
-so no residual is added. The tangent primitives take the tangents of x and of
-the bias (``where`` has none).
+Forward primitives return the output and, as a residual for the derivatives,
+float32 row statistics ``stats[..., 0] = m`` (the row's maximum over its
+visible columns) and ``stats[..., 1] = 1 / sum(exp(z - m))``. The tangent and
+backward kernels take x (with the mask and bias) and those statistics and
+recompute the float32 probabilities ``p = exp(z - m) * stats[..., 1]``, not
+the output rounded to x's dtype: differentiating through a bfloat16 y cost
+40x the reference's error (issue 43, item 3), and a NaN row's y is NaN at its
+-inf columns too, where the gradient is 0 (item 4); z says which columns are
+invisible. Softmax's tangent and backward are one map,
+``p * (g - sum(p * g))``; log_softmax's are ``g - p * sum(g)`` and
+``g - sum(p * g)``. The residual is 8 bytes a row, and the derivatives read x
+instead of y: the same bytes. The tangent primitives take the tangents of x
+and of the bias (``where`` has none).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxops import reference
 from jaxops._src import primitive, validation
@@ -52,63 +62,123 @@ def _broadcast_operand_to_front(operand, dim):
 
 
 def _masked_batch_rule(rows):
-  """The operands before ``rows`` (x; y and dx for a tangent) gain a leading batch
-  axis; the others (mask, bias, the bias tangent) are broadcast operands."""
+  """The operands at the indices ``rows`` (x, dy, the statistics, x's tangent)
+  gain a leading batch axis; the others (mask, bias, the bias tangent) are
+  broadcast operands."""
 
   def rule(prim, args, dims, **params):
-    args_front, _ = batch_to_front(args, dims, range(rows))
-    operands = [_broadcast_operand_to_front(args[i], dims[i]) for i in range(rows, len(args))]
-    return prim(*args_front[:rows], *operands, **params), (0,)
+    args_front, _ = batch_to_front(args, dims, rows)
+    operands = [args_front[i] if i in rows else _broadcast_operand_to_front(args[i], dims[i])
+                for i in range(len(args))]
+    outs = prim(*operands, **params)
+    return outs, (0,) * len(outs)
 
   return rule
 
 
 def _row_batch_rule(prim, args, dims, **params):
   args, _ = batch_to_front(args, dims, range(len(args)))
-  return prim(*args, **params), (0,)
+  outs = prim(*args, **params)
+  return outs, (0,) * len(outs)
 
 
 # -- primitives ------------------------------------------------------------------------
 
 
-def _softmax_fwd_reference(x, where, bias):
-  return (reference.softmax(x, where=_present_or_none(where), bias=_present_or_none(bias)),)
+def _forward_avals(x, *rest, **params):
+  return (jax.core.ShapedArray(x.shape, x.dtype),
+          jax.core.ShapedArray(x.shape[:-1] + (2,), _F32))
 
 
-def _log_softmax_fwd_reference(x, where, bias):
-  return (reference.log_softmax(x, where=_present_or_none(where), bias=_present_or_none(bias)),)
+def _logits(x, where, bias):
+  """(z = x + bias in float32, visible) as the kernels see them; absent terms
+  are none. Visible: allowed by the mask and not -inf."""
+  z = x.astype(_F32)
+  if not is_absent(bias):
+    z = z + bias.astype(_F32)
+  visible = z != -jnp.inf
+  if not is_absent(where):
+    visible = visible & where
+  return z, visible
+
+
+def _row_stats(z, visible):
+  """The residual the forward kernels save: (m, 1 / sum(exp(z - m))) over the
+  visible columns, so that p = exp(z - m) * stats[1] there. m is 0 in a row
+  without a visible column (whose stats no derivative reads)."""
+  m = jnp.max(jnp.where(visible, z, -jnp.inf), axis=-1, keepdims=True, initial=-jnp.inf)
+  m = jnp.where(m == -jnp.inf, 0.0, m)
+  total = jnp.sum(jnp.where(visible, jnp.exp(jnp.where(visible, z - m, 0.0)), 0.0), axis=-1,
+                  keepdims=True)
+  stats = jnp.concatenate([m, 1.0 / jnp.where(total == 0.0, 1.0, total)], axis=-1)
+  return lax.stop_gradient(stats)
+
+
+def _masked_fwd_reference(ref):
+  def forward(x, where, bias):
+    y = ref(x, where=_present_or_none(where), bias=_present_or_none(bias))
+    return y, _row_stats(*_logits(x, where, bias))
+
+  return forward
 
 
 def _causal_softmax_fwd_reference(x, *, query_offset):
-  return (reference.causal_softmax(x, query_offset=query_offset),)
+  visible = reference.causal_mask(x.shape[-2], x.shape[-1], query_offset)
+  z, finite = _logits(x, absent(jnp.bool_), absent(x.dtype))
+  return reference.causal_softmax(x, query_offset=query_offset), _row_stats(z, finite & visible)
+
+
+def _probabilities(x, where, bias, stats):
+  """The float32 probabilities the derivative kernels recompute, 0 exactly
+  where a column is invisible (even in a NaN row), and visibility. The
+  references recompute them from x (the statistics are residuals, constants
+  to differentiation), so that derivatives of any order stay exact."""
+  del stats
+  _, visible = _logits(x, where, bias)
+  p = reference.softmax(x.astype(_F32), where=_present_or_none(where),
+                        bias=None if is_absent(bias) else bias.astype(_F32))
+  return jnp.where(visible, p, 0.0), visible
 
 
 def _softmax_linear_map(p, g):
   """The kernels' map, backward and JVP alike: p * (g - sum(p * g)) over the
-  visible columns; an invisible one (p = 0: masked, causally hidden) takes no
-  part and gets 0, even where g is non-finite (a -inf bias's tangent) or the
-  row's sum is NaN (a NaN row)."""
+  visible columns; an invisible one (p = 0: masked, -inf, causally hidden)
+  takes no part and gets 0, even where g is non-finite (a -inf bias's tangent)
+  or the row's sum is NaN (a NaN row)."""
   visible = p != 0
   s = jnp.sum(jnp.where(visible, p * g, 0.0), axis=-1, keepdims=True)
   return jnp.where(visible, p * (g - s), 0.0)
 
 
-def _softmax_bwd_reference(dy, y):
-  return (_softmax_linear_map(y.astype(_F32), dy.astype(_F32)).astype(y.dtype),)
-
-
-def _causal_softmax_bwd_reference(dy, y, *, query_offset):
-  visible = reference.causal_mask(y.shape[-2], y.shape[-1], query_offset)
-  p = jnp.where(visible, y.astype(_F32), 0.0)
-  return (_softmax_linear_map(p, dy.astype(_F32)).astype(y.dtype),)
-
-
-def _log_softmax_bwd_reference(dy, y):
-  logp, g = y.astype(_F32), dy.astype(_F32)
-  visible = logp != -jnp.inf
+def _log_softmax_vjp_map(p, visible, g):
   total = jnp.sum(jnp.where(visible, g, 0.0), axis=-1, keepdims=True)
-  dx = jnp.where(visible, g - jnp.exp(jnp.where(visible, logp, 0.0)) * total, 0.0)
-  return (dx.astype(y.dtype),)
+  return jnp.where(visible, g - p * total, 0.0)
+
+
+def _log_softmax_jvp_map(p, visible, t):
+  t = jnp.where(visible, t, 0.0)
+  total = jnp.sum(p * t, axis=-1, keepdims=True)
+  return jnp.where(visible, t - total, 0.0)
+
+
+def _softmax_bwd_reference(dy, x, where, bias, stats):
+  p, _ = _probabilities(x, where, bias, stats)
+  return (_softmax_linear_map(p, dy.astype(_F32)).astype(x.dtype),)
+
+
+def _log_softmax_bwd_reference(dy, x, where, bias, stats):
+  p, visible = _probabilities(x, where, bias, stats)
+  return (_log_softmax_vjp_map(p, visible, dy.astype(_F32)).astype(x.dtype),)
+
+
+def _causal_probabilities(x, stats, query_offset):
+  visible = reference.causal_mask(x.shape[-2], x.shape[-1], query_offset)
+  return _probabilities(x, visible, absent(x.dtype), stats)[0]
+
+
+def _causal_softmax_bwd_reference(dy, x, stats, *, query_offset):
+  p = _causal_probabilities(x, stats, query_offset)
+  return (_softmax_linear_map(p, dy.astype(_F32)).astype(x.dtype),)
 
 
 def _tangent_sum(dx, dbias, shape):
@@ -121,52 +191,51 @@ def _tangent_sum(dx, dbias, shape):
   return t
 
 
-def _softmax_jvp_reference(y, dx, dbias):
-  return (_softmax_linear_map(y.astype(_F32), _tangent_sum(dx, dbias, y.shape)).astype(y.dtype),)
+def _softmax_jvp_reference(x, where, bias, stats, dx, dbias):
+  p, _ = _probabilities(x, where, bias, stats)
+  return (_softmax_linear_map(p, _tangent_sum(dx, dbias, x.shape)).astype(x.dtype),)
 
 
-def _log_softmax_jvp_reference(y, dx, dbias):
-  logp, t = y.astype(_F32), _tangent_sum(dx, dbias, y.shape)
-  visible = logp != -jnp.inf
-  t = jnp.where(visible, t, 0.0)
-  total = jnp.sum(jnp.exp(jnp.where(visible, logp, -jnp.inf)) * t, axis=-1, keepdims=True)
-  return (jnp.where(visible, t - total, 0.0).astype(y.dtype),)
+def _log_softmax_jvp_reference(x, where, bias, stats, dx, dbias):
+  p, visible = _probabilities(x, where, bias, stats)
+  return (_log_softmax_jvp_map(p, visible, _tangent_sum(dx, dbias, x.shape)).astype(x.dtype),)
 
 
-def _make(name, reference_fn, batch_rule, roles, whole_trailing=1, composite=None):
+def _causal_softmax_jvp_reference(x, stats, dx, *, query_offset):
+  p = _causal_probabilities(x, stats, query_offset)
+  return (_softmax_linear_map(p, _tangent_sum(dx, absent(x.dtype), x.shape)).astype(x.dtype),)
+
+
+def _make(name, reference_fn, batch_rule, roles, whole_trailing=1, abstract_eval=_same_as_x):
   # Rows shard; the softmax axis (both of causal_softmax's axes) stays whole.
-  return FfiPrimitive(name=name, target=None if composite else name,
-                      abstract_eval=_same_as_x, reference=reference_fn, composite=composite,
-                      batch_rule=batch_rule,
-                      sharding=None if composite else leading_axes(roles,
-                                                                  whole_trailing=whole_trailing))
+  # The statistics ([..., 2]) are an "x" role: their leading axes are x's.
+  return FfiPrimitive(name=name, target=name, abstract_eval=abstract_eval,
+                      reference=reference_fn, batch_rule=batch_rule,
+                      sharding=leading_axes(roles, whole_trailing=whole_trailing))
 
 
-softmax_fwd_p = _make("jaxops_softmax_fwd", _softmax_fwd_reference, _masked_batch_rule(1),
-                      "xxx -> x")
-log_softmax_fwd_p = _make("jaxops_log_softmax_fwd", _log_softmax_fwd_reference,
-                          _masked_batch_rule(1), "xxx -> x")
+softmax_fwd_p = _make("jaxops_softmax_fwd", _masked_fwd_reference(reference.softmax),
+                      _masked_batch_rule((0,)), "xxx -> xx", abstract_eval=_forward_avals)
+log_softmax_fwd_p = _make("jaxops_log_softmax_fwd", _masked_fwd_reference(reference.log_softmax),
+                          _masked_batch_rule((0,)), "xxx -> xx", abstract_eval=_forward_avals)
 causal_softmax_fwd_p = _make("jaxops_causal_softmax_fwd", _causal_softmax_fwd_reference,
-                             _row_batch_rule, "x -> x",
-                             whole_trailing=2)
-softmax_jvp_p = _make("jaxops_softmax_jvp", _softmax_jvp_reference, _masked_batch_rule(2),
-                      "xxx -> x")
+                             _row_batch_rule, "x -> xx", whole_trailing=2,
+                             abstract_eval=_forward_avals)
+# Operands (x, where, bias, stats, dx, dbias).
+softmax_jvp_p = _make("jaxops_softmax_jvp", _softmax_jvp_reference, _masked_batch_rule((0, 3, 4)),
+                      "xxxxxx -> x")
 log_softmax_jvp_p = _make("jaxops_log_softmax_jvp", _log_softmax_jvp_reference,
-                          _masked_batch_rule(2), "xxx -> x")
-# causal_softmax's tangent is softmax's: its y is zero where the mask hides a key.
-causal_softmax_jvp_p = _make(
-    "jaxops_causal_softmax_jvp",
-    lambda y, dx, *, query_offset: _softmax_jvp_reference(y, dx, absent(y.dtype)),
-    _row_batch_rule, "xx -> x",
-    whole_trailing=2,
-    composite=lambda y, dx, *, query_offset: softmax_jvp_p(y, dx, absent(y.dtype)))
-softmax_bwd_p = _make("jaxops_softmax_bwd", _softmax_bwd_reference, _row_batch_rule, "xx -> x")
-# softmax's backward that also knows the causal limit: in a NaN row y is NaN at
-# the hidden columns too, and their gradient is 0 only if the kernel knows them.
+                          _masked_batch_rule((0, 3, 4)), "xxxxxx -> x")
+# causal_softmax's tangent knows the causal limit: its x is not masked.
+causal_softmax_jvp_p = _make("jaxops_causal_softmax_jvp", _causal_softmax_jvp_reference,
+                             _row_batch_rule, "xxx -> x", whole_trailing=2)
+# Operands (dy, x, where, bias, stats).
+softmax_bwd_p = _make("jaxops_softmax_bwd", _softmax_bwd_reference, _masked_batch_rule((0, 1, 4)),
+                      "xxxxx -> x")
+log_softmax_bwd_p = _make("jaxops_log_softmax_bwd", _log_softmax_bwd_reference,
+                          _masked_batch_rule((0, 1, 4)), "xxxxx -> x")
 causal_softmax_bwd_p = _make("jaxops_causal_softmax_bwd", _causal_softmax_bwd_reference,
-                             _row_batch_rule, "xx -> x", whole_trailing=2)
-log_softmax_bwd_p = _make("jaxops_log_softmax_bwd", _log_softmax_bwd_reference, _row_batch_rule,
-                          "xx -> x")
+                             _row_batch_rule, "xxx -> x", whole_trailing=2)
 
 
 # -- differentiation: the tangent kernels, transposed to the backward kernels -----------
@@ -182,29 +251,39 @@ def _bias_grad(dx, bias_aval):
 
 def _masked_transpose(bwd_p):
   def transpose(cotangents, saved, wanted):
-    (dy,), (y,) = cotangents, saved
-    dx = bwd_p(dy, y)[0]
+    (dy,), (x, where, bias, stats) = cotangents, saved
+    dx = bwd_p(dy, x, where, bias, stats)[0]
     return dx, None if wanted[1] is None else _bias_grad(dx, wanted[1])
 
   return transpose
 
 
 def _causal_transpose(cotangents, saved, wanted, *, query_offset):
-  return (causal_softmax_bwd_p(cotangents[0], saved[0], query_offset=query_offset)[0],)
+  (dy,), (x, stats) = cotangents, saved
+  return (causal_softmax_bwd_p(dy, x, stats, query_offset=query_offset)[0],)
 
 
 for _fwd_p, _jvp_p, _bwd_p, _name in (
     (softmax_fwd_p, softmax_jvp_p, softmax_bwd_p, "jaxops.softmax"),
     (log_softmax_fwd_p, log_softmax_jvp_p, log_softmax_bwd_p, "jaxops.log_softmax")):
   Differentiable(forward=_fwd_p, tangent=_jvp_p, transpose=_masked_transpose(_bwd_p),
-                 tangent_inputs=(0, 2), saved_outputs=(0,), checkpoint_name=_name)
+                 tangent_inputs=(0, 2), outputs=1, saved_inputs=(0, 1, 2), saved_outputs=(1,),
+                 checkpoint_name=_name)
 
 Differentiable(forward=causal_softmax_fwd_p, tangent=causal_softmax_jvp_p,
-               transpose=_causal_transpose, tangent_inputs=(0,), saved_outputs=(0,),
-               checkpoint_name="jaxops.causal_softmax")
+               transpose=_causal_transpose, tangent_inputs=(0,), outputs=1, saved_inputs=(0,),
+               saved_outputs=(1,), checkpoint_name="jaxops.causal_softmax")
 
 
 # -- public functions ------------------------------------------------------------------
+
+
+def _named_output(y, op):
+  """y under the op's checkpoint name, as its residuals are: the derivatives
+  no longer read y, but what follows often does (attention's p @ v, a mask of
+  where y is finite), and ``save_only_these_names(op)`` kept y when y was the
+  residual; it still keeps it, rather than running the forward again."""
+  return checkpoint_name(y, op)
 
 
 def _masked_softmax(op, fwd_p, ref, x, axis, where, bias, implementation):
@@ -227,7 +306,7 @@ def _masked_softmax(op, fwd_p, ref, x, axis, where, bias, implementation):
 
   where = absent(jnp.bool_) if where is None else to_kernel_layout(where)
   bias = absent(x.dtype) if bias is None else to_kernel_layout(bias)
-  y = fwd_p(jnp.moveaxis(x, axis, -1), where, bias)[0]
+  y = _named_output(fwd_p(jnp.moveaxis(x, axis, -1), where, bias)[0], op)
   return jnp.moveaxis(y, -1, axis)
 
 
@@ -335,4 +414,4 @@ def causal_softmax(x, *, query_offset: int = 0, implementation=None):
   query_offset = validation.static_int(op, "query_offset", query_offset)
   if x.size == 0 or not primitive.use_kernel(op, implementation, {"x": x.dtype}):
     return reference.causal_softmax(x, query_offset=query_offset)
-  return causal_softmax_fwd_p(x, query_offset=query_offset)[0]
+  return _named_output(causal_softmax_fwd_p(x, query_offset=query_offset)[0], op)

@@ -82,12 +82,13 @@ void softmax_row(const double* z, int64_t n, double* p, double* logp) {
   }
 }
 
-// The JVPs from the forward's outputs y and log y (masked columns: y = 0,
-// log y = -inf) for the input tangent t = dx + dbias: dx present or absent,
-// dbias absent, [1, cols] (inf at the masked columns, which must not reach the
-// result) or [rows, 1].
+// The JVPs from the forward's input and statistics (`input`, the masked
+// softmax's) against the exact probabilities p (masked columns: 0) for the
+// input tangent t = dx + dbias: dx present or absent, dbias absent, [1, cols]
+// (inf at the masked columns, which must not reach the result) or [rows, 1].
 template <typename T>
-void run_softmax_jvp(const Buffer<T>& y, const Buffer<T>& logy, const Buffer<uint8_t>& where,
+void run_softmax_jvp(const params::SoftmaxInput<T>& input, const std::vector<double>& p_exact,
+                     const std::vector<double>& logp_exact, const Buffer<uint8_t>& where,
                      params::SoftmaxShape shape, const std::string& name, std::mt19937& rng) {
   const int64_t rows = shape.rows, cols = shape.cols;
   const size_t n = static_cast<size_t>(rows * cols);
@@ -117,7 +118,6 @@ void run_softmax_jvp(const Buffer<T>& y, const Buffer<T>& logy, const Buffer<uin
   const char* dbias_names[] = {"no dbias", "dbias [1, cols]", "dbias [rows, 1]"};
 
   for (int log = 0; log < 2; ++log) {
-    const Buffer<T>& out = log ? logy : y;
     for (int has_dx = 0; has_dx < 2; ++has_dx) {
       for (int b = 0; b < 3; ++b) {
         const std::string what = std::string(log ? "log_softmax_jvp " : "softmax_jvp ") + name +
@@ -129,18 +129,19 @@ void run_softmax_jvp(const Buffer<T>& y, const Buffer<T>& logy, const Buffer<uin
           for (int64_t c = 0; c < cols; ++c) {
             const size_t i = r * cols + c;
             t[c] = (has_dx ? dxr[i] : 0.0) + (b == 1 ? col_r[c] : 0.0) + (b == 2 ? row_r[r] : 0.0);
-            const double v = static_cast<float>(out.data[i]);
-            p[c] = log ? (v > -INFINITY ? std::exp(v) : 0.0) : v;
-            if (p[c] != 0.0) s += p[c] * t[c];
+            p[c] = p_exact[i];
+            if (logp_exact[i] > -INFINITY) s += p[c] * t[c];
           }
           for (int64_t c = 0; c < cols; ++c) {
-            const bool part = log ? static_cast<float>(out.data[r * cols + c]) > -INFINITY
-                                  : p[c] != 0.0;
+            const bool part = logp_exact[r * cols + c] > -INFINITY;
             ref[r * cols + c] = !part ? 0.0 : (log ? t[c] - s : p[c] * (t[c] - s));
           }
         }
-        const auto jvp = log ? cuda::log_softmax_jvp<T> : cuda::softmax_jvp<T>;
-        check(jvp(nullptr, out.data, has_dx ? dx.data : nullptr, dbias_cases[b], dy.data, shape),
+        const T* dx_data = has_dx ? dx.data : nullptr;
+        check(log ? cuda::log_softmax_jvp<T>(nullptr, input, dx_data, dbias_cases[b], dy.data,
+                                             shape)
+                  : cuda::softmax_jvp<T>(nullptr, input, dx_data, dbias_cases[b], dy.data,
+                                         shape, {}),
               what);
         compare(what, dy.data, ref, tolerance<T>() * 4);
       }
@@ -154,6 +155,8 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
                            std::to_string(cols);
   const size_t n = static_cast<size_t>(rows * cols);
   Buffer<T> x(n), dy(n), bias(rows), y(n), logy(n), causal(n), dx(n), dlogx(n);
+  Buffer<float> stats(rows * params::kStatsPerRow), log_stats(rows * params::kStatsPerRow),
+      causal_stats(rows * params::kStatsPerRow);
   Buffer<uint8_t> where(cols);
   std::vector<double> xr, dyr, br;
   fill(x, xr, rng, 2.f);
@@ -171,11 +174,27 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
   bias_view.col_stride = 0;
 
   std::vector<double> p(n), logp(n), causal_p(n), causal_logp(n), z(cols);
+  // The statistics the forwards must save (params/softmax.h): m and 1 / sum.
+  std::vector<double> stats_ref(rows * params::kStatsPerRow),
+      causal_stats_ref(rows * params::kStatsPerRow);
+  const auto row_stats = [](const double* v, int64_t count, double* out) {
+    double m = -INFINITY, sum = 0.0;
+    for (int64_t c = 0; c < count; ++c) m = std::fmax(m, v[c]);
+    for (int64_t c = 0; c < count; ++c) sum += v[c] == -INFINITY ? 0.0 : std::exp(v[c] - m);
+    out[0] = m;
+    out[1] = m == -INFINITY ? 0.0 : 1.0 / sum;
+  };
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      z[c] = where.data[c] ? xr[r * cols + c] + static_cast<float>(bias.data[r]) : -INFINITY;
+      // (x + bias is rounded to float32 as the kernel rounds it.)
+      z[c] = where.data[c] ? static_cast<float>(static_cast<float>(xr[r * cols + c]) +
+                                                static_cast<float>(bias.data[r]))
+                           : -INFINITY;
     }
     softmax_row(z.data(), cols, &p[r * cols], &logp[r * cols]);
+    row_stats(z.data(), cols, &stats_ref[r * params::kStatsPerRow]);
+    row_stats(&xr[r * cols], std::min<int64_t>(r + 1, cols),
+              &causal_stats_ref[r * params::kStatsPerRow]);
     // Causal over [rows, cols] with offset 0: row r sees columns <= r.
     const int64_t visible = std::min<int64_t>(r + 1, cols);
     softmax_row(&xr[r * cols], visible, &causal_p[r * cols], &causal_logp[r * cols]);
@@ -183,37 +202,40 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
   }
   const params::SoftmaxShape shape{rows, cols};
   const double tol = tolerance<T>();
-  check(cuda::softmax_fwd<T>(nullptr, x.data, where_view, bias_view, y.data, shape,
+  check(cuda::softmax_fwd<T>(nullptr, x.data, where_view, bias_view, y.data, stats.data, shape,
                              params::SoftmaxOutput::kProbabilities, {}),
         "softmax_fwd " + name);
   compare("softmax_fwd " + name, y.data, p, tol);
-  check(cuda::softmax_fwd<T>(nullptr, x.data, where_view, bias_view, logy.data, shape,
-                             params::SoftmaxOutput::kLogProbabilities, {}),
+  compare("softmax_fwd stats " + name, stats.data, stats_ref, 2e-6);
+  check(cuda::softmax_fwd<T>(nullptr, x.data, where_view, bias_view, logy.data, log_stats.data,
+                             shape, params::SoftmaxOutput::kLogProbabilities, {}),
         "log_softmax_fwd " + name);
   compare("log_softmax_fwd " + name, logy.data, logp, tol * 4);
-  check(cuda::softmax_fwd<T>(nullptr, x.data, {}, {}, causal.data, shape,
+  compare("log_softmax_fwd stats " + name, log_stats.data, stats_ref, 2e-6);
+  check(cuda::softmax_fwd<T>(nullptr, x.data, {}, {}, causal.data, causal_stats.data, shape,
                              params::SoftmaxOutput::kProbabilities, {rows, 0}),
         "causal_softmax_fwd " + name);
   compare("causal_softmax_fwd " + name, causal.data, causal_p, tol);
+  compare("causal_softmax_fwd stats " + name, causal_stats.data, causal_stats_ref, 2e-6);
 
-  // Backward from the kernel's own (rounded) outputs.
+  // The derivatives recompute p in float32 from x and the statistics: they
+  // are compared with the exact derivatives, not with ones from the rounded y.
   std::vector<double> dx_ref(n), dlogx_ref(n);
   for (int64_t r = 0; r < rows; ++r) {
     double dot = 0.0, visible_sum = 0.0;
     for (int64_t c = 0; c < cols; ++c) {
       const size_t i = r * cols + c;
-      dot += static_cast<float>(y.data[i]) * dyr[i];
-      if (static_cast<float>(logy.data[i]) > -INFINITY) visible_sum += dyr[i];
+      dot += p[i] * dyr[i];
+      if (logp[i] > -INFINITY) visible_sum += dyr[i];
     }
     for (int64_t c = 0; c < cols; ++c) {
       const size_t i = r * cols + c;
-      const double pi = static_cast<float>(y.data[i]);
-      const double lpi = static_cast<float>(logy.data[i]);
-      dx_ref[i] = pi * (dyr[i] - dot);
-      dlogx_ref[i] = lpi > -INFINITY ? dyr[i] - std::exp(lpi) * visible_sum : 0.0;
+      dx_ref[i] = p[i] * (dyr[i] - dot);
+      dlogx_ref[i] = logp[i] > -INFINITY ? dyr[i] - p[i] * visible_sum : 0.0;
     }
   }
-  check(cuda::softmax_bwd<T>(nullptr, dy.data, y.data, dx.data, shape, {}),
+  const params::SoftmaxInput<T> masked{x.data, where_view, bias_view, stats.data};
+  check(cuda::softmax_bwd<T>(nullptr, dy.data, masked, dx.data, shape, {}),
         "softmax_bwd " + name);
   compare("softmax_bwd " + name, dx.data, dx_ref, tol * 4);
   // causal_softmax's backward: softmax's over each row's visible prefix, 0 past it.
@@ -221,21 +243,25 @@ void run_softmax(int64_t rows, int64_t cols, std::mt19937& rng) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t visible = std::min<int64_t>(r + 1, cols);
     double dot = 0.0;
-    for (int64_t c = 0; c < visible; ++c) {
-      dot += static_cast<float>(causal.data[r * cols + c]) * dyr[r * cols + c];
-    }
+    for (int64_t c = 0; c < visible; ++c) dot += causal_p[r * cols + c] * dyr[r * cols + c];
     for (int64_t c = 0; c < visible; ++c) {
       const size_t i = r * cols + c;
-      causal_dx_ref[i] = static_cast<float>(causal.data[i]) * (dyr[i] - dot);
+      causal_dx_ref[i] = causal_p[i] * (dyr[i] - dot);
     }
   }
-  check(cuda::softmax_bwd<T>(nullptr, dy.data, causal.data, dx.data, shape, {rows, 0}),
+  const params::SoftmaxInput<T> causal_input{x.data, {}, {}, causal_stats.data};
+  check(cuda::softmax_bwd<T>(nullptr, dy.data, causal_input, dx.data, shape, {rows, 0}),
         "causal_softmax_bwd " + name);
   compare("causal_softmax_bwd " + name, dx.data, causal_dx_ref, tol * 4);
-  check(cuda::log_softmax_bwd<T>(nullptr, dy.data, logy.data, dlogx.data, shape),
+  // causal_softmax's tangent is the same map over the prefix.
+  check(cuda::softmax_jvp<T>(nullptr, causal_input, dy.data, {}, dx.data, shape, {rows, 0}),
+        "causal_softmax_jvp " + name);
+  compare("causal_softmax_jvp " + name, dx.data, causal_dx_ref, tol * 4);
+  const params::SoftmaxInput<T> log_masked{x.data, where_view, bias_view, log_stats.data};
+  check(cuda::log_softmax_bwd<T>(nullptr, dy.data, log_masked, dlogx.data, shape),
         "log_softmax_bwd " + name);
   compare("log_softmax_bwd " + name, dlogx.data, dlogx_ref, tol * 4);
-  run_softmax_jvp<T>(y, logy, where, shape, name, rng);
+  run_softmax_jvp<T>(masked, p, logp, where, shape, name, rng);
 }
 
 // The loss's tangent from the forward's lse, with int32 and int64 labels

@@ -24,9 +24,9 @@ using ffi_cuda::launch_status;
 ffi::Error masked_softmax_fwd(const std::string& op, cuda::SoftmaxOutput output,
                               cudaStream_t stream, const ffi::AnyBuffer& x,
                               const ffi::AnyBuffer& where, const ffi::AnyBuffer& bias,
-                              ffi::AnyBuffer& y) {
+                              ffi::AnyBuffer& y, ffi::AnyBuffer& stats) {
   SoftmaxShape s;
-  JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, &s));
+  JAXOPS_RETURN_IF_ERROR(check_masked_softmax_fwd(op, x, where, bias, y, stats, &s));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     BroadcastOperand<uint8_t> where_view;
@@ -34,83 +34,111 @@ ffi::Error masked_softmax_fwd(const std::string& op, cuda::SoftmaxOutput output,
     JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "where", where, x, &where_view));
     JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "bias", bias, x, &bias_view));
     return launch_status(op, cuda::softmax_fwd<T>(stream, data<const T>(x), where_view, bias_view,
-                                                  data<T>(y), s, output, {}));
+                                                  data<T>(y), data<float>(stats), s, output, {}));
   });
 }
 
 ffi::Error SoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer where,
-                      ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y) {
+                      ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                      ffi::Result<ffi::AnyBuffer> stats) {
   return masked_softmax_fwd(kSoftmaxFwd.name, cuda::SoftmaxOutput::kProbabilities, stream, x,
-                            where, bias, *y);
+                            where, bias, *y, *stats);
 }
 
 ffi::Error LogSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer where,
-                         ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y) {
+                         ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> stats) {
   return masked_softmax_fwd(kLogSoftmaxFwd.name, cuda::SoftmaxOutput::kLogProbabilities,
-                            stream, x, where, bias, *y);
+                            stream, x, where, bias, *y, *stats);
 }
 
 ffi::Error CausalSoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
-                            int64_t query_offset) {
+                            ffi::Result<ffi::AnyBuffer> stats, int64_t query_offset) {
   const std::string op = kCausalSoftmaxFwd.name;
   SoftmaxShape s;
   CausalLimit causal;
-  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, query_offset, &s, &causal));
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_fwd(x, *y, *stats, query_offset, &s, &causal));
   return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     return launch_status(
-        op, cuda::softmax_fwd<T>(stream, data<const T>(x), {}, {}, data<T>(*y), s,
-                                 cuda::SoftmaxOutput::kProbabilities, causal));
+        op, cuda::softmax_fwd<T>(stream, data<const T>(x), {}, {}, data<T>(*y),
+                                 data<float>(*stats), s, cuda::SoftmaxOutput::kProbabilities,
+                                 causal));
   });
 }
 
-// A validated backward call; `causal` is softmax's limit (none unless causal_softmax's).
 template <bool kLog>
-ffi::Error softmax_bwd(cudaStream_t stream, const std::string& op, const ffi::AnyBuffer& dy,
-                       const ffi::AnyBuffer& y, ffi::AnyBuffer& dx, SoftmaxShape s,
-                       CausalLimit causal) {
-  return dispatch(op, y.element_type(), [&](auto tag) {
+ffi::Error SoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
+                      ffi::AnyBuffer where, ffi::AnyBuffer bias, ffi::AnyBuffer stats,
+                      ffi::Result<ffi::AnyBuffer> dx) {
+  const std::string op = kLog ? kLogSoftmaxBwd.name : kSoftmaxBwd.name;
+  SoftmaxShape s;
+  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, x, where, bias, stats, *dx, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
+    SoftmaxInput<T> input;
+    JAXOPS_RETURN_IF_ERROR(softmax_input(op, x, where, bias, stats, &input));
     if constexpr (kLog) {
-      return launch_status(op, cuda::log_softmax_bwd<T>(stream, data<const T>(dy),
-                                                        data<const T>(y), data<T>(dx), s));
+      return launch_status(
+          op, cuda::log_softmax_bwd<T>(stream, data<const T>(dy), input, data<T>(*dx), s));
     } else {
-      return launch_status(op, cuda::softmax_bwd<T>(stream, data<const T>(dy), data<const T>(y),
-                                                    data<T>(dx), s, causal));
+      return launch_status(
+          op, cuda::softmax_bwd<T>(stream, data<const T>(dy), input, data<T>(*dx), s, {}));
     }
   });
 }
 
-template <bool kLog>
-ffi::Error SoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
-                      ffi::Result<ffi::AnyBuffer> dx) {
-  const std::string op = kLog ? kLogSoftmaxBwd.name : kSoftmaxBwd.name;
-  SoftmaxShape s;
-  JAXOPS_RETURN_IF_ERROR(check_softmax_bwd(op, dy, y, *dx, &s));
-  return softmax_bwd<kLog>(stream, op, dy, y, *dx, s, {});
-}
-
-ffi::Error CausalSoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer y,
-                            ffi::Result<ffi::AnyBuffer> dx, int64_t query_offset) {
+ffi::Error CausalSoftmaxBwd(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
+                            ffi::AnyBuffer stats, ffi::Result<ffi::AnyBuffer> dx,
+                            int64_t query_offset) {
+  const std::string op = kCausalSoftmaxBwd.name;
   SoftmaxShape s;
   CausalLimit causal;
-  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_bwd(dy, y, *dx, query_offset, &s, &causal));
-  return softmax_bwd<false>(stream, kCausalSoftmaxBwd.name, dy, y, *dx, s, causal);
+  JAXOPS_RETURN_IF_ERROR(
+      check_causal_softmax_bwd(dy, x, stats, *dx, query_offset, &s, &causal));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const SoftmaxInput<T> input{data<const T>(x), {}, {}, data<const float>(stats)};
+    return launch_status(
+        op, cuda::softmax_bwd<T>(stream, data<const T>(dy), input, data<T>(*dx), s, causal));
+  });
 }
 
 template <bool kLog>
-ffi::Error SoftmaxJvp(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer dx,
+ffi::Error SoftmaxJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer where,
+                      ffi::AnyBuffer bias, ffi::AnyBuffer stats, ffi::AnyBuffer dx,
                       ffi::AnyBuffer dbias, ffi::Result<ffi::AnyBuffer> dy) {
   const std::string op = kLog ? kLogSoftmaxJvp.name : kSoftmaxJvp.name;
   SoftmaxShape s;
-  JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, y, dx, dbias, *dy, &s));
-  return dispatch(op, y.element_type(), [&](auto tag) {
+  JAXOPS_RETURN_IF_ERROR(check_softmax_jvp(op, x, where, bias, stats, dx, dbias, *dy, &s));
+  return dispatch(op, x.element_type(), [&](auto tag) {
     using T = decltype(tag);
+    SoftmaxInput<T> input;
+    JAXOPS_RETURN_IF_ERROR(softmax_input(op, x, where, bias, stats, &input));
     BroadcastOperand<T> dbias_view;
-    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "dbias", dbias, y, &dbias_view));
-    const auto jvp = kLog ? cuda::log_softmax_jvp<T> : cuda::softmax_jvp<T>;
-    return launch_status(op, jvp(stream, data<const T>(y), data_or_null<const T>(dx), dbias_view,
-                                 data<T>(*dy), s));
+    JAXOPS_RETURN_IF_ERROR(broadcast_operand(op, "dbias", dbias, x, &dbias_view));
+    if constexpr (kLog) {
+      return launch_status(op, cuda::log_softmax_jvp<T>(stream, input, data_or_null<const T>(dx),
+                                                        dbias_view, data<T>(*dy), s));
+    } else {
+      return launch_status(op, cuda::softmax_jvp<T>(stream, input, data_or_null<const T>(dx),
+                                                    dbias_view, data<T>(*dy), s, {}));
+    }
+  });
+}
+
+ffi::Error CausalSoftmaxJvp(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer stats,
+                            ffi::AnyBuffer dx, ffi::Result<ffi::AnyBuffer> dy,
+                            int64_t query_offset) {
+  const std::string op = kCausalSoftmaxJvp.name;
+  SoftmaxShape s;
+  CausalLimit causal;
+  JAXOPS_RETURN_IF_ERROR(check_causal_softmax_jvp(x, stats, dx, *dy, query_offset, &s, &causal));
+  return dispatch(op, x.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const SoftmaxInput<T> input{data<const T>(x), {}, {}, data<const float>(stats)};
+    return launch_status(op, cuda::softmax_jvp<T>(stream, input, data_or_null<const T>(dx), {},
+                                                  data<T>(*dy), s, causal));
   });
 }
 
@@ -127,12 +155,14 @@ JAXOPS_FFI_TARGET(kCausalSoftmaxFwd, kCausalSoftmaxFwdCuda, CausalSoftmaxFwd,
 JAXOPS_FFI_TARGET(kSoftmaxBwd, kSoftmaxBwdCuda, SoftmaxBwd<false>,
                   bind_softmax_bwd(cuda_binding()));
 JAXOPS_FFI_TARGET(kCausalSoftmaxBwd, kCausalSoftmaxBwdCuda, CausalSoftmaxBwd,
-                  bind_softmax_bwd(cuda_binding()));
+                  bind_causal_softmax_bwd(cuda_binding()));
 JAXOPS_FFI_TARGET(kLogSoftmaxBwd, kLogSoftmaxBwdCuda, SoftmaxBwd<true>,
                   bind_softmax_bwd(cuda_binding()));
 JAXOPS_FFI_TARGET(kSoftmaxJvp, kSoftmaxJvpCuda, SoftmaxJvp<false>,
                   bind_softmax_jvp(cuda_binding()));
 JAXOPS_FFI_TARGET(kLogSoftmaxJvp, kLogSoftmaxJvpCuda, SoftmaxJvp<true>,
                   bind_softmax_jvp(cuda_binding()));
+JAXOPS_FFI_TARGET(kCausalSoftmaxJvp, kCausalSoftmaxJvpCuda, CausalSoftmaxJvp,
+                  bind_causal_softmax_jvp(cuda_binding()));
 
 }  // namespace jaxops
