@@ -18,10 +18,11 @@
 // row's scores against it computed while it is in the L1 cache (a dot product
 // per row and key for fewer rows than vector lanes, else a register-blocked
 // product with the rows along the lanes); the values are then added to every
-// row's output by one register-blocked product. With AVX-512, 1 to 8 rows (one
-// token of a GQA group: the common decode step; 9 to 16 in slices of 8 but for
-// float32) and a head_dim of whole 16-element chunks take the kernels of
-// cpu/kv_decode_few_rows.h instead, which convert rows in registers and ask
+// row's output by one register-blocked product. With AVX-512 or AVX2, 1 to 8
+// rows (one token of a GQA group: the common decode step; 9 to 16 in slices of
+// 8 but for float32) and a head_dim of whole vectors (16 or 8 elements) take
+// the kernels of cpu/kv_decode_few_rows.h (AVX2: cpu/kv_decode_few_rows_avx2.h)
+// instead, which convert rows in registers and ask
 // for the next tile's rows between their products
 // (decode_keys_few_rows); on a CPU with AVX512_BF16 (bfloat16) or AVX512_VNNI
 // (int8), and a head_dim of whole 32-element chunks, their pair-product form
@@ -610,7 +611,7 @@ void decode_keys_few_rows(const DecodeShape& shape, const Source& src, int64_t f
       continue;
     }
 #endif
-    score_groups<R, FloatLanes<Element>>(*tile, s.q, Hp, H, nullptr, s.scores, Bc, *next);
+    few_rows_scores<R>(*tile, s.q, Hp, H, s.scores, Bc, *next);
     softmax_tile(shape, j0, jn, s, st);
     few_rows_values<R>(*tile, s.scores, Bc, Hv, st.o, Hvp, *next);
     std::swap(tile, next);

@@ -1,8 +1,9 @@
 // The decode core's inner kernels for a few query rows (1 to kMaxFewRows: one
 // token of a GQA group, the common decode step) of float32, float16 or int8
-// cache rows (and bfloat16 where vdpbf16ps is not used), AVX-512 only
-// (few_rows_fit says which; cpu/kv_decode_pairs.h has their pair-product form
-// for int8 and bfloat16); the driver is
+// cache rows (and bfloat16 where vdpbf16ps is not used), for AVX-512 here and
+// for AVX2 in cpu/kv_decode_few_rows_avx2.h (few_rows_fit says which shapes;
+// cpu/kv_decode_pairs.h has their pair-product form for int8 and bfloat16 on
+// AVX-512); the driver is
 // decode_keys_few_rows (cpu/kv_decode.h). They replace the general tile path
 // there (a dot product per row and key over rows converted into a float tile,
 // then a blocked GEMM for the values) for these shapes.
@@ -87,10 +88,33 @@ inline __m512 transposed_sums(const __m512* acc, Add add) {
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+// Lane c of the result is the sum of the lanes of acc[c] (8 accumulators).
+// vhaddps pairs neighbouring lanes of two vectors per 128-bit half: two
+// levels give each half one partial sum of four accumulators, and a cross-half
+// add finishes them. 6 hadds, 2 lane permutes and an add for 8 sums, where a
+// sum per accumulator takes ~4 shuffles and adds each.
+inline __m256 sum_each_avx2(const __m256* acc) {
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]);
+  const __m256 t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]);
+  const __m256 t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  // u0: [s0 s1 s2 s3 | s0' s1' s2' s3'] with s the low halves' sums and s' the
+  // high halves'; u1 the same for accumulators 4..7.
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                       _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+#endif
+
 inline VecF sum_each(const VecF* acc) {
 #if defined(__AVX512F__)
   return transposed_sums(reinterpret_cast<const __m512*>(acc),
                          [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+#elif defined(__AVX2__) && defined(__FMA__)
+  return sum_each_avx2(reinterpret_cast<const __m256*>(acc));
 #else
   VecF out;
   for (int c = 0; c < kLanes; ++c) out[c] = vsum(acc[c]);
@@ -126,25 +150,12 @@ inline void ask_for_rows(const void* key, int64_t key_bytes, const void* value,
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #define JAXOPS_FEW_ROWS_DECODE 1
 
 // Rows of at most this many query rows take the few-rows kernels.
 inline constexpr int kMaxFewRows = 8;
 
-// 16 elements of a cache row as float (int8: unscaled).
-inline __m512 load_chunk(const bfloat16* p) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-inline __m512 load_chunk(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load_chunk(const float16* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load_chunk(const int8_t* p) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-}
 
 // Where the rows of a tile's n keys lie (and, for int8 rows, their scales):
 // looked up once per tile, since a paged source's lookup (a block-table read
@@ -205,11 +216,29 @@ inline void ask_for_tile(const TileRows<Element>& rows, int64_t H, int64_t Hv) {
 // 10.4 GB/s.
 
 // Whether the few-rows kernels cover this shape: at most kMaxFewRows rows, a
-// head dim of one or more whole chunks.
+// head dim of one or more whole chunks (kLanes elements: 16 with AVX-512, 8
+// with AVX2).
 inline bool few_rows_fit(int64_t rows, int64_t head_dim) {
   // (head_dim 0, which an op may be given, has no chunks: the general path.)
-  return rows >= 1 && rows <= kMaxFewRows && head_dim > 0 && head_dim % 16 == 0;
+  return rows >= 1 && rows <= kMaxFewRows && head_dim > 0 && head_dim % kLanes == 0;
 }
+#endif  // JAXOPS_FEW_ROWS_DECODE
+
+#if defined(__AVX512F__)
+// 16 elements of a cache row as float (int8: unscaled).
+inline __m512 load_chunk(const bfloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load_chunk(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_chunk(const float16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load_chunk(const int8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+
 
 // Keys per score group: R rows x kKeys keys fill at most 16 accumulators.
 template <int R>
@@ -398,6 +427,17 @@ void few_rows_values(const TileRows<Element>& tile, float* p, int64_t ld, int64_
   }
 }
 
+// The float32 kernels' scores pass (the driver's name for it on every ISA).
+template <int R, typename Element>
+void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq, int64_t H,
+                     float* scores, int64_t ld, const TileRows<Element>& next) {
+  score_groups<R, FloatLanes<Element>>(tile, q, ldq, H, nullptr, scores, ld, next);
+}
+
 #endif  // __AVX512F__
 
 }  // namespace jaxops::cpu::kv_decode
+
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#include "cpu/kv_decode_few_rows_avx2.h"
+#endif

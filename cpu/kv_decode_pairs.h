@@ -66,7 +66,9 @@
 
 namespace jaxops::cpu::kv_decode {
 
-#if defined(JAXOPS_FEW_ROWS_DECODE) && defined(__x86_64__) && \
+// (AVX-512 builds only: the kernels are written on the AVX-512 few-rows
+// kernels' 16-lane operands; the avx2 variant has no pair instructions.)
+#if defined(JAXOPS_FEW_ROWS_DECODE) && defined(__AVX512F__) && defined(__x86_64__) && \
     (defined(__GNUC__) || defined(__clang__))
 #define JAXOPS_PAIR_KERNELS 1
 

@@ -12,6 +12,7 @@
 #include "cpu/gemm_microkernels.h"
 #include "cpu/row_buffer.h"
 #include "cpu/simd.h"
+#include "cpu/sparse_gemv_avx2.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -251,14 +252,17 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
   }
 }
 
-// The float32 GEMV for 3 to 64 rows of x, with the rows along the vector lanes
-// instead of the input columns. x is transposed once per call into xt
-// (column c's rows at xt + c * P, zero-padded to P = 4, 8 or 16 lanes), and
-// each kept value is one FMA: its weight broadcast against the column's P
-// rows. The expensive part of the path above (a two-register permute per 16
-// kept values *and row of x*) is gone, and so is its need to keep a chunk of x
-// in L1: each thread walks whole packed rows of kRowLaneOuts outputs side by
-// side, so the weight is read as a few sequential streams that the hardware
+#endif  // __AVX512F__
+
+// The GEMV with the rows of x along the vector lanes instead of the input
+// columns (every ISA: GCC vector types of P lanes, split into the build's
+// registers). x is transposed once per call into xt (column c's rows at xt +
+// c * P, zero-padded to P = 1, 4, 8 or 16 lanes), and each kept value is one
+// FMA: its weight broadcast against the column's P rows. The expensive part
+// of the AVX-512 path above (a two-register permute per 16 kept values *and
+// row of x*) is gone, and so is its need to keep a chunk of x in L1: each
+// thread walks whole packed rows of RowLaneOuts<P> outputs side by side, so
+// the weight is read as a few sequential streams that the hardware
 // prefetchers follow, and the columns of xt that those outputs read are the
 // same (an 8-column window per metadata byte). Measured on Zen 4 from memory,
 // w [11008, 4096] float32, 2 threads (this file's kernel alone, two rounds):
@@ -266,24 +270,52 @@ void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, cons
 // -> 10.8/9.3; over 16 rows in blocks of 16 (each reads the whole weight), 24
 // to 64 rows 1.9-2.4x faster (32 rows 43 -> 17-20 ms, 64 rows 70-75 -> 35-39);
 // at 2 rows the two paths take the same time, at 1 row the path above is
-// faster (three quarters of the lanes would idle). bfloat16/float16 weights
-// keep the path above: each value would need a scalar conversion here, and
-// that path is already several times XLA's dense product.
-constexpr int kRowLaneOuts = 4;
-constexpr int64_t kMinRowLaneRows = 3, kMaxRowLaneRows = kMaxGemvPathRows;
+// faster (three quarters of the lanes would idle). With AVX-512,
+// bfloat16/float16 weights keep the path above (already several times XLA's
+// dense product). Without AVX-512 this path takes every dtype from 3 rows on
+// (and on the generic variant from 1 row, P = 1: scalar FMAs whose metadata
+// is decoded a byte at a time, the vector lanes having nothing to share):
+// bfloat16/float16 packed rows are converted to float32 a block of outputs
+// at a time into a buffer the thread owns (vectorised conversion, the rows
+// then read from L1/L2), since a scalar conversion per broadcast value would
+// cost more than the FMA. On AVX2 the permute alternative (two vpermps and a
+// blend per 8 values and row of x, cpu/sparse_gemv_avx2.h) issues three
+// shuffles per FMA against this path's scalar index arithmetic, which the
+// four integer ALUs absorb: it is kept for 1 and 2 rows only.
+constexpr int64_t kMaxRowLaneRows = kMaxGemvPathRows;
+#if defined(__AVX512F__)
+constexpr int64_t kMinRowLaneRows = 3;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kMinRowLaneRows = 3;
+#else
+constexpr int64_t kMinRowLaneRows = 1;
+#endif
 
-// P lanes of float32 (xmm, ymm or zmm): the x-rows of one input column. GCC's
-// vector extension, so one definition serves every width (a * b + c
-// contracts to an FMA).
+// Outputs side by side per block: 2 accumulators (even and odd values) of P
+// lanes each per output, at most 8 vector registers of the build's width (of
+// 16 with AVX2 and SSE, 32 with AVX-512), and at most 4 outputs.
+template <int P>
+inline constexpr int kRowLaneOuts =
+    std::min(4, std::max(1, 4 * simd::kLanes / P));
+
+// P lanes of float32 (xmm, ymm or zmm, or a scalar): the x-rows of one input
+// column. GCC's vector extension, so one definition serves every width (a * b
+// + c contracts to an FMA).
 template <int P>
 struct RowLanes {
   typedef float V __attribute__((vector_size(P * sizeof(float))));
-  static V load(const float* x) {
+  // (acc by reference: a function returning a vector wider than the build's
+  // registers draws GCC's ABI note, -Wpsabi.)
+  static void fma(float w, const float* x, V& acc) {
     V v;
     std::memcpy(&v, x, sizeof(V));
-    return v;
+    acc += w * v;
   }
-  static V fma(float w, const float* x, V acc) { return acc + w * load(x); }
+};
+template <>
+struct RowLanes<1> {
+  using V = float;
+  static void fma(float w, const float* x, V& acc) { acc += w * *x; }
 };
 
 // sums[o * P + r] = sum over the kept values of packed rows v[o] (O of them):
@@ -305,10 +337,10 @@ inline void row_lane_dots(const float* xt, const float* const* v, const uint8_t*
     for (int o = 0; o < O; ++o) {
       const unsigned b = meta[o][q];
       const float* w = v[o] + 4 * q;
-      even[o] = L::fma(w[0], window + (b & 3) * P, even[o]);
-      odd[o] = L::fma(w[1], window + ((b >> 2) & 3) * P, odd[o]);
-      even[o] = L::fma(w[2], window + (4 + ((b >> 4) & 3)) * P, even[o]);
-      odd[o] = L::fma(w[3], window + (4 + (b >> 6)) * P, odd[o]);
+      L::fma(w[0], window + (b & 3) * P, even[o]);
+      L::fma(w[1], window + ((b >> 2) & 3) * P, odd[o]);
+      L::fma(w[2], window + (4 + ((b >> 4) & 3)) * P, even[o]);
+      L::fma(w[3], window + (4 + (b >> 6)) * P, odd[o]);
     }
   }
   // in / 4 odd: the last group's two values, in the low nibble of the last byte.
@@ -317,8 +349,8 @@ inline void row_lane_dots(const float* xt, const float* const* v, const uint8_t*
     for (int o = 0; o < O; ++o) {
       const unsigned b = meta[o][bytes];
       const float* w = v[o] + 4 * bytes;
-      even[o] = L::fma(w[0], window + (b & 3) * P, even[o]);
-      odd[o] = L::fma(w[1], window + ((b >> 2) & 3) * P, odd[o]);
+      L::fma(w[0], window + (b & 3) * P, even[o]);
+      L::fma(w[1], window + ((b >> 2) & 3) * P, odd[o]);
     }
   }
   for (int o = 0; o < O; ++o) {
@@ -327,41 +359,52 @@ inline void row_lane_dots(const float* xt, const float* const* v, const uint8_t*
   }
 }
 
-template <int P>
-void row_lane_gemv(const float* xf, const float* values, const uint8_t* metadata,
-                   const float* bias, float* y, SparseLinearShape s) {
+template <int P, typename T>
+void row_lane_gemv(const float* xf, const T* values, const uint8_t* metadata, const T* bias,
+                   T* y, SparseLinearShape s) {
+  constexpr int kOuts = kRowLaneOuts<P>;
   const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
   std::vector<float> xt(s.in * P, 0.f);
   for (int64_t c = 0; c < s.in; ++c) {
     for (int64_t r = 0; r < s.rows; ++r) xt[c * P + r] = xf[r * s.in + c];
   }
-  const int64_t blocks = (s.out + kRowLaneOuts - 1) / kRowLaneOuts;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t o0 = b * kRowLaneOuts;
-    const int n = static_cast<int>(std::min<int64_t>(kRowLaneOuts, s.out - o0));
-    const float* v[kRowLaneOuts];
-    const uint8_t* meta[kRowLaneOuts];
-    for (int j = 0; j < n; ++j) {
-      v[j] = values + (o0 + j) * half;
-      meta[j] = metadata + (o0 + j) * mcols;
-    }
-    alignas(64) float sums[kRowLaneOuts * P];
-    if (n == kRowLaneOuts) {
-      row_lane_dots<P, kRowLaneOuts>(xt.data(), v, meta, s.in, sums);
-    } else {
-      for (int j = 0; j < n; ++j) row_lane_dots<P, 1>(xt.data(), v + j, meta + j, s.in, sums + j * P);
-    }
-    for (int j = 0; j < n; ++j) {
-      const float add = bias ? bias[o0 + j] : 0.f;
-      for (int64_t r = 0; r < s.rows; ++r) y[r * s.out + o0 + j] = sums[j * P + r] + add;
+  const int64_t blocks = (s.out + kOuts - 1) / kOuts;
+#pragma omp parallel
+  {
+    // The block's packed rows as float32 (bfloat16/float16 weights only).
+    std::vector<float> converted(std::is_same_v<T, float> ? 0 : kOuts * half);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t o0 = b * kOuts;
+      const int n = static_cast<int>(std::min<int64_t>(kOuts, s.out - o0));
+      const float* v[kOuts];
+      const uint8_t* meta[kOuts];
+      for (int j = 0; j < n; ++j) {
+        v[j] = read_as_float(values + (o0 + j) * half, half, converted.data() + j * half);
+        meta[j] = metadata + (o0 + j) * mcols;
+      }
+      alignas(64) float sums[kOuts * P];
+      if (n == kOuts) {
+        row_lane_dots<P, kOuts>(xt.data(), v, meta, s.in, sums);
+      } else {
+        for (int j = 0; j < n; ++j) row_lane_dots<P, 1>(xt.data(), v + j, meta + j, s.in, sums + j * P);
+      }
+      for (int j = 0; j < n; ++j) {
+        const float add = bias ? to_float(bias[o0 + j]) : 0.f;
+        for (int64_t r = 0; r < s.rows; ++r) y[r * s.out + o0 + j] = from_float<T>(sums[j * P + r] + add);
+      }
     }
   }
 }
 
-// y = x W^T + bias for float32 x of kMinRowLaneRows .. kMaxRowLaneRows rows.
-inline void row_lane_gemv_any(const float* xf, const float* values, const uint8_t* metadata,
-                              const float* bias, float* y, SparseLinearShape s) {
+// y = x W^T + bias for x of kMinRowLaneRows .. kMaxRowLaneRows rows (x as
+// float32).
+template <typename T>
+inline void row_lane_gemv_any(const float* xf, const T* values, const uint8_t* metadata,
+                              const T* bias, T* y, SparseLinearShape s) {
+  if constexpr (kMinRowLaneRows == 1) {
+    if (s.rows == 1) return row_lane_gemv<1>(xf, values, metadata, bias, y, s);
+  }
   if (s.rows <= 4) return row_lane_gemv<4>(xf, values, metadata, bias, y, s);
   if (s.rows <= 8) return row_lane_gemv<8>(xf, values, metadata, bias, y, s);
   // Blocks of 16 rows, each reading the whole packed weight (more lanes per
@@ -372,53 +415,6 @@ inline void row_lane_gemv_any(const float* xf, const float* values, const uint8_
     row_lane_gemv<16>(xf + r0 * s.in, values, metadata, bias, y + r0 * s.out, {rows, s.in, s.out});
   }
 }
-#else
-// acc[r] += sum over the kept values k of one packed row: v[k] x[r, column(k)]
-// (the builds without AVX-512; the loop is left to the compiler).
-template <int R>
-inline void packed_row_dot(const float* x, int64_t ldx, const float* v, const uint8_t* meta,
-                           int64_t half, float* acc) {
-  for (int64_t k = 0; k < half; ++k) {
-    const int64_t col = sparse_column(meta, k);
-    for (int r = 0; r < R; ++r) acc[r] += v[k] * x[r * ldx + col];
-  }
-}
-
-// acc[r] for every row of x, in register blocks of kMaxGemvRows rows: the
-// packed row is read from memory once and stays in L1 for the later blocks.
-inline void packed_row_dot_rows(const float* x, int64_t rows, int64_t ldx, const float* v,
-                                const uint8_t* meta, int64_t half, float* acc) {
-  int64_t r = 0;
-  for (; r + kMaxGemvRows <= rows; r += kMaxGemvRows) {
-    packed_row_dot<kMaxGemvRows>(x + r * ldx, ldx, v, meta, half, acc + r);
-  }
-  if (r < rows) {
-    with_row_count(static_cast<int>(rows - r), [&](auto count) {
-      packed_row_dot<count>(x + r * ldx, ldx, v, meta, half, acc + r);
-    });
-  }
-}
-
-// y = x W^T + bias reading each packed weight row once for all rows of x.
-template <typename T>
-void sparse_gemv(const float* xf, const T* values, const uint8_t* metadata, const T* bias, T* y,
-                 SparseLinearShape s) {
-  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
-#pragma omp parallel
-  {
-    RowBuffer<T> row(half);
-    std::vector<float> acc(s.rows);
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < s.out; ++o) {
-      std::fill(acc.begin(), acc.end(), 0.f);
-      packed_row_dot_rows(xf, s.rows, s.in, row.read(values + o * half, half),
-                          metadata + o * mcols, half, acc.data());
-      const float b = bias ? to_float(bias[o]) : 0.f;
-      for (int64_t r = 0; r < s.rows; ++r) y[r * s.out + o] = from_float<T>(acc[r] + b);
-    }
-  }
-}
-#endif
 
 // The storage bits of T and the exponent field that is all ones in a NaN or
 // an infinity.
@@ -527,16 +523,22 @@ void sparse_linear_fwd(const T* x, const T* values, const uint8_t* metadata, con
   advise_huge_pages(y, sizeof(T) * s.rows * s.out);
   const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
   const FloatCopy<T> xf(x, s.rows * s.in);
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
-    if (s.rows >= kMinRowLaneRows && s.rows <= kMaxRowLaneRows) {
-      row_lane_gemv_any(x, values, metadata, bias, y, s);
-      return mark_pruned_non_finite(x, metadata, y, s);
-    }
-  }
-#endif
   if (s.rows <= kMaxGemvPathRows) {
-    sparse_gemv(xf.data(), values, metadata, bias, y, s);
+#if defined(__AVX512F__)
+    if (std::is_same_v<T, float> && s.rows >= kMinRowLaneRows) {
+      row_lane_gemv_any(xf.data(), values, metadata, bias, y, s);
+    } else {
+      sparse_gemv(xf.data(), values, metadata, bias, y, s);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (s.rows >= kMinRowLaneRows) {
+      row_lane_gemv_any(xf.data(), values, metadata, bias, y, s);
+    } else {
+      sparse_avx2::sparse_gemv(xf.data(), values, metadata, bias, y, s);
+    }
+#else
+    row_lane_gemv_any(xf.data(), values, metadata, bias, y, s);
+#endif
     return mark_pruned_non_finite(x, metadata, y, s);
   }
   // B = W^T: panel row k, column j holds W[n0 + j, k].

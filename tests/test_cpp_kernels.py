@@ -34,7 +34,31 @@ CPP_TESTS = sorted((REPO / "tests" / "cpp").glob("*_test.cc"))
 # The flags of the shipped kernels that matter for their results (-O3 and
 # -fno-math-errno as cmake/cpu_isas.cmake); -march=native: the widest variant
 # this machine runs (tests/test_cpu_isa.py runs the lower ones through Python).
-FLAGS = ["-std=c++17", "-O2", "-fno-math-errno", "-fopenmp", "-march=native"]
+FLAGS = ["-std=c++17", "-O2", "-fno-math-errno", "-fopenmp"]
+NATIVE = "native"
+# Tests built a second time for a lower x86-64 level, whose kernels are their
+# own code (not the native build's at another width): the decode core's AVX2
+# few-rows kernels (cpu/kv_decode_few_rows_avx2.h). Run where the CPU has
+# AVX2 and FMA and the native build is wider.
+LOWER_BUILDS = {"kv_decode_test": ["x86-64-v3"]}
+
+
+def _cpu_flags() -> set[str]:
+  try:
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return set()
+  for line in text.splitlines():
+    if line.startswith("flags"):
+      return set(line.split(":", 1)[1].split())
+  return set()
+
+
+def _builds(source: pathlib.Path) -> list[str]:
+  lower = LOWER_BUILDS.get(source.stem, [])
+  flags = _cpu_flags()
+  runs_avx2 = {"avx2", "fma", "f16c", "bmi2"} <= flags
+  return [NATIVE, *(m for m in lower if runs_avx2 and "avx512f" in flags)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,12 +84,12 @@ def _compiler() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _build_dir() -> pathlib.Path:
+def _build_dir(march: str) -> pathlib.Path:
   digest = hashlib.sha256()
   for path in sorted([*(REPO / "cpu").iterdir(), *(REPO / "params").iterdir(), *CPP_TESTS]):
     digest.update(path.name.encode())
     digest.update(path.read_bytes())
-  digest.update(" ".join([_compiler(), *FLAGS, _eigen_include()]).encode())
+  digest.update(" ".join([_compiler(), *FLAGS, f"-march={march}", _eigen_include()]).encode())
   digest.update(subprocess.run([_compiler(), "--version"], capture_output=True,
                                text=True).stdout.encode())
   root = pathlib.Path(os.environ.get("JAXOPS_CPP_TEST_CACHE",
@@ -75,11 +99,11 @@ def _build_dir() -> pathlib.Path:
   return out
 
 
-def _compile(source: pathlib.Path) -> pathlib.Path:
-  out = _build_dir() / f"{source.stem}.o"
+def _compile(source: pathlib.Path, march: str = NATIVE) -> pathlib.Path:
+  out = _build_dir(march) / f"{source.stem}.o"
 
   def compile_it(tmp: pathlib.Path) -> None:
-    command = [_compiler(), *FLAGS, f"-I{REPO}", "-isystem", _eigen_include(), "-c",
+    command = [_compiler(), *FLAGS, f"-march={march}", f"-I{REPO}", "-isystem", _eigen_include(), "-c",
                str(source), "-o", str(tmp)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
@@ -95,17 +119,17 @@ def _kernel_sources(test_source: pathlib.Path) -> list[pathlib.Path]:
   return sorted({source for family in families for source in (REPO / "cpu").glob(f"{family}*.cc")})
 
 
-def _kernel_objects(test_source: pathlib.Path) -> list[pathlib.Path]:
+def _kernel_objects(test_source: pathlib.Path, march: str) -> list[pathlib.Path]:
   """The test's kernels, compiled two at a time (the CI machine's cores)."""
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    return list(pool.map(_compile, _kernel_sources(test_source)))
+    return list(pool.map(functools.partial(_compile, march=march), _kernel_sources(test_source)))
 
 
-def _executable(test_source: pathlib.Path) -> pathlib.Path:
-  out = _build_dir() / test_source.stem
+def _executable(test_source: pathlib.Path, march: str = NATIVE) -> pathlib.Path:
+  out = _build_dir(march) / test_source.stem
 
   def link(tmp: pathlib.Path) -> None:
-    objects = [_compile(test_source), *_kernel_objects(test_source)]
+    objects = [_compile(test_source, march), *_kernel_objects(test_source, march)]
     command = [_compiler(), "-fopenmp", "-o", str(tmp), *map(str, objects)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-8000:]}"
@@ -123,15 +147,18 @@ def _run_built(build: background.Job) -> subprocess.CompletedProcess:
 
 
 # The build is a job of its own: cached, so pytest-xdist workers share it.
-RUNS = {source: background.Job(_run_built, background.SharedJob(_executable, source))
-        for source in CPP_TESTS}
+RUNS = {(source, march): background.Job(_run_built,
+                                         background.SharedJob(_executable, source, march))
+        for source in CPP_TESTS for march in _builds(source)}
 
 
-@pytest.mark.parametrize("source", [pytest.param(s, marks=prestart(RUNS[s])) for s in CPP_TESTS],
-                         ids=lambda p: p.stem)
-def test_cpp_kernel_test_passes(source):
-  result = RUNS[source].result()
+@pytest.mark.parametrize("source, march",
+                         [pytest.param(s, m, marks=prestart(RUNS[s, m]),
+                                       id=s.stem if m == NATIVE else f"{s.stem}-{m}")
+                          for s, m in RUNS])
+def test_cpp_kernel_test_passes(source, march):
+  result = RUNS[source, march].result()
   assert result.returncode == 0, (
-      f"{source.name} failed (exit {result.returncode}):\n{result.stdout[-6000:]}\n"
+      f"{source.name} (-march={march}) failed (exit {result.returncode}):\n{result.stdout[-6000:]}\n"
       f"{result.stderr[-2000:]}")
   assert "ALL PASSED" in result.stdout, result.stdout[-2000:]

@@ -78,6 +78,11 @@ SUBSET = [
     "tests/test_sampling.py::test_kernel_matches_reference_and_keeps_to_the_kept_set[cpu-(257, 97)-float32]",
     "tests/test_patch_embed.py::test_derivatives_match_reference[cpu-vjp-(2, 32, 16, 3, 16, 17)-bfloat16]",
     "tests/test_sparse.py::test_linear_matches_reference[cpu-(8, 4100)-5-float32]",
+    # The AVX2 kernels of the sparse GEMVs (1 row: the permute GEMV; float16
+    # rows on the rows-along-lanes GEMV) and of the decode core (head dim 24).
+    "tests/test_sparse.py::test_gemv_blocks_chunks_and_any_metadata[1-float32]",
+    "tests/test_sparse.py::test_gemv_blocks_chunks_and_any_metadata[8-float16]",
+    "tests/test_paged_attention.py::test_values_against_reference[cpu-(2, 2, 8, 2, 24, 16, 3)-int8-float32]",
     "tests/test_sparse.py::test_derivatives_match_reference[cpu-vjp-(20, 64)-19-float32]",
     "tests/test_patch_embed.py::test_forward_matches_reference[cpu-(5, 28, 21, 2, 7, 32)-float32]",
 ]

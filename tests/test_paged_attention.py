@@ -79,13 +79,15 @@ def check_split_on_cuda(backend, run):
 
 
 # (batch, T or None (decode), heads, kv_heads, head_dim, page_size, max_pages): GQA
-# ratios 1, 4, 8 and MQA, page sizes 1, 16 and 5, odd head dims.
+# ratios 1, 4, 8 and MQA, page sizes 1, 16 and 5, odd head dims, a head dim of
+# whole 8-element chunks but not 16.
 CASES = [
     (3, None, 4, 4, 16, 16, 3),    # MHA
     (2, None, 8, 2, 7, 5, 4),      # GQA 4, page size 5, odd head dim
     (2, 3, 8, 1, 33, 1, 9),        # MQA, page size 1, prefill
     (1, 5, 16, 2, 64, 16, 2),      # GQA 8, prefill
     (2, 2, 3, 1, 1, 5, 3),         # head dim 1
+    (2, 2, 8, 2, 24, 16, 3),       # 8 rows of 3 chunks of 8: the AVX2 few-rows kernels
 ]
 DTYPES = [(jnp.float32, None), (jnp.bfloat16, None), (jnp.float16, None),
           (INT8, jnp.float32), (INT8, jnp.bfloat16)]

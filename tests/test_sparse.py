@@ -198,14 +198,18 @@ def test_low_precision_forward_takes_the_sparse_tensor_cores(harness):
                  reduce_size=18)
 
 
-@pytest.mark.parametrize("rows,dtype", [(13, jnp.float32), (37, jnp.float32), (21, jnp.bfloat16)])
+@pytest.mark.parametrize("rows,dtype", [(13, jnp.float32), (37, jnp.float32), (21, jnp.bfloat16),
+                                       (1, jnp.float32), (2, jnp.bfloat16), (8, jnp.float16)])
 def test_gemv_blocks_chunks_and_any_metadata(rows, dtype):
   """The CPU GEMV paths with random metadata bytes (repeated and descending
   positions included) and 20 outputs, 500 values per row. float32 takes the
   rows-along-lanes GEMV: 13 rows in one block of 16 lanes, 37 rows in blocks of
   16, 16 and 5 (outputs in blocks of 4, the last one short). bfloat16 takes the
-  k-chunked permute GEMV: row blocks of 4 and a remainder, a block of 18 outputs
-  and a short one, several k-chunks and a tail."""
+  k-chunked permute GEMV with AVX-512: row blocks of 4 and a remainder, a block
+  of 18 outputs and a short one, several k-chunks and a tail; without AVX-512
+  the rows-along-lanes GEMV (bfloat16/float16 rows converted per block of
+  outputs). 1 and 2 rows: the permute GEMVs (AVX2: 8 values a step, 62 steps
+  and a tail of 4); the generic variant's scalar rows-along-lanes GEMV (1 row)."""
   x = random_inputs(11, [(rows, 1000)], dtype)[0]
   values = random_inputs(12, [(20, 500)], dtype)[0]
   metadata = jax.random.randint(jax.random.key(13), (20, 125), 0, 256).astype(jnp.uint8)

@@ -4,8 +4,8 @@
 // uniformly strided only inside a page), int8 rows with per-row scales, the
 // logits soft cap, empty and partial per-row key intervals, and key splits
 // across threads (one group on four threads) with their merge, which must be
-// deterministic; few rows (cpu/kv_decode_few_rows.h on AVX-512, else a dot
-// product per row and key) and a full vector of rows (products with the rows
+// deterministic; few rows (cpu/kv_decode_few_rows.h on AVX-512 and AVX2, else
+// a dot product per row and key) and a full vector of rows (products with the rows
 // along the lanes); walks of several groups (DecodeShape::groups_per_walk);
 // the pair kernels (cpu/kv_decode_pairs.h, where the CPU has AVX512_VNNI or
 // AVX512_BF16) and the kernels they replace. Every element type (float,
@@ -304,6 +304,14 @@ int main() {
       {2, 7, 31, 256, 3, 0.0f, 2},
       {2, 8, 513, 128, 16, 0.0f, 2},
       {1, 8, 777, 16, 32, 0.0f, 3},
+      // Head dims of whole 8-element chunks but not 16 (the AVX2 kernels of
+      // cpu/kv_decode_few_rows_avx2.h; the general path with AVX-512): odd
+      // chunk counts, value blocks of uneven chunks, a value dim of its own.
+      {2, 1, 40, 8, 3, 0.0f, 1},
+      {2, 3, 70, 24, 5, 0.0f, 2},
+      {1, 8, 100, 40, 16, 5.0f, 2},
+      {2, 5, 65, 56, 16, 0.0f, 2, 2, 24},
+      {1, 12, 90, 72, 8, 0.0f, 2},
       // Walks (groups_per_walk): the keys of several groups a tile at a time,
       // one walk split across threads, walks of every thread, a width that
       // does not divide the groups (each group alone then).
