@@ -86,6 +86,32 @@ cudaError_t tensor_core_fwd_jvp(cudaStream_t stream, const AttentionParams& p, c
                                 const T* dvalue, const float* dbias, T* out, float* logsumexp,
                                 T* dout, float* dlogsumexp);
 
+// The sm_90a forward in the FlashAttention-3 design (attention_forward_sm90.cu:
+// TMA producer warpgroup, two wgmma consumer warpgroups, 128 query rows and
+// 128-key tiles per CTA). Only for an sm_90 device (elsewhere its kernel
+// traps) and only where hopper_fwd_supports: bfloat16 or float16, H == Hv
+// <= 128 with H a multiple of 8 (16-byte TMA strides; padded to 64 or 128),
+// no mask and no bias (causal with its offset, the window, the lengths, the
+// soft cap and segment ids are taken). hopper_fwd returns
+// cudaErrorInvalidValue for a call it does not support (or whose tensors the
+// TMA cannot describe: 16-byte aligned base addresses).
+enum class HopperDtype { kFloat16, kBfloat16, kFloat32 };
+
+bool hopper_fwd_supports(const AttentionParams& p, HopperDtype dtype);
+
+template <typename T>
+cudaError_t hopper_fwd(cudaStream_t stream, const AttentionParams& p, const T* query,
+                       const T* key, const T* value, T* out, float* logsumexp);
+
+extern template cudaError_t hopper_fwd<__half>(cudaStream_t, const AttentionParams&,
+                                               const __half*, const __half*, const __half*,
+                                               __half*, float*);
+extern template cudaError_t hopper_fwd<__nv_bfloat16>(cudaStream_t, const AttentionParams&,
+                                                      const __nv_bfloat16*,
+                                                      const __nv_bfloat16*,
+                                                      const __nv_bfloat16*, __nv_bfloat16*,
+                                                      float*);
+
 cudaError_t simt_fwd(cudaStream_t stream, const AttentionParams& p, const float* query,
                      const float* key, const float* value, float* out, float* logsumexp);
 

@@ -108,3 +108,63 @@ def test_wgmma_layer_compiles_to_traps_elsewhere(tmp_path, arch):
   for name, counts in kernels.items():
     assert _count(counts, "HGMMA") == 0, (name, counts)
     assert counts["BPT.TRAP"] > 0, (name, counts)
+
+
+# -- the FlashAttention-3 forward (cuda/attention_forward_sm90.cu) --------------------------------
+
+HOPPER_FWD = REPO / "cuda" / "attention_forward_sm90.cu"
+
+
+def _compile_hopper_fwd(arch: str, tmp_path: Path) -> tuple[Path, str]:
+  """The kernel file as the CMake build compiles it: ptxas spills and local
+  memory are errors (cmake/cuda.cmake's -Xptxas flags), -v for the report."""
+  nvcc = shutil.which("nvcc")
+  if nvcc is None:
+    pytest.skip("no nvcc")
+  cubin = tmp_path / f"attention_forward_sm90.{arch}.cubin"
+  result = subprocess.run(
+      [nvcc, "-std=c++17", "-O3", f"-arch={arch}", "-cubin", f"-I{REPO}",
+       "-Xptxas=-v,-warn-spills,-warn-lmem-usage,-Werror", "-o", str(cubin), str(HOPPER_FWD)],
+      capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr
+  return cubin, result.stderr
+
+
+@pytest.fixture(scope="module")
+def hopper_fwd_sm90a(tmp_path_factory):
+  return _compile_hopper_fwd("sm_90a", tmp_path_factory.mktemp("hopper_fwd"))
+
+
+def test_hopper_forward_assembles_to_tma_fed_warpgroup_products(hopper_fwd_sm90a):
+  cubin, log = hopper_fwd_sm90a
+  assert "Performance Loss" not in log and "injected" not in log, log
+  spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", log)
+  assert spills and all(n == "0" for n in spills), log
+  kernels = _sass(cubin)
+  # bf16 and f16, head dims 64 and 128.
+  assert len(kernels) == 4, sorted(kernels)
+  for name, counts in kernels.items():
+    hd = int(re.search(r"Li(\d+)EEEv", name).group(1))
+    shapes = {op for op in counts if op.startswith("HGMMA.")}
+    # S = Q K^T: m64n128k16 (kBlockN keys); O += P V: m64n<hd>k16.
+    assert any(op.startswith("HGMMA.64x128x16") for op in shapes), (name, shapes)
+    assert any(op.startswith(f"HGMMA.64x{hd}x16") for op in shapes), (name, shapes)
+    # cuobjdump spells bf16 products ".F32.BF16" and f16 ones ".F32".
+    if "bfloat16" in name:
+      assert all(op.endswith(".F32.BF16") for op in shapes), (name, shapes)
+    else:
+      assert all(op.endswith(".F32") for op in shapes), (name, shapes)
+    assert _count(counts, "UTMALDG") >= 3, (name, counts)  # Q, K, V boxes
+    assert _count(counts, "SYNCS") >= 6, (name, counts)    # mbarrier init, arrive, try_wait
+    assert _count(counts, "USETMAXREG") >= 2, (name, counts)
+    assert counts["STL"] == 0 and counts["LDL"] == 0, (name, counts)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_hopper_forward_compiles_to_traps_elsewhere(tmp_path, arch):
+  cubin, _ = _compile_hopper_fwd(arch, tmp_path)
+  kernels = _sass(cubin)
+  assert len(kernels) == 4
+  for name, counts in kernels.items():
+    assert _count(counts, "HGMMA") == 0 and _count(counts, "UTMALDG") == 0, (name, counts)
+    assert counts["BPT.TRAP"] > 0, (name, counts)

@@ -299,7 +299,7 @@ FAMILIES = {f.__name__: f for f in (
 # points launch the tensor-core kernels (forward, backward) and the SIMT ones,
 # which the attention family checks.
 PART_OF = {"attention_forward": "attention", "attention_backward": "attention",
-           "attention_simt": "attention"}
+           "attention_simt": "attention", "attention_forward_sm90": "attention"}
 
 
 def _kernel_sources() -> list[pathlib.Path]:
