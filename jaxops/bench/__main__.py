@@ -9,7 +9,7 @@ import sys
 import jaxops.bench
 
 # Modules the commands share, not commands themselves.
-_HELPERS = ("ceilings", "options", "report_plot", "results", "timing")
+_HELPERS = ("ceilings", "options", "report_plot", "results", "timing", "torch_peer")
 TOOLS = ("report", "roofline")
 
 

@@ -24,6 +24,7 @@ import os
 import platform
 import statistics
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -110,7 +111,31 @@ def time_implementations(fns: dict, *args, runs: int, donate_argnums=(), interle
   return timings
 
 
+@dataclasses.dataclass(frozen=True)
+class Eager:
+  """A peer outside JAX (PyTorch, jaxops/bench/torch_peer.py) among the functions
+  ``time_interleaved`` times: nothing is compiled; ``prepare(*args)`` turns the
+  JAX arguments into the peer's own once, untimed, and each run calls
+  ``fn(*prepared)``, which must return when its work is done (as CPU torch does)."""
+  fn: Callable
+  prepare: Callable
+
+
+class _EagerRun:
+  """An ``Eager`` with its prepared arguments, called like a compiled program."""
+
+  def __init__(self, eager: Eager, args):
+    self._fn, self._args = eager.fn, eager.prepare(*args)
+
+  def __call__(self, *_jax_args):
+    return self._fn(*self._args)
+
+
 def _compile(fn, args, donate_argnums=()):
+  if isinstance(fn, Eager):
+    if donate_argnums:
+      raise ValueError("an Eager peer cannot be timed with donated arguments")
+    return _EagerRun(fn, args)
   return jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile()
 
 
@@ -138,7 +163,8 @@ def time_jitted(fn, *args, runs: int = 7, warmup: int = 2, donate_argnums=()) ->
 def time_interleaved(fns: dict, *args, runs: int, warmup: int = 1, donate_argnums=()) -> dict:
   """Host method over several implementations: one settled run of each in turn,
   so load from other processes on a shared machine weighs on all alike; the
-  median of each's runs. Donated arguments are copied before each run."""
+  median of each's runs. Donated arguments are copied before each run. A
+  function may be an ``Eager`` peer (torch), timed by the same runs."""
   compiled = {name: _compile(fn, args, donate_argnums) for name, fn in fns.items()}
   fresh_args = _copier(args, donate_argnums)
   for _ in range(warmup):
@@ -203,6 +229,8 @@ def time_on_device(fn, *args, runs: int = 3, warmup: int = 1, donate_argnums=())
 
 def temp_bytes(compiled) -> int | None:
   """XLA's temporary allocation for a compiled program, where the backend says."""
+  if isinstance(compiled, _EagerRun):
+    return None
   try:
     analysis = compiled.memory_analysis()
   except Exception:  # noqa: BLE001  (not every backend reports it)
