@@ -29,11 +29,10 @@ file(GLOB JAXOPS_CUDA_SOURCES CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/cud
 # rest, for JAXOPS_CUDA_ARCHITECTURES, where their kernel bodies are traps (and
 # nothing dispatches to them yet). With JAXOPS_CUDA_SM90A=ON and 90 among the
 # architectures their sources build apart for "90a-real" and join the library.
-# Off by default until (1) the dispatcher sends sm_90 devices to them, (2)
-# cmake/cuda_resource_table.py and cuda_sass_summary.py read "arch = sm_90a"
-# (their ARCH patterns take sm_<digits> only, so the sm_90a cubin's kernels
-# would be filed under the previous member's architecture) and (3)
-# tests/test_cuda_sass.py does not require every FA2 kernel on sm_90a too.
+# Such a build defines JAXOPS_CUDA_HAS_SM90A for cuda/attention.cu, whose
+# dispatch then sends an sm_90 device's supported forward calls to the FA3
+# kernel when JAXOPS_CUDA_ATTENTION_FA3=1. Off by default, and the kernel
+# opt-in, until a GPU has run it (docs/cuda.md).
 option(JAXOPS_CUDA_SM90A "Build the sm_90a (FlashAttention-3) kernels for 90a-real" OFF)
 set(JAXOPS_CUDA_SM90A_SOURCES "${CMAKE_CURRENT_SOURCE_DIR}/cuda/attention_forward_sm90.cu")
 set(JAXOPS_CUDA_OPTIONS
@@ -53,6 +52,7 @@ if(JAXOPS_CUDA_SM90A AND JAXOPS_CUDA_ARCHITECTURES MATCHES "(^|;)90[-a-z]*(;|$)"
     target_compile_options(jaxops_cuda_sm90a PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
   endif()
   list(APPEND JAXOPS_CUDA_SOURCES $<TARGET_OBJECTS:jaxops_cuda_sm90a>)
+  set(JAXOPS_CUDA_HAS_SM90A ON)
 endif()
 add_library(jaxops_cuda_kernels STATIC ${JAXOPS_CUDA_SOURCES})
 set_target_properties(jaxops_cuda_kernels PROPERTIES
@@ -63,6 +63,9 @@ set_target_properties(jaxops_cuda_kernels PROPERTIES
 target_include_directories(jaxops_cuda_kernels PUBLIC "${CMAKE_CURRENT_SOURCE_DIR}")
 target_link_libraries(jaxops_cuda_kernels PUBLIC CUDA::cudart_static)
 target_compile_options(jaxops_cuda_kernels PRIVATE ${JAXOPS_CUDA_OPTIONS})
+if(JAXOPS_CUDA_HAS_SM90A)
+  target_compile_definitions(jaxops_cuda_kernels PRIVATE JAXOPS_CUDA_HAS_SM90A=1)
+endif()
 if(JAXOPS_CUDA_RESOURCE_USAGE)
   target_compile_options(jaxops_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
 endif()

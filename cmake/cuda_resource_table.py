@@ -17,7 +17,8 @@ import subprocess
 import sys
 
 MEMBER = re.compile(r"^member .*:(?P<object>[^:]+)\.o:$")
-ARCH = re.compile(r"^arch = (?P<arch>sm_\d+)$")
+# sm_90a: the architecture-specific target of the FlashAttention-3 kernels.
+ARCH = re.compile(r"^arch = (?P<arch>sm_\d+a?)$")
 FUNCTION = re.compile(r"^ Function (?P<name>\S+):$")
 USAGE = re.compile(r"(?P<key>[A-Z]+)(?:\[\d+\])?:(?P<value>\d+)")
 

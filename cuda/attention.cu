@@ -7,6 +7,8 @@
 #include "cuda/attention.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/attention_kernels.h"
@@ -86,6 +88,38 @@ Path path(const AttentionParams& p) {
   return tensor_cores ? Path::kTensorCores : Path::kNone;
 }
 
+// The FlashAttention-3 forward (attention_forward_sm90.cu) for a 16-bit call:
+// only in a build that holds its sm_90a code (-DJAXOPS_CUDA_SM90A=ON, which
+// defines JAXOPS_CUDA_HAS_SM90A; elsewhere its kernel is a trap), on an sm_90
+// device, for the calls it supports, and opt-in (JAXOPS_CUDA_ATTENTION_FA3=1)
+// until it has run on a GPU. Everything else keeps the FA2 kernels.
+template <typename T>
+bool takes_hopper_forward(const AttentionParams& p) {
+#if defined(JAXOPS_CUDA_HAS_SM90A)
+  if constexpr (std::is_same<T, float>::value) {
+    return false;
+  } else {
+    static const bool opted_in = [] {
+      const char* flag = std::getenv("JAXOPS_CUDA_ATTENTION_FA3");
+      return flag != nullptr && std::strcmp(flag, "1") == 0;
+    }();
+    if (!opted_in) return false;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        major != 9) {
+      return false;
+    }
+    const auto dtype = std::is_same<T, __half>::value ? attention_kernels::HopperDtype::kFloat16
+                                                     : attention_kernels::HopperDtype::kBfloat16;
+    return attention_kernels::hopper_fwd_supports(p, dtype);
+  }
+#else
+  (void)p;
+  return false;
+#endif
+}
+
 // Both head dims within the kernels' limit.
 bool head_dims_fit(const AttentionParams& p) {
   return p.head_dim <= kCudaAttentionMaxHeadDim &&
@@ -105,6 +139,11 @@ cudaError_t attention_fwd(cudaStream_t stream, const AttentionParams& p, const T
   if (p.batch * p.num_heads * p.q_len == 0) return cudaSuccess;
   switch (path<T>(p)) {
     case Path::kTensorCores:
+      if constexpr (!std::is_same<T, float>::value) {
+        if (takes_hopper_forward<T>(p)) {
+          return attention_kernels::hopper_fwd<T>(stream, p, query, key, value, out, logsumexp);
+        }
+      }
       return attention_kernels::tensor_core_fwd<T>(stream, p, query, key, value, out, logsumexp);
     case Path::kSimt:
       if constexpr (std::is_same<T, float>::value) {

@@ -68,9 +68,11 @@ def _rows(text: str) -> dict[tuple[str, str], dict[str, int]]:
 @pytest.mark.parametrize("source,kernel", TENSOR_CORE_KERNELS, ids=lambda v: v)
 def test_tensor_core_attention_kernels_take_the_tensor_cores(source, kernel):
   rows = _rows(_summary())
-  architectures = {arch for _, arch in rows}
+  # The FA2 kernels are on every generic architecture built; an sm_90a cubin
+  # (JAXOPS_CUDA_SM90A=ON) holds the FlashAttention-3 kernels only.
+  architectures = {arch for _, arch in rows if not arch.endswith("a")}
   found = {arch: counts for (name, arch), counts in rows.items()
-           if name == f"{source}: {kernel}"}
+           if name == f"{source}: {kernel}" and not arch.endswith("a")}
   assert set(found) == architectures, f"{kernel} on {sorted(found)} of {sorted(architectures)}"
   for arch, counts in found.items():
     assert counts["HMMA"] > 0, (arch, counts)
