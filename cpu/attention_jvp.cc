@@ -90,19 +90,9 @@ void online_softmax_with_tangent(int64_t jn, int64_t Br, int64_t Hv, bool max_kn
                                  const SoftmaxRows& s, float* dst, float* mu, float* shift,
                                  const float* ot, float* dot) {
   for (int64_t c = 0; c < Br; c += kLanes) {
-    VecF tile_max = vsplat(-kInf);
-    if (max_known) {
-      tile_max = vload(s.tile_max + c);
-    } else {
-      for (int64_t j = 0; j < jn; ++j) tile_max = vmax(tile_max, vload(st + j * Br + c));
-    }
-    const VecF m_old = vload(s.m + c);
-    const VecF m_new = vmax(m_old, tile_max);
-    const VecF row_shift = m_new == vsplat(-kInf) ? VecF{} : m_new;
-    vstore(s.m + c, m_new);
-    vstore(s.shift + c, row_shift);
-    const VecF alpha = vexp2(m_old - row_shift);
-    vstore(s.alpha + c, alpha);
+    const RowMaxStep step = update_row_max(jn, Br, c, max_known, st, s);
+    const VecF m_old = step.m_old, m_new = step.m_new, row_shift = step.shift;
+    const VecF alpha = step.alpha;
     VecF sum{}, weighted_tangents{};
     for (int64_t j = 0; j < jn; ++j) {
       const VecF prob = vexp2(vload(st + j * Br + c) - row_shift);

@@ -529,27 +529,42 @@ inline void carve_tile_row_state(TileRowState& s, const Geometry& g, int64_t Br,
   s.n = arena.take<int64_t>(Br);
 }
 
+// The running maximum's step of an online softmax for the kLanes rows at c
+// of a tile of logits st[j][i] (log2 units, jn keys): the tile's maximum (in
+// s.tile_max already with `max_known`), the new running max m and the shift
+// (0 for a row that has seen no key, whose m stays -inf), stored with the
+// rescale alpha of the earlier accumulators. Shared by online_softmax and the
+// forward mode's online_softmax_with_tangent (cpu/attention_jvp.cc).
+struct RowMaxStep {
+  VecF m_old, m_new, shift, alpha;
+};
+
+inline RowMaxStep update_row_max(int64_t jn, int64_t Br, int64_t c, bool max_known,
+                                 const float* st, const SoftmaxRows& s) {
+  VecF tile_max = vsplat(-kInf);
+  if (max_known) {
+    tile_max = vload(s.tile_max + c);
+  } else {
+    for (int64_t j = 0; j < jn; ++j) tile_max = vmax(tile_max, vload(st + j * Br + c));
+  }
+  const VecF m_old = vload(s.m + c);
+  const VecF m_new = vmax(m_old, tile_max);
+  const VecF shift = m_new == vsplat(-kInf) ? VecF{} : m_new;
+  const VecF alpha = vexp2(m_old - shift);
+  vstore(s.m + c, m_new);
+  vstore(s.shift + c, shift);
+  vstore(s.alpha + c, alpha);
+  return {m_old, m_new, shift, alpha};
+}
+
 // Online softmax over one tile of logits st[j][i] (log2 units, jn keys): updates
 // the running max m, the shift, the rescale alpha of earlier accumulators and
 // the running sum l, and turns st into probabilities. With `max_known` the
 // tile's maximum is in s.tile_max already.
-// The forward-mode kernel has its variant with the logits' tangents
-// (online_softmax_with_tangent, cpu/attention_jvp.cc).
 inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
                            const SoftmaxRows& s) {
   for (int64_t c = 0; c < Br; c += kLanes) {
-    VecF tile_max = vsplat(-kInf);
-    if (max_known) {
-      tile_max = vload(s.tile_max + c);
-    } else {
-      for (int64_t j = 0; j < jn; ++j) tile_max = vmax(tile_max, vload(st + j * Br + c));
-    }
-    const VecF m_old = vload(s.m + c);
-    const VecF m_new = vmax(m_old, tile_max);
-    const VecF shift = m_new == vsplat(-kInf) ? VecF{} : m_new;
-    vstore(s.m + c, m_new);
-    vstore(s.shift + c, shift);
-    vstore(s.alpha + c, vexp2(m_old - shift));
+    const VecF shift = update_row_max(jn, Br, c, max_known, st, s).shift;
     VecF sum{};
     for (int64_t j = 0; j < jn; ++j) {
       const VecF prob = vexp2(vload(st + j * Br + c) - shift);
