@@ -43,15 +43,20 @@ def _tool(name: str, package: str) -> str:
   pytest.skip(f"no {name} (CUDA toolkit or pip {package})")
 
 
-def _compile(arch: str, tmp_path: Path) -> tuple[Path, str]:
+def _cubin(source: Path, arch: str, tmp_path: Path, *flags: str) -> tuple[Path, str]:
+  """(cubin of ``source`` for ``arch``, ptxas' report): nvcc with ``flags``."""
   nvcc = shutil.which("nvcc")
   if nvcc is None:
     pytest.skip("no nvcc")
-  cubin = tmp_path / f"wgmma_probe.{arch}.cubin"
-  result = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v", f"-I{REPO}",
-                           "-o", str(cubin), str(PROBE)], capture_output=True, text=True)
+  cubin = tmp_path / f"{source.stem}.{arch}.cubin"
+  result = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-cubin", f"-I{REPO}", *flags,
+                           "-o", str(cubin), str(source)], capture_output=True, text=True)
   assert result.returncode == 0, result.stderr
   return cubin, result.stderr
+
+
+def _compile(arch: str, tmp_path: Path) -> tuple[Path, str]:
+  return _cubin(PROBE, arch, tmp_path, "-Xptxas", "-v")
 
 
 def _sass(cubin: Path) -> dict[str, collections.Counter]:
@@ -118,16 +123,7 @@ HOPPER_FWD = REPO / "cuda" / "attention_forward_sm90.cu"
 def _compile_hopper_fwd(arch: str, tmp_path: Path) -> tuple[Path, str]:
   """The kernel file as the CMake build compiles it: ptxas spills and local
   memory are errors (cmake/cuda.cmake's -Xptxas flags), -v for the report."""
-  nvcc = shutil.which("nvcc")
-  if nvcc is None:
-    pytest.skip("no nvcc")
-  cubin = tmp_path / f"attention_forward_sm90.{arch}.cubin"
-  result = subprocess.run(
-      [nvcc, "-std=c++17", "-O3", f"-arch={arch}", "-cubin", f"-I{REPO}",
-       "-Xptxas=-v,-warn-spills,-warn-lmem-usage,-Werror", "-o", str(cubin), str(HOPPER_FWD)],
-      capture_output=True, text=True)
-  assert result.returncode == 0, result.stderr
-  return cubin, result.stderr
+  return _cubin(HOPPER_FWD, arch, tmp_path, "-O3", "-Xptxas=-v,-warn-spills,-warn-lmem-usage,-Werror")
 
 
 @pytest.fixture(scope="module")
