@@ -97,20 +97,12 @@ inline float exp(float x) {
   return p * exp2_int(half) * exp2_int(n_int - half);
 }
 
-// exp(-a) for a >= 0 or NaN (NaN stays NaN). Past a = 88 it is exactly 0:
-// there the 2^n of the reduction is 2^-127, whose exponent bits are 0 (the
-// subnormal values of exp(-87.3..-88) are flushed by XLA's CPU runtime anyway).
-// Cheaper than exp(): one integer min instead of a two-sided clamp on ordered
-// keys, no two-step scaling into the subnormals, Cephes' expf polynomial
-// (relative error ~1.2e-7, as vexp_nonpositive).
-inline float exp_of_minus(float a) {
-  // For a >= 0 integer order is float order; a NaN (bits above inf's) is
-  // clamped too and put back at the end.
-  const int32_t bits = float_to_bits(a);
-  const int32_t limit = float_to_bits(88.0f);
-  const float x = -bits_to_float(bits < limit ? bits : limit);
-  // n = round(x / ln 2) by the 1.5 * 2^23 shifter, read from the low mantissa
-  // bits; ln 2 split so that x - n ln 2 is exact.
+// e^x = 2^n e^r for x in [-88, 88.37] (or NaN), n = round(x / ln 2) by the
+// 1.5 * 2^23 shifter (floorf does not vectorise under -ftrapping-math), read
+// from the low mantissa bits; ln 2 split so that x - n ln 2 is exact; e^r by
+// Cephes' expf polynomial (relative error ~1.2e-7). 2^n is one exponent field:
+// n = -127 (x near -88) gives 0, not a subnormal.
+inline float exp_cephes(float x) {
   constexpr float kShifter = 12582912.0f;
   const float shifted = x * 1.44269504088896341f + kShifter;
   const float n = shifted - kShifter;
@@ -123,7 +115,22 @@ inline float exp_of_minus(float a) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  return select(bits > 0x7f800000, a, p * exp2_int(n_int));
+  return p * exp2_int(n_int);
+}
+
+// exp(-a) for a >= 0 or NaN (NaN stays NaN). Past a = 88 it is exactly 0:
+// there the 2^n of the reduction is 2^-127, whose exponent bits are 0 (the
+// subnormal values of exp(-87.3..-88) are flushed by XLA's CPU runtime anyway).
+// Cheaper than exp(): one integer min instead of a two-sided clamp on ordered
+// keys, no two-step scaling into the subnormals (exp_cephes, as
+// vexp_nonpositive).
+inline float exp_of_minus(float a) {
+  // For a >= 0 integer order is float order; a NaN (bits above inf's) is
+  // clamped too and put back at the end.
+  const int32_t bits = float_to_bits(a);
+  const int32_t limit = float_to_bits(88.0f);
+  const float x = -bits_to_float(bits < limit ? bits : limit);
+  return select(bits > 0x7f800000, a, exp_cephes(x));
 }
 
 // sigmoid(x) = 1 / (1 + e^-x) and its complement 1 - sigmoid(x), each accurate
@@ -270,19 +277,7 @@ inline float vexp_nonpositive(float x) {
   // NaN passes the clamp; the polynomial carries it on. (vector_math::clamp,
   // not std::min/max, which GCC turned into branches here.)
   const float clamped = vector_math::clamp(x, kExpLow, kExpHigh);
-  // exp = 2^n * exp(r), n = round(x / ln 2) by the 1.5 * 2^23 trick (floorf does
-  // not vectorise under -ftrapping-math), ln 2 split so x - n ln 2 is exact.
-  constexpr float kRound = 12582912.f;
-  const float n = (clamped * 1.44269504088896341f + kRound) - kRound;
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;  // Cephes' expf polynomial
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const float result = p * vector_math::bits_to_float((static_cast<int32_t>(n) + 127) << 23);
+  const float result = vector_math::exp_cephes(clamped);
   // (A bit select: a float one left the polynomial under a branch that
   // trapping math kept from vectorising off AVX-512; see select.)
   return vector_math::select(x < kExpLow, 0.f, result);
