@@ -27,6 +27,7 @@ using ::jaxops::params::sparse_kept_positions;
 using ::jaxops::params::sparse_metadata_cols;
 using ::jaxops::params::sparse_values_cols;
 using microkernels::Update;
+using simd::kLanes;
 
 // Rows of x per register block of the GEMV path.
 constexpr int kMaxGemvRows = 8;
@@ -600,15 +601,34 @@ namespace {
 // output of the block reads them.
 constexpr int64_t kOutBlock = 64;
 
-// dvalues[o, k] = sum_r dy[r, o] x[r, column(o, k)] for outputs o0 .. o0 + n
-// (n <= kOutBlock) of a block whose dy columns are dyb [rows, kOutBlock].
-template <typename T>
-void sampled_block(const float* dyb, const float* x, const uint8_t* metadata, T* dvalues,
-                   int64_t o0, int64_t n, SparseLinearShape s) {
-  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
-  int64_t k_vector_end = 0;
+// A block's dy columns converted to float32: element (r, j) (row r of dy,
+// output o0 + j) at data[r * row_stride + j * out_stride].
+struct DyBlock {
+  float* data;
+  int64_t row_stride;
+  int64_t out_stride;
+};
+
+// The value gradient dvalues[o, k] = sum_r dy[r, o] x[r, column(o, k)] is
+// computed a block of outputs at a time. The AVX-512 path gathers each
+// output's kept columns of x in registers (one two-register permute per 16
+// values); the other ISAs take the block's dense product (below).
 #if defined(__AVX512F__)
-  k_vector_end = half / kValuesPerStep * kValuesPerStep;
+// The first columns of x the vector path covers.
+inline int64_t sampled_vector_cols(int64_t in) { return 2 * (sparse_values_cols(in) / kValuesPerStep * kValuesPerStep); }
+
+// The block's dy columns as the vector path reads them: a row of kOutBlock
+// outputs per row of x (each output's broadcast, next to its neighbours').
+inline DyBlock dy_block_layout(float* data, int64_t /*rows*/) { return {data, kOutBlock, 1}; }
+
+// Outputs o0 .. o0 + n (n <= kOutBlock) of a block whose dy columns are dyb
+// [rows, kOutBlock], values k < sampled_vector_cols / 2.
+template <typename T>
+void sampled_block_vector(DyBlock dy, const float* x, const uint8_t* metadata, T* dvalues,
+                          int64_t o0, int64_t n, SparseLinearShape s) {
+  const float* dyb = dy.data;
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+  const int64_t k_vector_end = sampled_vector_cols(s.in) / 2;
   constexpr int kOuts = 4;  // outputs sharing each loaded strip of x
   for (int64_t k = 0; k < k_vector_end; k += kValuesPerStep) {
     const float* xk = x + 2 * k;
@@ -637,13 +657,101 @@ void sampled_block(const float* dyb, const float* x, const uint8_t* metadata, T*
       }
     }
   }
+}
+
+// x as the vector path reads it: float32, row-major.
+template <typename T>
+using SampledColumns = FloatCopy<T>;
+
+template <typename T>
+const float* sampled_columns_data(const SampledColumns<T>& columns) { return columns.data(); }
+#else
+// Without AVX-512's two-register permute, gathering each output's kept
+// columns of x costs two in-register permutes and a blend per 8 values beside
+// each FMA, so the shuffle port, not the FMA pipes, would set the pace. The
+// block's dense product dy_b^T x (twice the multiply-adds) runs in the
+// register-blocked micro-kernels at close to the FMA rate instead, and each
+// output keeps the two values per group its metadata names. Read in place,
+// x's rows are s.in floats apart (16 KB at 4096): a micro-kernel walking a
+// column strip through that stride touches a new page and the same few cache
+// sets every row (it ran at 0.25x XLA's dense product). So x is packed once
+// per call into strips of columns whose rows are contiguous, and each strip's
+// product runs over all rows with its accumulators in registers.
+constexpr int64_t kStrip = microkernels::kMaxVecsPerStrip * kLanes;
+static_assert(kStrip % kSparseGroup == 0, "a strip holds whole groups");
+
+// Strips per dense product of a block: its float32 result (kOutBlock x 128
+// floats, 32 KB) stays in L1/L2 until the block's outputs keep their values.
+constexpr int64_t kStripsPerProduct = 128 / kStrip;
+
+inline int64_t sampled_vector_cols(int64_t in) { return in / kStrip * kStrip; }
+
+// The block's dy columns as the micro-kernels read their A operand: each
+// output's rows contiguous, so a register block's broadcasts are MR
+// sequential streams (with a row of outputs per row of x instead, every
+// broadcast step reads a new line at a stride that maps to a few L1 sets).
+inline DyBlock dy_block_layout(float* data, int64_t rows) { return {data, 1, rows}; }
+
+// x's first sampled_vector_cols(in) columns as float32 strips [strip][row][kStrip].
+template <typename T>
+class SampledColumns {
+ public:
+  SampledColumns(const T* x, SparseLinearShape s) : data_(sampled_vector_cols(s.in) * s.rows) {
+    const int64_t strips = sampled_vector_cols(s.in) / kStrip;
+#pragma omp parallel for schedule(static) if (s.rows * strips * kStrip >= (int64_t{1} << 16))
+    for (int64_t r = 0; r < s.rows; ++r) {
+      for (int64_t strip = 0; strip < strips; ++strip) {
+        load_row(x + r * s.in + strip * kStrip, data_.data() + (strip * s.rows + r) * kStrip, kStrip);
+      }
+    }
+  }
+  const float* data() const { return data_.data(); }
+
+ private:
+  std::vector<float> data_;
+};
+
+template <typename T>
+const float* sampled_columns_data(const SampledColumns<T>& columns) { return columns.data(); }
+
+template <typename T>
+void sampled_block_vector(DyBlock dy, const float* strips, const uint8_t* metadata,
+                          T* dvalues, int64_t o0, int64_t n, SparseLinearShape s) {
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
+  const int64_t total_strips = sampled_vector_cols(s.in) / kStrip;
+  alignas(64) float dense[kOutBlock * kStripsPerProduct * kStrip];
+  constexpr int64_t ldc = kStripsPerProduct * kStrip;
+  for (int64_t first = 0; first < total_strips; first += kStripsPerProduct) {
+    const int64_t count = std::min(kStripsPerProduct, total_strips - first);
+    for (int64_t strip = 0; strip < count; ++strip) {
+      microkernels::gemm<Update::kOverwrite>(n, kStrip, s.rows, dy.data, dy.out_stride, dy.row_stride,
+                                             strips + (first + strip) * s.rows * kStrip, kStrip,
+                                             dense + strip * kStrip, ldc);
+    }
+    const int64_t c0 = first * kStrip, c1 = (first + count) * kStrip;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* meta = metadata + (o0 + j) * mcols;
+      const float* row = dense + j * ldc - c0;
+      T* dst = dvalues + (o0 + j) * half;
+      for (int64_t k = c0 / 2; k < c1 / 2; ++k) dst[k] = from_float<T>(row[sparse_column(meta, k)]);
+    }
+  }
+}
 #endif
+
+// The values past the vector path's columns, one dot product over the rows each.
+template <typename T>
+void sampled_block_tail(DyBlock dy, const T* x, const uint8_t* metadata, T* dvalues,
+                        int64_t o0, int64_t n, SparseLinearShape s) {
+  const int64_t half = sparse_values_cols(s.in), mcols = sparse_metadata_cols(s.in);
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* meta = metadata + (o0 + j) * mcols;
-    for (int64_t k = k_vector_end; k < half; ++k) {
+    for (int64_t k = sampled_vector_cols(s.in) / 2; k < half; ++k) {
       const int64_t col = sparse_column(meta, k);
       float sum = 0.f;
-      for (int64_t r = 0; r < s.rows; ++r) sum += dyb[r * kOutBlock + j] * x[r * s.in + col];
+      for (int64_t r = 0; r < s.rows; ++r) {
+        sum += dy.data[r * dy.row_stride + j * dy.out_stride] * to_float(x[r * s.in + col]);
+      }
       dvalues[(o0 + j) * half + k] = from_float<T>(sum);
     }
   }
@@ -657,20 +765,28 @@ void sparse_linear_dvalues(const T* dy, const T* x, const uint8_t* metadata, T* 
   const int64_t half = sparse_values_cols(s.in);
   if (s.out == 0 || half == 0) return;
   advise_huge_pages(dvalues, sizeof(T) * s.out * half);
-  const FloatCopy<T> xf(x, s.rows * s.in);
+#if defined(__AVX512F__)
+  const SampledColumns<T> columns(x, s.rows * s.in);
+#else
+  const SampledColumns<T> columns(x, s);
+#endif
   const int64_t blocks = (s.out + kOutBlock - 1) / kOutBlock;
-  // dyb is a whole block wide even for a short last block: the vector path
+  // dyb is a whole block wide even for a short last block: the AVX-512 path
   // reads (and discards) up to 3 columns past its last output.
 #pragma omp parallel
   {
     std::vector<float> dyb(std::max<int64_t>(s.rows, 1) * kOutBlock, 0.f);
+    const DyBlock block = dy_block_layout(dyb.data(), s.rows);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t o0 = b * kOutBlock, n = std::min(kOutBlock, s.out - o0);
       for (int64_t r = 0; r < s.rows; ++r) {
-        for (int64_t j = 0; j < n; ++j) dyb[r * kOutBlock + j] = to_float(dy[r * s.out + o0 + j]);
+        for (int64_t j = 0; j < n; ++j) {
+          dyb[r * block.row_stride + j * block.out_stride] = to_float(dy[r * s.out + o0 + j]);
+        }
       }
-      sampled_block(dyb.data(), xf.data(), metadata, dvalues, o0, n, s);
+      sampled_block_vector(block, sampled_columns_data(columns), metadata, dvalues, o0, n, s);
+      sampled_block_tail(block, x, metadata, dvalues, o0, n, s);
     }
   }
 }

@@ -292,6 +292,26 @@ def test_derivatives_match_reference(backend, mode, x_shape, out, dtype):
                                reduce_size=max(x_shape[-1], out, rows))
 
 
+@pytest.mark.parametrize("rows,in_features,out,dtype", [
+    (37, 1036, 70, jnp.float32), (5, 300, 129, jnp.float32), (29, 524, 67, jnp.bfloat16)])
+def test_value_gradient_over_column_chunks_and_output_blocks(rows, in_features, out, dtype):
+  """The CPU value gradient (the sampled product dy^T x at the kept columns):
+  without AVX-512, each block of 64 outputs takes its dense product with x in
+  chunks of 256 columns and keeps its values; column counts past the chunks
+  and not a multiple of the vector width (1036, 300, 524: a scalar tail),
+  several output blocks and a short last one, prime row counts. AVX-512 takes
+  16 values a step and the same tail."""
+  x, dy = random_inputs(21, [(rows, in_features), (rows, out)], dtype)
+  _, packed = _sparse_weight(22, out, in_features, dtype)
+  _, pullback = jax.vjp(lambda v: sparse.linear(x, sparse.SparseWeight(v, packed.metadata,
+                                                                     in_features)), packed.values)
+  dvalues, = jax.jit(pullback)(dy)
+  _, reference_pullback = jax.vjp(lambda v: _reference(*upcast([x]), v, packed.metadata),
+                                  upcast([packed.values])[0])
+  expected, = reference_pullback(upcast([dy])[0])
+  assert_close(dvalues, expected, dtype=dtype, reduce_size=rows)
+
+
 def test_value_gradient_is_the_sampled_product_and_keeps_the_pattern(backend):
   x = random_inputs(9, [(6, 20)])[0]
   w_pruned, packed = _sparse_weight(10, 5, 20)

@@ -13,6 +13,11 @@ higher of the two); "bound ms" is the time the packed weight takes to stream
 at that bandwidth, the floor of a decode-shaped call, and "dense GB/s" counts
 the dense matrix the peer reads. Prefill-shaped calls are compute-bound:
 TFLOP/s counts the dense product's 2 * rows * in * out, against the matmul rate.
+
+Prefill-shaped calls also time forward+backward (a training step's share):
+``jax.vjp`` with respect to x and the weight (jaxops: the packed values, whose
+gradient is the sampled product dy^T x at the kept positions; dense: the whole
+dense matrix) with a random cotangent, counted as three dense products.
 """
 
 from __future__ import annotations
@@ -84,4 +89,29 @@ def main(argv=()):
                    Result(f"sparse.linear {'decode' if decode_shaped else 'prefill'}, "
                           f"w {args.weight}", shape_text, dtype_name, "fwd", timings, work),
                    trailer)
+      if not decode_shaped:
+        _forward_backward(reporter, args, x, packed, w_pruned, runs, shape_text, dtype_name)
+  return 0
+
+
+def _forward_backward(reporter, args, x, packed, w_pruned, runs, shape_text, dtype_name):
+  rows, in_features = x.shape
+  out = w_pruned.shape[0]
+  dy = jax.random.normal(jax.random.key(2), (rows, out), jnp.float32).astype(x.dtype)
+
+  def ours(x, values, dy):
+    f = lambda x, values: sparse.linear(x, sparse.SparseWeight(values, packed.metadata, in_features))
+    return jax.vjp(f, x, values)[1](dy)
+
+  def dense(x, w, dy):
+    return jax.vjp(lambda x, w: x @ w.T, x, w)[1](dy)
+
+  # Each implementation takes its own weight and the same cotangent.
+  timings = time_implementations(
+      {"jaxops": lambda x, v, w, dy: ours(x, v, dy), "dense": lambda x, v, w, dy: dense(x, w, dy)},
+      x, packed.values, w_pruned, dy, runs=runs, interleave=True)
+  reporter.add([shape_text, dtype_name],
+               Result(f"sparse.linear prefill, w {args.weight}", shape_text, dtype_name, "fwd+bwd",
+                      timings, computed(6 * rows * in_features * out)),
+               f"  dvalues: the sampled product; dense: the whole dW")
   return 0
