@@ -441,6 +441,50 @@ __device__ __forceinline__ float state_weight(float m, float max) {
 
 // -- the kernels --------------------------------------------------------------------
 
+// Where a decode block works, from blockIdx.x, as decode_block and
+// mla_decode_block both enumerate their grid (Launch: DecodeLaunch or
+// MlaLaunch): its key split, its (batch, kv head) group and its tile of query
+// rows, rows of (t, g) pairs t-major over the group's G heads.
+struct DecodeBlockCoordinates {
+  int split, group, tile, b, kv_head, G, row0, rows;
+
+  template <typename Launch>
+  __device__ __forceinline__ explicit DecodeBlockCoordinates(const Launch& L) {
+    const DecodeShape& d = L.shape;
+    int block = static_cast<int>(blockIdx.x);
+    split = block % L.splits;
+    block /= L.splits;
+    tile = block % L.row_tiles;
+    group = block / L.row_tiles;
+    b = group / d.num_kv_heads;
+    kv_head = group % d.num_kv_heads;
+    G = d.num_heads / d.num_kv_heads;
+    row0 = tile * L.rows_per_tile;
+    const int all_rows = d.q_len * G;
+    rows = all_rows - row0 < L.rows_per_tile ? all_rows - row0 : L.rows_per_tile;
+  }
+
+  // The block's first row of the split-K partial states.
+  template <typename Launch>
+  __device__ __forceinline__ int64_t first_partial_row(const Launch& L) const {
+    return ((static_cast<int64_t>(group) * L.row_tiles + tile) * L.splits + split) * L.rows_per_tile;
+  }
+};
+
+// The keys [lo_s[r], hi_s[r]) each row of the block's tile attends, written
+// to shared memory by the block's threads ([0, 0) past the tile's rows).
+template <typename Launch>
+__device__ __forceinline__ void store_row_keys(const Launch& L, const DecodeBlockCoordinates& at,
+                                               const SequenceMask& mask, int* lo_s, int* hi_s) {
+  for (int r = static_cast<int>(threadIdx.x); r < L.rows_per_tile; r += kThreads) {
+    int lo = 0, hi = 0;
+    if (r < at.rows) row_keys(L.shape, mask, (at.row0 + r) / at.G, &lo, &hi);
+    lo_s[r] = lo;
+    hi_s[r] = hi;
+  }
+}
+
+
 // The body of a decode kernel (a family's __global__ wrapper calls it, so the
 // kernel carries the op's name): one block of kThreads threads, whose group
 // (b, kv head), row tile and key split come from blockIdx.x.
@@ -452,17 +496,9 @@ __device__ __forceinline__ void decode_block(const DecodeLaunch& L, const Rows& 
   using U = Units<Element, Unit>;
   constexpr int kUnitElements = U::kElements;
   const DecodeShape& d = L.shape;
-  int block = static_cast<int>(blockIdx.x);
-  const int split = block % L.splits;
-  block /= L.splits;
-  const int tile = block % L.row_tiles;
-  block /= L.row_tiles;
-  const int group = block;
-  const int b = group / d.num_kv_heads, kv_head = group % d.num_kv_heads;
-  const int G = d.num_heads / d.num_kv_heads, H = d.head_dim;
-  const int row0 = tile * L.rows_per_tile;
-  const int all_rows = d.q_len * G;
-  const int rows = all_rows - row0 < L.rows_per_tile ? all_rows - row0 : L.rows_per_tile;
+  const DecodeBlockCoordinates at(L);
+  const int split = at.split, b = at.b, kv_head = at.kv_head, G = at.G, row0 = at.row0;
+  const int rows = at.rows, H = d.head_dim;
   const SequenceMask mask = rows_of.sequence(b);
 
   const DecodeSharedLayout layout(L);
@@ -488,12 +524,7 @@ __device__ __forceinline__ void decode_block(const DecodeLaunch& L, const Rows& 
     }
     q_s[i] = x;
   }
-  for (int r = static_cast<int>(threadIdx.x); r < L.rows_per_tile; r += kThreads) {
-    int lo = 0, hi = 0;
-    if (r < rows) row_keys(d, mask, (row0 + r) / G, &lo, &hi);
-    lo_s[r] = lo;
-    hi_s[r] = hi;
-  }
+  store_row_keys(L, at, mask, lo_s, hi_s);
   const int keys_per_step = kWarpSize / L.lanes_per_key;
   for (int i = lane; i < keys_per_step * L.rows_pad; i += kWarpSize) p_s[i] = 0.0f;
   __syncthreads();
@@ -722,8 +753,7 @@ __device__ __forceinline__ void decode_block(const DecodeLaunch& L, const Rows& 
     merge_sum[r] = sum;
   }
   __syncthreads();
-  const int64_t partial_row0 =
-      ((static_cast<int64_t>(group) * L.row_tiles + tile) * L.splits + split) * L.rows_per_tile;
+  const int64_t partial_row0 = at.first_partial_row(L);
   const int64_t partial_rows =
       static_cast<int64_t>(d.batch) * d.num_kv_heads * L.row_tiles * L.splits * L.rows_per_tile;
   for (int i = static_cast<int>(threadIdx.x); i < rows * H; i += kThreads) {
@@ -784,17 +814,9 @@ __device__ __forceinline__ void mla_decode_block(const MlaLaunch& L, const Rows&
   using U = Units<Element, Unit>;
   constexpr int kUnitElements = U::kElements;
   const DecodeShape& d = L.shape;
-  int block = static_cast<int>(blockIdx.x);
-  const int split = block % L.splits;
-  block /= L.splits;
-  const int tile = block % L.row_tiles;
-  block /= L.row_tiles;
-  const int group = block;
-  const int b = group / d.num_kv_heads, kv_head = group % d.num_kv_heads;
-  const int G = d.num_heads / d.num_kv_heads, H = d.head_dim, Hv = L.value_head_dim;
-  const int row0 = tile * L.rows_per_tile;
-  const int all_rows = d.q_len * G;
-  const int rows = all_rows - row0 < L.rows_per_tile ? all_rows - row0 : L.rows_per_tile;
+  const DecodeBlockCoordinates at(L);
+  const int split = at.split, b = at.b, kv_head = at.kv_head, G = at.G, row0 = at.row0;
+  const int rows = at.rows, H = d.head_dim, Hv = L.value_head_dim;
   const SequenceMask mask = rows_of.sequence(b);
 
   const MlaSharedLayout layout(L);
@@ -833,12 +855,7 @@ __device__ __forceinline__ void mla_decode_block(const MlaLaunch& L, const Rows&
     }
     q_s[i] = x;
   }
-  for (int r = static_cast<int>(threadIdx.x); r < L.rows_per_tile; r += kThreads) {
-    int lo = 0, hi = 0;
-    if (r < rows) row_keys(d, mask, (row0 + r) / G, &lo, &hi);
-    lo_s[r] = lo;
-    hi_s[r] = hi;
-  }
+  store_row_keys(L, at, mask, lo_s, hi_s);
   __syncthreads();
 
   // The keys of this split that some row attends (one interval, as in
@@ -1078,8 +1095,7 @@ __device__ __forceinline__ void mla_decode_block(const MlaLaunch& L, const Rows&
   // This warp's rows and columns: to the output, or to the split's partial
   // state; the first column group's warp writes the rows' states.
   if (warp_rows <= 0) return;
-  const int64_t partial_row0 =
-      ((static_cast<int64_t>(group) * L.row_tiles + tile) * L.splits + split) * L.rows_per_tile;
+  const int64_t partial_row0 = at.first_partial_row(L);
   const int64_t partial_rows =
       static_cast<int64_t>(d.batch) * d.num_kv_heads * L.row_tiles * L.splits * L.rows_per_tile;
 #pragma unroll
