@@ -11,6 +11,8 @@
 
 #if defined(__F16C__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 namespace jaxops::cpu {
@@ -80,17 +82,26 @@ inline void store_row(const float* src, bfloat16* dst, int64_t n) {
 }
 
 // float16 <-> float: 8 at a time with the F16C instructions when the build
-// targets them (GCC does not vectorise the scalar conversions, which made
-// float16 kernels ~3x slower than bfloat16 ones); round to nearest even, as
-// Eigen's scalar conversion (the tail, and the path without F16C) does. Not
-// the 16-wide AVX-512 form: GCC 12 warns of an undefined pass-through operand
-// inside its intrinsic in every kernel it is inlined into.
+// targets them, or NEON's FCVTL/FCVTN on aarch64 (base ARMv8-A; Eigen's scalar
+// conversion uses them only from ARMv8.2-A's FP16 on, and is bit arithmetic
+// with branches before that); GCC does not vectorise the scalar conversions,
+// which made float16 kernels ~3x slower than bfloat16 ones. Round to nearest
+// even, as Eigen's scalar conversion (the tail, and the x86 path without F16C)
+// does. Not the 16-wide AVX-512 form: GCC 12 warns of an undefined
+// pass-through operand inside its intrinsic in every kernel it is inlined into.
 inline void load_row(const float16* src, float* dst, int64_t n) {
   int64_t i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8) {
     const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(half));
+  }
+#elif defined(__aarch64__)
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  for (; i + 8 <= n; i += 8) {
+    const float16x8_t half = vreinterpretq_f16_u16(vld1q_u16(bits + i));
+    vst1q_f32(dst + i, vcvt_f32_f16(vget_low_f16(half)));
+    vst1q_f32(dst + i + 4, vcvt_high_f32_f16(half));
   }
 #endif
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
@@ -103,6 +114,14 @@ inline void store_row(const float* src, float16* dst, int64_t n) {
     const __m128i half =
         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), half);
+  }
+#elif defined(__aarch64__)
+  // FCVTN rounds as FPCR says: to nearest even, Linux's default.
+  uint16_t* bits = reinterpret_cast<uint16_t*>(dst);
+  for (; i + 8 <= n; i += 8) {
+    const float16x8_t half =
+        vcvt_high_f16_f32(vcvt_f16_f32(vld1q_f32(src + i)), vld1q_f32(src + i + 4));
+    vst1q_u16(bits + i, vreinterpretq_u16_f16(half));
   }
 #endif
   for (; i < n; ++i) dst[i] = static_cast<float16>(src[i]);

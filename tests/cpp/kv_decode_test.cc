@@ -120,6 +120,40 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// The reference for query row q over keys [begin, end) of src, in Real
+// (double: the reference; float: how far a plain float32 loop gets): the
+// normalised output row into o (0 for no key), the natural-log logsumexp
+// returned (-inf for no key).
+template <typename Real, typename E>
+Real reference_row(const Case& c, const kd::DecodeShape& shape, const PagedRows<E>& src,
+                   const float* q, int64_t begin, int64_t end, Real* o) {
+  std::vector<Real> logit;
+  Real m = -std::numeric_limits<Real>::infinity();
+  for (int64_t j = begin; j < end; ++j) {
+    Real dot = 0;
+    for (int64_t h = 0; h < c.H; ++h) {
+      dot += q[h] * static_cast<Real>(dequantize(src.key(j)[h], src.k_scale[src.slot(j)]));
+    }
+    Real x = dot * static_cast<Real>(shape.scale);
+    if (c.soft_cap > 0) x = c.soft_cap * std::tanh(x / c.soft_cap);
+    logit.push_back(x);
+    m = std::max(m, x);
+  }
+  const int64_t Hv = c.value_dim();
+  std::fill(o, o + Hv, Real(0));
+  Real sum = 0;
+  for (int64_t j = begin; j < end; ++j) {
+    const Real p = std::exp(logit[j - begin] - m);
+    sum += p;
+    for (int64_t h = 0; h < Hv; ++h) {
+      o[h] += p * static_cast<Real>(dequantize(src.value(j)[h], src.v_scale[src.slot(j)]));
+    }
+  }
+  if (sum == 0) return -std::numeric_limits<Real>::infinity();
+  for (int64_t h = 0; h < Hv; ++h) o[h] /= sum;
+  return m + std::log(sum);
+}
+
 template <typename E>
 void run_case(const Case& c, const char* type, double tol, std::mt19937& rng,
               bool pair_kernels = true) {
@@ -190,52 +224,46 @@ void run_case(const Case& c, const char* type, double tol, std::mt19937& rng,
   const Groups<E> again{c, q, begin, end, sources, &out2, &lse2};
   kd::run_decode(again, c.groups, shape, c.keys, c.threads, workspace.data());
 
-  double worst = 0.0;
+  // worst: the kernel's largest error against the double loop; naive: the
+  // same loop's in float32. A case passes within tol or within 4 times naive,
+  // where float32 itself is further off than tol: int8 rows of H = 576 with
+  // outputs up to 15, where the float32 loop is off by 3.7e-5 and the generic
+  // kernels (4 lanes: one dot product per row and key, rows along the lanes)
+  // by as much (3.5e-5 on aarch64, 3.7e-5 on x86-64-v2); the AVX-512 ones'
+  // 16-lane partial sums came to 5.2e-6.
+  double worst = 0.0, naive = 0.0;
   bool ok = same_bits(out, out2) && same_bits(lse, lse2);
   if (!ok) std::printf("  not deterministic\n");
+  std::vector<double> want(Hv);
+  std::vector<float> want_f32(Hv);
   for (int64_t g = 0; g < c.groups; ++g) {
     const PagedRows<E>& src = sources[g];
     for (int64_t i = 0; i < c.rows; ++i) {
       const int64_t r = g * c.rows + i;
-      std::vector<double> logit;
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t j = begin[r]; j < end[r]; ++j) {
-        double dot = 0.0;
-        for (int64_t h = 0; h < c.H; ++h) {
-          dot += q[r * c.H + h] * dequantize(src.key(j)[h], src.k_scale[src.slot(j)]);
-        }
-        double x = dot * shape.scale;
-        if (c.soft_cap > 0) x = c.soft_cap * std::tanh(x / c.soft_cap);
-        logit.push_back(x);
-        m = std::max(m, x);
-      }
-      double sum = 0.0;
-      std::vector<double> o(Hv, 0.0);
-      for (int64_t j = begin[r]; j < end[r]; ++j) {
-        const double p = std::exp(logit[j - begin[r]] - m);
-        sum += p;
-        for (int64_t h = 0; h < Hv; ++h) o[h] += p * dequantize(src.value(j)[h], src.v_scale[src.slot(j)]);
-      }
-      const double want_lse = sum > 0 ? m + std::log(sum) : -std::numeric_limits<double>::infinity();
-      if (sum == 0) {
+      const double want_lse =
+          reference_row(c, shape, src, &q[r * c.H], begin[r], end[r], want.data());
+      const float want_lse_f32 =
+          reference_row(c, shape, src, &q[r * c.H], begin[r], end[r], want_f32.data());
+      if (std::isinf(want_lse)) {
         ok = ok && lse[r] == -std::numeric_limits<float>::infinity();
       } else {
         worst = std::max(worst, std::abs(lse[r] - want_lse));
+        naive = std::max(naive, std::abs(want_lse_f32 - want_lse));
       }
       for (int64_t h = 0; h < Hv; ++h) {
-        const double want = sum > 0 ? o[h] / sum : 0.0;
-        worst = std::max(worst, std::abs(out[r * Hv + h] - want));
+        worst = std::max(worst, std::abs(out[r * Hv + h] - want[h]));
+        naive = std::max(naive, std::abs(want_f32[h] - want[h]));
       }
     }
   }
-  ok = ok && worst <= tol;
+  ok = ok && worst <= std::max(tol, 4 * naive);
   std::printf("%s %-8s%s groups=%ld rows=%ld keys=%ld H=%ld Hv=%ld%s page=%ld cap=%g threads=%d "
-              "walk=%ld: max err %.2e\n",
+              "walk=%ld: max err %.2e (float32 loop %.2e)\n",
               ok ? "ok  " : "FAIL", type, pair_kernels ? "" : " (no pair kernels)",
               static_cast<long>(c.groups), static_cast<long>(c.rows), static_cast<long>(c.keys),
               static_cast<long>(c.H), static_cast<long>(Hv), c.in_keys ? " (in keys)" : "",
               static_cast<long>(c.page_size), c.soft_cap, c.threads, static_cast<long>(c.walk),
-              worst);
+              worst, naive);
   if (!ok) ++failures;
 }
 
