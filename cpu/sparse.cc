@@ -662,9 +662,6 @@ void sampled_block_vector(DyBlock dy, const float* x, const uint8_t* metadata, T
 // x as the vector path reads it: float32, row-major.
 template <typename T>
 using SampledColumns = FloatCopy<T>;
-
-template <typename T>
-const float* sampled_columns_data(const SampledColumns<T>& columns) { return columns.data(); }
 #else
 // Without AVX-512's two-register permute, gathering each output's kept
 // columns of x costs two in-register permutes and a blend per 8 values beside
@@ -710,9 +707,6 @@ class SampledColumns {
  private:
   std::vector<float> data_;
 };
-
-template <typename T>
-const float* sampled_columns_data(const SampledColumns<T>& columns) { return columns.data(); }
 
 template <typename T>
 void sampled_block_vector(DyBlock dy, const float* strips, const uint8_t* metadata,
@@ -785,7 +779,7 @@ void sparse_linear_dvalues(const T* dy, const T* x, const uint8_t* metadata, T* 
           dyb[r * block.row_stride + j * block.out_stride] = to_float(dy[r * s.out + o0 + j]);
         }
       }
-      sampled_block_vector(block, sampled_columns_data(columns), metadata, dvalues, o0, n, s);
+      sampled_block_vector(block, columns.data(), metadata, dvalues, o0, n, s);
       sampled_block_tail(block, x, metadata, dvalues, o0, n, s);
     }
   }
