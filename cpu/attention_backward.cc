@@ -3,9 +3,9 @@
 // passes.
 //
 // Keys lie along the SIMD lanes. A key tile is transposed once and serves
-// every query tile that attends to it; query-side rows are read in place. The
-// register-blocked products (cpu/gemm_microkernels.h) into dk/dv/dq vectorise
-// over the head dimension.
+// every query tile that attends to it; query-side rows are converted to
+// contiguous float rows once per work item. The register-blocked products
+// (cpu/gemm_microkernels.h) into dk/dv/dq vectorise over the head dimension.
 #include "cpu/attention.h"
 
 #include <algorithm>
@@ -34,16 +34,18 @@ constexpr int64_t kMinBackwardItems = 8;
 //
 // Unlike the forward, score tiles here are [query row][key], vectorised over
 // keys: the key tile is transposed once and then serves every query tile of
-// the group, while query and output-gradient rows are read in place (float
-// inputs with H a multiple of the vector width) or converted row by row.
+// the group, while query and output-gradient rows are float rows converted
+// once per work item (BackwardScratch::qh) or, past Geometry::held_row_bytes, read in
+// place (float inputs with H a multiple of the vector width) or converted
+// per key tile.
 
 struct BackwardScratch {
   float* kt;     // [H][Bc] key tile, transposed, zero past the tile's keys
   float* vt;     // [Hv][Bc]
-  float* kn;     // [Bc][Hp] key tile as float rows (when not read in place)
+  float* kn;     // [Bc][Hp] key tile as float rows
   float* dk;     // [Bc][Hp] accumulators
   float* dv;     // [Bc][Hvp]
-  float* qn;     // [Br][Hp] query rows as float (when not read in place)
+  float* qn;     // [Br][Hp] query rows as float (when neither held nor read in place)
   float* dn;     // [Br][Hvp] output-gradient rows
   float* p;      // [Br][Bc] probabilities
   float* ds;     // [Br][Bc] dP, then dS (the gradient of the logits)
@@ -52,7 +54,22 @@ struct BackwardScratch {
   float* row2;   // [max(Hp, Hvp)]
   float* delta;  // [G * T] rowsum(dout * out) - dlse, per (head of the group, row)
   float* lse2;   // [G * T] logsumexp in log2 units; +inf: the row has no key
+  // The query and output-gradient rows of a work item's heads as contiguous
+  // float rows, converted (or copied) once per item instead of once per key
+  // tile: bfloat16 rows were widened S / Bc times, and float rows read in
+  // place are N * H floats apart (2 KiB at (1, 2048, 8, 64)), where the
+  // products' strips evict each other's rows from the L1's few sets they fall
+  // in. Blocks of Br rows are converted on first use. Empty unless
+  // holds_query_side_rows.
+  float* qh;            // [G][T][Hp]
+  float* dh;            // [G][T][Hvp]
+  uint8_t* rows_ready;  // [G][ceil(T / Br)]
 };
+
+// Whether a work item keeps its heads' query-side rows (BackwardScratch::qh).
+bool holds_query_side_rows(const Geometry& g) {
+  return g.G * g.T * (g.Hp + g.Hvp) * static_cast<int64_t>(sizeof(float)) <= g.held_row_bytes;
+}
 
 BackwardScratch carve_backward(const Geometry& g, Arena& arena) {
   const int64_t Br = kRowTile, Bc = kBackwardKeyTile;
@@ -71,6 +88,10 @@ BackwardScratch carve_backward(const Geometry& g, Arena& arena) {
   s.row2 = arena.take<float>(std::max(g.Hp, g.Hvp));
   s.delta = arena.take<float>(g.G * g.T);
   s.lse2 = arena.take<float>(g.G * g.T);
+  const bool hold = holds_query_side_rows(g);
+  s.qh = arena.take<float>(hold ? g.G * g.T * g.Hp : 0);
+  s.dh = arena.take<float>(hold ? g.G * g.T * g.Hvp : 0);
+  s.rows_ready = arena.take<uint8_t>(hold ? g.G * ceil_div(g.T, Br) : 0);
   return s;
 }
 
@@ -78,6 +99,7 @@ struct BackwardPlan {
   int64_t key_tiles;
   int64_t chunks;         // key-tile chunks per (batch, kv head)
   bool in_place;          // float rows with H and Hv % lanes == 0 are read where they are
+                          // (query-side rows when not held), dq accumulated in place
   bool dq_direct;         // accumulate into dq itself (in place and one chunk)
   int64_t dq_acc_floats;  // else: [chunks, B, N, T, Hp] float accumulators
 };
@@ -153,26 +175,42 @@ const float* query_side_rows(const Geometry& g, bool in_place, const T* x, int64
   return buf;
 }
 
-// The key and value tile of keys j0 .. j0 + jn: transposed (kt: [H][Bc], vt:
-// [Hv][Bc], zero past jn) for the score products, and the keys as rows for dq.
+// Rows t0 .. t0 + rows of head kh * G + gi of q and dout in s.qh and s.dh
+// (converting the blocks of Br rows not converted yet in this item).
 template <typename T>
-const float* load_backward_kv_tile(const Geometry& g, bool in_place, const T* k, const T* v,
-                                   int64_t b, int64_t kh, int64_t j0, int64_t jn,
-                                   const BackwardScratch& s, int64_t* ld_k) {
+void hold_query_side_rows(const Geometry& g, const T* q, const T* dout, int64_t b, int64_t kh,
+                          int64_t gi, int64_t t0, int64_t rows, const BackwardScratch& s) {
+  const int64_t Br = kRowTile, n = kh * g.G + gi;
+  uint8_t* ready = s.rows_ready + gi * ceil_div(g.T, Br);
+  for (int64_t block = t0 / Br; block * Br < t0 + rows; ++block) {
+    if (ready[block]) continue;
+    for (int64_t t = block * Br; t < std::min(g.T, (block + 1) * Br); ++t) {
+      const int64_t at = (b * g.T + t) * g.N + n;
+      row_as_float(q + at * g.H, g.H, g.Hp, s.qh + (gi * g.T + t) * g.Hp);
+      row_as_float(dout + at * g.Hv, g.Hv, g.Hvp, s.dh + (gi * g.T + t) * g.Hvp);
+    }
+    ready[block] = 1;
+  }
+}
+
+// The key and value tile of keys j0 .. j0 + jn: transposed (kt: [H][Bc],
+// vt: [Hv][Bc], zero past jn) for the score products, and the keys as
+// contiguous float rows (kn, stride Hp) for dq: float keys read in place are
+// K * H floats apart, which the L1 holds in few sets (see BackwardScratch::qh).
+template <typename T>
+const float* load_backward_kv_tile(const Geometry& g, const T* k, const T* v, int64_t b,
+                                   int64_t kh, int64_t j0, int64_t jn, const BackwardScratch& s,
+                                   int64_t* ld_k) {
   const int64_t Bc = kBackwardKeyTile;
   std::fill(s.kt, s.kt + g.H * Bc, 0.0f);
   std::fill(s.vt, s.vt + g.Hv * Bc, 0.0f);
   for (int64_t j = 0; j < jn; ++j) {
-    load_row(k + ((b * g.S + j0 + j) * g.K + kh) * g.H, s.row, g.H);
-    for (int64_t h = 0; h < g.H; ++h) s.kt[h * Bc + j] = s.row[h];
+    const float* kr = s.kn + j * g.Hp;
+    row_as_float(k + ((b * g.S + j0 + j) * g.K + kh) * g.H, g.H, g.Hp, s.kn + j * g.Hp);
+    for (int64_t h = 0; h < g.H; ++h) s.kt[h * Bc + j] = kr[h];
     load_row(v + ((b * g.S + j0 + j) * g.K + kh) * g.Hv, s.row, g.Hv);
     for (int64_t h = 0; h < g.Hv; ++h) s.vt[h * Bc + j] = s.row[h];
   }
-  if (in_place) {
-    *ld_k = g.K * g.H;
-    return reinterpret_cast<const float*>(k + ((b * g.S + j0) * g.K + kh) * g.H);
-  }
-  load_kv_tile(g, k, g.H, b, kh, j0, jn, s.kn, g.Hp);
   *ld_k = g.Hp;
   return s.kn;
 }
@@ -206,7 +244,7 @@ void probabilities_and_logit_grads(const AttentionParams& p, const Geometry& g, 
     const VecF masked = vsplat(-kInf);
     for (int64_t j = 0; j < Bc; j += kLanes) {
       const VecF logit = vload(prow + j);
-      const VecF prob = logit == masked ? VecF{} : vexp2(logit - shift);
+      const VecF prob = logit == masked ? VecF{} : exp2_of_shifted(logit - shift);
       vstore(prow + j, prob);
       VecF ds = prob * (vload(dsrow + j) - row_delta);
       if (capped && through_cap) ds *= vload(slope + j);
@@ -230,6 +268,8 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
     row_statistics(g, out, lse, dout, dlse, b, kh * g.G + gi, 0, q_valid, s.delta + gi * g.T,
                    s.lse2 + gi * g.T, s.row, s.row2);
   }
+  const bool hold_rows = holds_query_side_rows(g);
+  if (hold_rows) std::fill(s.rows_ready, s.rows_ready + g.G * ceil_div(g.T, Br), uint8_t{0});
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int64_t j0 = tile * Bc;
     const int64_t jn = std::min(Bc, g.S - j0);
@@ -243,7 +283,7 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
         g.q_segments && jn > 0 ? IdRange::of(g.kv_ids(b) + j0, jn) : IdRange{};
     int64_t ld_k = 0;
     const float* kr = t_begin < t_end
-        ? load_backward_kv_tile(g, plan.in_place, k, v, b, kh, j0, jn, s, &ld_k) : nullptr;
+        ? load_backward_kv_tile(g, k, v, b, kh, j0, jn, s, &ld_k) : nullptr;
     for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
       const int64_t rows = std::min(Br, t_end - t0);
       TileSegments segments;
@@ -255,10 +295,17 @@ void backward_item(const AttentionParams& p, const Geometry& g, const BackwardPl
       const int32_t* tile_key_ids = segments.key_ids;
       for (int64_t gi = 0; gi < g.G; ++gi) {
         const int64_t n = kh * g.G + gi;
-        int64_t ld_q, ld_d;
-        const float* qr = query_side_rows(g, plan.in_place, q, H, b, n, t0, rows, s.qn, &ld_q);
-        const float* dr =
-            query_side_rows(g, plan.in_place, dout, Hv, b, n, t0, rows, s.dn, &ld_d);
+        int64_t ld_q = Hp, ld_d = Hvp;
+        const float* qr;
+        const float* dr;
+        if (hold_rows) {
+          hold_query_side_rows(g, q, dout, b, kh, gi, t0, rows, s);
+          qr = s.qh + (gi * g.T + t0) * Hp;
+          dr = s.dh + (gi * g.T + t0) * Hvp;
+        } else {
+          qr = query_side_rows(g, plan.in_place, q, H, b, n, t0, rows, s.qn, &ld_q);
+          dr = query_side_rows(g, plan.in_place, dout, Hv, b, n, t0, rows, s.dn, &ld_d);
+        }
         probabilities_and_logit_grads(p, g, b, n, t0, rows, kv_valid, j0, jn, tile_key_ids, true,
                                       qr, ld_q, dr, ld_d, s.delta + gi * g.T + t0,
                                       s.lse2 + gi * g.T + t0, s);
@@ -321,7 +368,7 @@ void dbias_item(const AttentionParams& p, const Geometry& g, const BackwardPlan&
         const IdRange key_ids =
             g.q_segments ? IdRange::of(g.kv_ids(b) + j0, jn) : IdRange{};
         int64_t ld_k;
-        load_backward_kv_tile(g, plan.in_place, k, v, b, kh, j0, jn, s, &ld_k);
+        load_backward_kv_tile(g, k, v, b, kh, j0, jn, s, &ld_k);
         for (int64_t t0 = t_begin; t0 < t_end; t0 += Br) {
           const int64_t rows = std::min(Br, t_end - t0);
           TileSegments segments;

@@ -30,21 +30,8 @@ struct ForwardScratch : TileRowState {
   uint32_t* qp;   // [H/2][Br] query tile as bf16 pairs along H (bf16 dot path)
   uint32_t* vp;   // [Bc/2][Hv] value tile as bf16 pairs along the keys
   uint32_t* pp;   // [Bc/2][Br] probabilities as bf16 pairs along the keys
+  KvHeadRows kv;  // the kv head's K/V as float rows (keeps_kv_head_rows)
 };
-
-ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
-  ForwardScratch s;
-  s.qt = arena.take<float>(g.H * Br);
-  s.ot = arena.take<float>(g.Hv * Br);
-  s.st = arena.take<float>(kKeyTile * Br);
-  s.kf = arena.take<float>(kKeyTile * g.H);
-  s.vf = arena.take<float>(kKeyTile * g.Hv);
-  s.qp = arena.take<uint32_t>((g.H + 1) / 2 * Br);
-  s.vp = arena.take<uint32_t>(kKeyTile / 2 * g.Hv);
-  s.pp = arena.take<uint32_t>(kKeyTile / 2 * Br);
-  carve_tile_row_state(s, g, Br, arena);
-  return s;
-}
 
 // Whether the bfloat16 forward uses the bf16 dot-product path.
 template <typename T>
@@ -58,11 +45,28 @@ bool forward_uses_bf16_dot(const Geometry& g) {
 }
 
 template <typename T>
+ForwardScratch carve_forward(const Geometry& g, int64_t Br, Arena& arena) {
+  ForwardScratch s;
+  s.qt = arena.take<float>(g.H * Br);
+  s.ot = arena.take<float>(g.Hv * Br);
+  s.st = arena.take<float>(kKeyTile * Br);
+  s.kf = arena.take<float>(kKeyTile * g.H);
+  s.vf = arena.take<float>(kKeyTile * g.Hv);
+  s.qp = arena.take<uint32_t>((g.H + 1) / 2 * Br);
+  s.vp = arena.take<uint32_t>(kKeyTile / 2 * g.Hv);
+  s.pp = arena.take<uint32_t>(kKeyTile / 2 * Br);
+  s.kv = carve_kv_head_rows(g, keeps_kv_head_rows(g, Br) && !forward_uses_bf16_dot<T>(g), arena);
+  carve_tile_row_state(s, g, Br, arena);
+  return s;
+}
+
+template <typename T>
 void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* k,
                   const T* v, T* out, float* lse, int64_t b, int64_t kh, int64_t r0,
                   int64_t Br, const ForwardScratch& s) {
   const int64_t H = g.H, Hv = g.Hv;
   const bool bf16_dot = forward_uses_bf16_dot<T>(g);
+  const bool keep_kv = keeps_kv_head_rows(g, Br) && !bf16_dot;
   const RowTile tile = plan_row_tile(g, b, kh, r0, Br, s.t, s.n, s.lo, s.hi, s.ids);
   const int64_t rows = tile.rows;
 
@@ -74,8 +78,11 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
         for (int64_t hp = 0; hp < H / 2; ++hp) s.qp[hp * Br + i] = i < rows ? src[hp] : 0u;
       }
     } else {
-      // Queries scaled to log2-unit logits here, once per row, rather than
-      // every score tile.
+      // The rows' cache misses overlap (as in the forward mode,
+      // cpu/attention_jvp.cc): 3% of the AVX2 forward at (1, 2048, 8, 64)
+      // f32 waited on them one row after another. Queries scaled to
+      // log2-unit logits here, once per row, rather than every score tile.
+      prefetch_tile_rows<false>(g, q, H, b, s.t, s.n, rows);
       transpose_query_tile(g, q, b, s.t, s.n, rows, Br, p.scale * kLog2e, s.row, s.qt);
     }
     std::fill(s.ot, s.ot + Hv * Br, 0.0f);
@@ -88,7 +95,13 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
       const int64_t jn = std::min(kKeyTile, tile.key_end - j0);
       next = next_attended_tile(g, b, tile, j0 + jn);
       if (next < tile.key_end) {
-        prefetch_kv_tile(g, k, v, b, kh, next, std::min(kKeyTile, tile.key_end - next));
+        const int64_t next_n = std::min(kKeyTile, tile.key_end - next);
+        if (!keep_kv || kv_rows_missing(g, b, kh, next, next_n, s.kv)) {
+          prefetch_kv_tile(g, k, v, b, kh, next, next_n);
+        }
+      } else {
+        // The rows the results go to, written after this last tile.
+        prefetch_tile_rows<true>(g, out, Hv, b, s.t, s.n, rows);
       }
       const bool inside = tile.inside(j0, jn);
       const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
@@ -108,9 +121,17 @@ void forward_tile(const AttentionParams& p, const Geometry& g, const T* q, const
         continue;
       }
 #endif
-      int64_t ldk, ldv;
-      const float* kt = kv_tile_as_float(g, k, H, b, kh, j0, jn, s.kf, &ldk);
-      const float* vt = kv_tile_as_float(g, v, Hv, b, kh, j0, jn, s.vf, &ldv);
+      int64_t ldk = H, ldv = Hv;
+      const float* kt;
+      const float* vt;
+      if (keep_kv) {
+        hold_kv_rows(g, k, v, b, kh, j0, jn, s.kv);
+        kt = s.kv.k + j0 * H;
+        vt = s.kv.v + j0 * Hv;
+      } else {
+        kt = kv_tile_as_float(g, k, H, b, kh, j0, jn, s.kf, &ldk);
+        vt = kv_tile_as_float(g, v, Hv, b, kh, j0, jn, s.vf, &ldv);
+      }
       // The queries carry the scale, so a tile inside every row's interval,
       // with no bias, mask or segment test, is logits as it leaves the product
       // (capped in place), which also gives its maximum.
@@ -140,7 +161,7 @@ size_t attention_fwd_workspace_bytes(const AttentionParams& p) {
   const Geometry g(p);
   if (takes_decode_path(g)) return decode_fwd_workspace_bytes<T>(p);
   return row_tile_workspace_bytes(
-      p, [&](Arena& arena) { return carve_forward(g, forward_row_tile(g), arena); });
+      p, [&](Arena& arena) { return carve_forward<T>(g, forward_row_tile(g), arena); });
 }
 
 template <typename T>
@@ -151,10 +172,12 @@ void attention_fwd(const AttentionParams& p, const T* q, const T* k, const T* v,
   if (takes_decode_path(g)) return decode_fwd(p, q, k, v, out, lse, workspace);
   const int64_t Br = forward_row_tile(g);
   run_row_tile_items(
-      g, Br, thread_count(p), workspace, [&](Arena& arena) { return carve_forward(g, Br, arena); },
+      g, Br, thread_count(p), workspace,
+      [&](Arena& arena) { return carve_forward<T>(g, Br, arena); },
       [&](const ForwardScratch& s, int64_t b, int64_t kh, int64_t r0) {
         forward_tile(p, g, q, k, v, out, lse, b, kh, r0, Br, s);
-      });
+      },
+      [](const ForwardScratch& s) { *s.kv.head = -1; });
 }
 
 #define JAXOPS_ATTENTION_FWD_INSTANTIATE(T)                                                \

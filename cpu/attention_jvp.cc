@@ -56,6 +56,8 @@ struct JvpScratch : TileRowState {
   float* dvf;   // [Bc][Hv]
   float* mu;    // [Br] M, the running sum of e * (ds - c)
   float* shift_of_tangents;  // [Br] c (log2 units), the shift of ds
+  KvHeadRows kv;   // the kv head's K/V as float rows (keeps_kv_head_rows)
+  KvHeadRows dkv;  // and their tangents dK/dV
 };
 
 JvpScratch carve_jvp(const Geometry& g, int64_t Br, Arena& arena) {
@@ -72,6 +74,8 @@ JvpScratch carve_jvp(const Geometry& g, int64_t Br, Arena& arena) {
   s.dvf = arena.take<float>(kKeyTile * g.Hv);
   s.mu = arena.take<float>(Br);
   s.shift_of_tangents = arena.take<float>(Br);
+  s.kv = carve_kv_head_rows(g, keeps_kv_head_rows(g, Br), arena);
+  s.dkv = carve_kv_head_rows(g, keeps_kv_head_rows(g, Br), arena);
   carve_tile_row_state(s, g, Br, arena);
   return s;
 }
@@ -95,7 +99,7 @@ void online_softmax_with_tangent(int64_t jn, int64_t Br, int64_t Hv, bool max_kn
     const VecF alpha = step.alpha;
     VecF sum{}, weighted_tangents{};
     for (int64_t j = 0; j < jn; ++j) {
-      const VecF prob = vexp2(vload(st + j * Br + c) - row_shift);
+      const VecF prob = exp2_of_shifted(vload(st + j * Br + c) - row_shift);
       vstore(st + j * Br + c, prob);
       sum += prob;
       const VecF weighted = prob * vload(dst + j * Br + c);
@@ -144,6 +148,7 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
   const bool logits_have_tangent = d.dq || d.dk || d.dbias;
   const int score_terms = (d.dq ? kTangentOfB : 0) | (d.dk ? kTangentOfA : 0);
   const int value_terms = (logits_have_tangent ? kTangentOfB : 0) | (d.dv ? kTangentOfA : 0);
+  const bool keep_kv = keeps_kv_head_rows(g, Br);
 
   if (tile.attends()) {
     // At (1, 2048, 8, 64) f32 the transposes below took 4% of the kernel
@@ -168,11 +173,13 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
       next = next_attended_tile(g, b, tile, j0 + jn);
       if (next < tile.key_end) {
         const int64_t next_n = std::min(kKeyTile, tile.key_end - next);
-        for (const T* x : {k, d.dk}) {
-          if (x) prefetch_kv_rows(g, x, H, b, kh, next, next_n);
-        }
-        for (const T* x : {v, d.dv}) {
-          if (x) prefetch_kv_rows(g, x, Hv, b, kh, next, next_n);
+        if (!keep_kv || kv_rows_missing(g, b, kh, next, next_n, s.kv)) {
+          for (const T* x : {k, d.dk}) {
+            if (x) prefetch_kv_rows(g, x, H, b, kh, next, next_n);
+          }
+          for (const T* x : {v, d.dv}) {
+            if (x) prefetch_kv_rows(g, x, Hv, b, kh, next, next_n);
+          }
         }
       } else {
         // The rows the results go to, written after this last tile: at
@@ -182,13 +189,23 @@ void jvp_tile(const AttentionParams& p, const Geometry& g, const T* q, const T* 
         prefetch_tile_rows<true>(g, dout, Hv, b, s.t, s.n, rows);
       }
       const TileSegments segments = tile_segments(g, b, tile.ids, j0, jn);
-      int64_t ld, ldv;
-      const float* kt = kv_tile_as_float(g, k, H, b, kh, j0, jn, s.kf, &ld);
-      const float* vt = kv_tile_as_float(g, v, Hv, b, kh, j0, jn, s.vf, &ldv);
-      const float* dkt =
-          d.dk ? kv_tile_as_float(g, d.dk, H, b, kh, j0, jn, s.dkf, &ld) : nullptr;
-      const float* dvt =
-          d.dv ? kv_tile_as_float(g, d.dv, Hv, b, kh, j0, jn, s.dvf, &ldv) : nullptr;
+      int64_t ld = H, ldv = Hv;
+      const float *kt, *vt, *dkt = nullptr, *dvt = nullptr;
+      if (keep_kv) {
+        hold_kv_rows(g, k, v, b, kh, j0, jn, s.kv);
+        kt = s.kv.k + j0 * H;
+        vt = s.kv.v + j0 * Hv;
+        if (d.dk || d.dv) {
+          hold_kv_rows(g, d.dk, d.dv, b, kh, j0, jn, s.dkv);
+          if (d.dk) dkt = s.dkv.k + j0 * H;
+          if (d.dv) dvt = s.dkv.v + j0 * Hv;
+        }
+      } else {
+        kt = kv_tile_as_float(g, k, H, b, kh, j0, jn, s.kf, &ld);
+        vt = kv_tile_as_float(g, v, Hv, b, kh, j0, jn, s.vf, &ldv);
+        if (d.dk) dkt = kv_tile_as_float(g, d.dk, H, b, kh, j0, jn, s.dkf, &ld);
+        if (d.dv) dvt = kv_tile_as_float(g, d.dv, Hv, b, kh, j0, jn, s.dvf, &ldv);
+      }
 
       // As in the forward: a tile inside every row's interval, with no bias,
       // mask or segment test, is logits as it leaves the product (capped in
@@ -271,6 +288,10 @@ void attention_fwd_jvp(const AttentionParams& p, const T* q, const T* k, const T
       g, Br, thread_count(p), workspace, [&](Arena& arena) { return carve_jvp(g, Br, arena); },
       [&](const JvpScratch& s, int64_t b, int64_t kh, int64_t r0) {
         jvp_tile(p, g, q, k, v, d, out, lse, dout, dlse, b, kh, r0, Br, s);
+      },
+      [](const JvpScratch& s) {
+        *s.kv.head = -1;
+        *s.dkv.head = -1;
       });
 }
 

@@ -45,6 +45,23 @@ inline constexpr int64_t kKeyTile = 64;
 constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 constexpr int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
+inline int thread_count(const AttentionParams& p) {
+  return p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+}
+
+// The most bytes of rows a thread keeps converted to float for a kv head or a
+// work item (KvHeadRows, the backward's query-side rows), which every
+// thread's workspace holds: 8 MiB is a head's K and V at S = 8192, H = 128.
+// All threads together keep at most 64 MiB (twice that in the forward mode,
+// which keeps the tangents of K and V as well), so that a many-core machine's
+// workspace stays a small part of the operands (at 64 threads, 1 MiB each: a
+// head's K and V at S = 2048, H = 64). Longer rows are converted tile by
+// tile, as they were before.
+inline int64_t held_row_budget(const AttentionParams& p) {
+  constexpr int64_t kPerThread = int64_t{8} << 20, kAllThreads = int64_t{64} << 20;
+  return std::min(kPerThread, kAllThreads / std::max(thread_count(p), 1));
+}
+
 struct Geometry {
   int64_t B, T, S, N, K, H, G, Hp;
   int64_t Hv, Hvp;  // the value head dim (of value, out and their gradients), padded
@@ -56,6 +73,7 @@ struct Geometry {
   float soft_cap;           // > 0: logits capped (natural units); 0: none
   const int32_t* q_segments;   // [B, T] or null
   const int32_t* kv_segments;  // [B, S] or null (null exactly when q_segments is)
+  int64_t held_row_bytes;      // the most bytes of converted rows a thread keeps (held_row_budget)
 
   explicit Geometry(const AttentionParams& p)
       : B(p.batch), T(p.q_len), S(p.kv_len), N(p.num_heads), K(p.num_kv_heads),
@@ -64,7 +82,8 @@ struct Geometry {
         Hvp(round_up(params::value_head_dim(p), kLanes)), offset(*p.query_offset),
         causal(p.is_causal), window_left(p.window_left), window_right(p.window_right),
         q_lengths(p.q_seq_lengths), kv_lengths(p.kv_seq_lengths), soft_cap(p.logits_soft_cap),
-        q_segments(p.q_segment_ids), kv_segments(p.q_segment_ids ? p.kv_segment_ids : nullptr) {}
+        q_segments(p.q_segment_ids), kv_segments(p.q_segment_ids ? p.kv_segment_ids : nullptr),
+        held_row_bytes(held_row_budget(p)) {}
 
   int64_t q_valid(int64_t b) const {
     return q_lengths ? std::clamp<int64_t>(q_lengths[b], 0, T) : T;
@@ -372,10 +391,6 @@ inline int64_t forward_row_tile(const Geometry& g) {
   return std::min<int64_t>(kRowTile, round_up(std::max<int64_t>(g.T * g.G, 1), kLanes));
 }
 
-inline int thread_count(const AttentionParams& p) {
-  return p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
-}
-
 // What a tile of Br rows r0.. of kv head kh attends.
 struct RowTile {
   int64_t rows;                // rows of the tile that exist (the rest pad it to Br)
@@ -487,6 +502,117 @@ inline const float* kv_tile_as_float(const Geometry& g, const T* x, int64_t d, i
   }
 }
 
+// One kv head's keys and values as contiguous float rows, kept by a thread
+// across the row tiles it computes for that head, so that each key tile is
+// converted (or, for float, copied) once per thread and head rather than once
+// per row tile: with T * G / Br row tiles per head the per-tile widening of
+// bfloat16 K/V was 10% of the AVX2 forward at (1, 2048, 8, 64), its loads
+// waiting on the rows' cache misses. Float rows read in place are K * H
+// floats apart, 2 or 4 KiB at H = 64 or 128 with 8 kv heads: a key tile's
+// rows then fall into a few of the L1's sets and evict each other between the
+// products' strips; the copy's rows are contiguous. Key blocks of kKeyTile
+// keys are converted on first use (windows and segment ids visit few).
+struct KvHeadRows {
+  float* k;        // [S][H]
+  float* v;        // [S][Hv]
+  uint8_t* ready;  // [ceil(S / kKeyTile)] whether a block of keys is converted
+  int64_t* head;   // [1] b * K + kh of the rows held; -1: none
+};
+
+// Whether the forward-shaped passes keep a KvHeadRows: a head with one row
+// tile reads each key tile once either way.
+inline bool keeps_kv_head_rows(const Geometry& g, int64_t Br) {
+  return g.T * g.G > Br &&
+         g.S * (g.H + g.Hv) * static_cast<int64_t>(sizeof(float)) <= g.held_row_bytes;
+}
+
+inline KvHeadRows carve_kv_head_rows(const Geometry& g, bool keep, Arena& arena) {
+  KvHeadRows c;
+  c.k = arena.take<float>(keep ? g.S * g.H : 0);
+  c.v = arena.take<float>(keep ? g.S * g.Hv : 0);
+  c.ready = arena.take<uint8_t>(keep ? ceil_div(g.S, kKeyTile) : 0);
+  c.head = arena.take<int64_t>(1);
+  return c;
+}
+
+// Asks for every line of keys j0 .. j0 + jn of K and V at once, whatever
+// their stride, before a copy reads them row by row.
+template <typename T>
+inline void prefetch_kv_tile_now(const Geometry& g, const T* k, const T* v, int64_t b, int64_t kh,
+                                 int64_t j0, int64_t jn) {
+  constexpr int64_t kLineBytes = 64;
+  for (int64_t j = 0; j < jn; ++j) {
+    const int64_t row = (b * g.S + j0 + j) * g.K + kh;
+    if (k) {
+      const char* kr = reinterpret_cast<const char*>(k + row * g.H);
+      for (int64_t at = 0; at < g.H * static_cast<int64_t>(sizeof(T)); at += kLineBytes) {
+        simd::prefetch<3>(kr + at);
+      }
+    }
+    if (v) {
+      const char* vr = reinterpret_cast<const char*>(v + row * g.Hv);
+      for (int64_t at = 0; at < g.Hv * static_cast<int64_t>(sizeof(T)); at += kLineBytes) {
+        simd::prefetch<3>(vr + at);
+      }
+    }
+  }
+}
+
+// A row of d elements as floats at dst, zero from d to dp: float rows copied
+// a vector at a time (load_row's float copy goes through 16-float chunks the
+// AVX2 build moves via the stack), others converted.
+template <typename T>
+inline void row_as_float(const T* src, int64_t d, int64_t dp, float* dst) {
+  int64_t h = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; h + kLanes <= d; h += kLanes) vstore(dst + h, vload(src + h));
+    for (; h < d; ++h) dst[h] = src[h];
+  } else {
+    load_row(src, dst, d);
+    h = d;
+  }
+  for (; h < dp; ++h) dst[h] = 0.0f;
+}
+
+template <typename T>
+inline void copy_kv_rows(const Geometry& g, const T* src, int64_t d, int64_t b, int64_t kh,
+                         int64_t j0, int64_t jn, float* dst) {
+  for (int64_t j = 0; j < jn; ++j) {
+    row_as_float(src + ((b * g.S + j0 + j) * g.K + kh) * d, d, d, dst + j * d);
+  }
+}
+
+// Keys j0 .. j0 + jn of kv head kh of batch b in c, converting the blocks
+// not converted yet (a null k or v is left out: the forward mode's absent
+// tangents).
+template <typename T>
+inline void hold_kv_rows(const Geometry& g, const T* k, const T* v, int64_t b, int64_t kh,
+                         int64_t j0, int64_t jn, const KvHeadRows& c) {
+  const int64_t head = b * g.K + kh;
+  if (*c.head != head) {
+    std::fill(c.ready, c.ready + ceil_div(g.S, kKeyTile), uint8_t{0});
+    *c.head = head;
+  }
+  for (int64_t block = j0 / kKeyTile; block * kKeyTile < j0 + jn; ++block) {
+    if (c.ready[block]) continue;
+    const int64_t b0 = block * kKeyTile, bn = std::min(kKeyTile, g.S - b0);
+    prefetch_kv_tile_now(g, k, v, b, kh, b0, bn);
+    if (k) copy_kv_rows(g, k, g.H, b, kh, b0, bn, c.k + b0 * g.H);
+    if (v) copy_kv_rows(g, v, g.Hv, b, kh, b0, bn, c.v + b0 * g.Hv);
+    c.ready[block] = 1;
+  }
+}
+
+// Whether hold_kv_rows would convert any of keys j0 .. j0 + jn.
+inline bool kv_rows_missing(const Geometry& g, int64_t b, int64_t kh, int64_t j0, int64_t jn,
+                            const KvHeadRows& c) {
+  if (*c.head != b * g.K + kh) return true;
+  for (int64_t block = j0 / kKeyTile; block * kKeyTile < j0 + jn; ++block) {
+    if (!c.ready[block]) return true;
+  }
+  return false;
+}
+
 // Online-softmax state of a tile of Br query rows.
 struct SoftmaxRows {
   float* m;         // [Br] running max (log2 units)
@@ -529,6 +655,39 @@ inline void carve_tile_row_state(TileRowState& s, const Geometry& g, int64_t Br,
   s.n = arena.take<int64_t>(Br);
 }
 
+// 2^x for the probabilities of the softmax passes, x = logit - shift <= 0
+// (-inf where masked): simd::vexp2 with AVX-512; with AVX2 and the generic
+// build the same polynomial and rounding in 13 vector operations instead of
+// 17, which the probability passes (a tenth of the AVX2 forward) spend per
+// vector of logits. The scale 2^n is built from the rounding's own bits
+// (t = x + 1.5 * 2^23 holds n in its low mantissa bits) rather than by a
+// conversion, and multiplies the polynomial rather than being added to its
+// exponent, so that n = -127 (x clamped there, -inf included) gives a scale of
+// 0 and no separate test of tiny x. The same as vexp2 for x >= -126; below
+// it either is 0 or a value under 2^-126. NaN stays NaN (vmax's x second).
+inline VecF exp2_of_shifted(VecF x) {
+#if defined(__AVX512F__)
+  return vexp2(x);
+#else
+  typedef uint32_t VecU __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+  const VecF c6 = vsplat(1.533758477307856e-4f), c5 = vsplat(1.3399870367720723e-3f),
+             c4 = vsplat(9.618519805371761e-3f), c3 = vsplat(5.550329014658928e-2f),
+             c2 = vsplat(0.24022646248340607f), c1 = vsplat(0.6931471824645996f),
+             c0 = vsplat(1.0f);
+  x = vmax(vsplat(-127.0f), x);
+  const VecF round_magic = vsplat(12582912.0f);  // 1.5 * 2^23: adds round to integer
+  const VecF t = x + round_magic;
+  const VecF n = t - round_magic;
+  const VecF f = x - n;
+  const VecF poly =
+      vfma(vfma(vfma(vfma(vfma(vfma(c6, f, c5), f, c4), f, c3), f, c2), f, c1), f, c0);
+  // t's bits are those of 1.5 * 2^23 plus n, whose part above bit 8 the shift
+  // drops: the bits of 2^n, 0 at n = -127.
+  const VecU scale_bits = ((VecU)t + 127u) << 23;
+  return poly * (VecF)scale_bits;
+#endif
+}
+
 // The running maximum's step of an online softmax for the kLanes rows at c
 // of a tile of logits st[j][i] (log2 units, jn keys): the tile's maximum (in
 // s.tile_max already with `max_known`), the new running max m and the shift
@@ -567,7 +726,7 @@ inline void online_softmax(int64_t jn, int64_t Br, bool max_known, float* st,
     const VecF shift = update_row_max(jn, Br, c, max_known, st, s).shift;
     VecF sum{};
     for (int64_t j = 0; j < jn; ++j) {
-      const VecF prob = vexp2(vload(st + j * Br + c) - shift);
+      const VecF prob = exp2_of_shifted(vload(st + j * Br + c) - shift);
       vstore(st + j * Br + c, prob);
       sum += prob;
     }
@@ -622,9 +781,12 @@ inline size_t row_tile_workspace_bytes(const AttentionParams& p, Carve carve) {
 // heads, 32 MiB, fill the L3) and cost 25-40% of the forward. Within a head the
 // later row tiles, which see more keys under a causal mask, come first, so the
 // last items of the loop are the shortest.
-template <typename Carve, typename Item>
+// begin(scratch) runs once on each thread before its first item (state a
+// thread keeps across items, as a KvHeadRows, is set there: carve only
+// computes pointers, and a thread carves the slots of the threads before it).
+template <typename Carve, typename Item, typename Begin>
 inline void run_row_tile_items(const Geometry& g, int64_t Br, int threads, void* workspace,
-                               Carve carve, Item item) {
+                               Carve carve, Item item, Begin begin) {
   const int64_t row_tiles = ceil_div(g.T * g.G, Br);
   const int64_t items = g.B * g.K * row_tiles;
 #pragma omp parallel num_threads(threads)
@@ -632,6 +794,7 @@ inline void run_row_tile_items(const Geometry& g, int64_t Br, int threads, void*
     Arena arena(workspace);
     auto s = carve(arena);
     for (int i = 0; i < omp_get_thread_num(); ++i) s = carve(arena);
+    begin(s);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t index = 0; index < items; ++index) {
       const int64_t group = index / row_tiles;
@@ -639,6 +802,12 @@ inline void run_row_tile_items(const Geometry& g, int64_t Br, int threads, void*
       item(s, group / g.K, group % g.K, tile * Br);
     }
   }
+}
+
+template <typename Carve, typename Item>
+inline void run_row_tile_items(const Geometry& g, int64_t Br, int threads, void* workspace,
+                               Carve carve, Item item) {
+  run_row_tile_items(g, Br, threads, workspace, carve, item, [](const auto&) {});
 }
 
 // ---------------------------------------------------------------------------
