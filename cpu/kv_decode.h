@@ -403,6 +403,8 @@ template <>
 struct PairKind<int8_t> {
   using type = FixedPointInt8;
 };
+#endif
+#if defined(JAXOPS_BF16_PAIR_KERNELS)
 template <>
 struct PairKind<bfloat16> {
   using type = Bfloat16Pairs;

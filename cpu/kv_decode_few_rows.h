@@ -94,17 +94,26 @@ inline __m512 transposed_sums(const __m512* acc, Add add) {
 // levels give each half one partial sum of four accumulators, and a cross-half
 // add finishes them. 6 hadds, 2 lane permutes and an add for 8 sums, where a
 // sum per accumulator takes ~4 shuffles and adds each.
-inline __m256 sum_each_avx2(const __m256* acc) {
-  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]);
-  const __m256 t1 = _mm256_hadd_ps(acc[2], acc[3]);
-  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]);
-  const __m256 t3 = _mm256_hadd_ps(acc[6], acc[7]);
+//
+// The tree on any lane-wise pair of 32-bit ops (hadd, add): float ones here,
+// integer ones for the fixed-point kernels (cpu/kv_decode_pairs_avx2.h); the
+// permutes only move bits.
+template <typename Hadd, typename Add>
+inline __m256 transposed_sums_avx2(const __m256* acc, Hadd hadd, Add add) {
+  const __m256 t0 = hadd(acc[0], acc[1]);
+  const __m256 t1 = hadd(acc[2], acc[3]);
+  const __m256 t2 = hadd(acc[4], acc[5]);
+  const __m256 t3 = hadd(acc[6], acc[7]);
   // u0: [s0 s1 s2 s3 | s0' s1' s2' s3'] with s the low halves' sums and s' the
   // high halves'; u1 the same for accumulators 4..7.
-  const __m256 u0 = _mm256_hadd_ps(t0, t1);
-  const __m256 u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                       _mm256_permute2f128_ps(u0, u1, 0x31));
+  const __m256 u0 = hadd(t0, t1);
+  const __m256 u1 = hadd(t2, t3);
+  return add(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+inline __m256 sum_each_avx2(const __m256* acc) {
+  return transposed_sums_avx2(
+      acc, [](__m256 a, __m256 b) { return _mm256_hadd_ps(a, b); },
+      [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); });
 }
 
 #endif

@@ -55,11 +55,30 @@ inline __m256 load_chunk(const int8_t* p) {
 template <int R>
 inline constexpr int kScoreKeys = 8 / R;
 
-// scores[r * ld + j] = q_r . k_j for the tile's keys j (q: R float rows of
-// H at stride ldq); asks for the next tile's key rows.
-template <int R, typename Element>
-void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq, int64_t H,
-                     float* scores, int64_t ld, const TileRows<Element>& next) {
+// The float32 kernels' operands: rows in 8-element chunks converted to
+// float, float queries, FMAs. (The fixed-point kind of
+// cpu/kv_decode_pairs_avx2.h has the same members.)
+template <typename E>
+struct FloatLanes {
+  using Element = E;
+  using Query = float;
+  using Sum = __m256;
+  static constexpr int kChunk = 8;
+  static Sum zero() { return _mm256_setzero_ps(); }
+  static __m256 query(const float* q) { return _mm256_loadu_ps(q); }
+  static __m256 chunk(const E* p) { return load_chunk(p); }
+  static Sum dot(Sum acc, __m256 q, __m256 k) { return _mm256_fmadd_ps(k, q, acc); }
+  static __m256 sum_each(const Sum* acc) { return sum_each_avx2(acc); }
+};
+
+// scores[r * ld + j] = q_r . k_j for the tile's keys j, in Kind's operands (q:
+// R rows of H at stride ldq, times q_scale[r] where q_scale is given; int8
+// rows: times the key's scale); asks for the next tile's key rows.
+template <int R, typename Kind>
+void score_groups(const TileRows<typename Kind::Element>& tile, const typename Kind::Query* q,
+                  int64_t ldq, int64_t H, const float* q_scale, float* scores, int64_t ld,
+                  const TileRows<typename Kind::Element>& next) {
+  using Element = typename Kind::Element;
   constexpr int kKeys = kScoreKeys<R>;
   const int64_t jn = tile.n;
   for (int64_t j = 0; j < jn; j += kKeys) {
@@ -72,10 +91,10 @@ void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq,
       later[kk] = next.key_or_null(j + kk);
     }
     // acc[r * kKeys + kk]; the lanes past R * kKeys (R = 3, 5, 6, 7) stay 0.
-    __m256 acc[8];
+    typename Kind::Sum acc[8];
 #pragma GCC unroll 8
-    for (int a = 0; a < 8; ++a) acc[a] = _mm256_setzero_ps();
-    for (int64_t h = 0; h < H; h += 8) {
+    for (int a = 0; a < 8; ++a) acc[a] = Kind::zero();
+    for (int64_t h = 0; h < H; h += Kind::kChunk) {
       // One line of each later row per 64 bytes of this chunk's rows.
       if ((h * static_cast<int64_t>(sizeof(Element))) % 64 == 0) {
 #pragma GCC unroll 8
@@ -83,30 +102,38 @@ void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq,
           if (later[kk]) simd::prefetch<1>(later[kk] + h * sizeof(Element));
         }
       }
-      __m256 qv[R];
+      decltype(Kind::query(q)) qv[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * ldq + h);
+      for (int r = 0; r < R; ++r) qv[r] = Kind::query(q + r * ldq + h);
 #pragma GCC unroll 8
       for (int kk = 0; kk < kKeys; ++kk) {
-        const __m256 kv = load_chunk(rows[kk] + h);
+        const auto kv = Kind::chunk(rows[kk] + h);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          acc[r * kKeys + kk] = _mm256_fmadd_ps(kv, qv[r], acc[r * kKeys + kk]);
+          acc[r * kKeys + kk] = Kind::dot(acc[r * kKeys + kk], qv[r], kv);
         }
       }
     }
     alignas(32) float sums[8];
-    _mm256_store_ps(sums, sum_each(reinterpret_cast<const VecF*>(acc)));
+    _mm256_store_ps(sums, Kind::sum_each(acc));
     const int keys = static_cast<int>(std::min<int64_t>(kKeys, jn - j));
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
+      const float row_scale = q_scale ? q_scale[r] : 1.0f;
       for (int kk = 0; kk < keys; ++kk) {
-        float s = sums[r * kKeys + kk];
+        float s = sums[r * kKeys + kk] * row_scale;
         if constexpr (std::is_same_v<Element, int8_t>) s *= tile.k_scale[j + kk];
         scores[r * ld + j + kk] = s;
       }
     }
   }
+}
+
+// The float32 kernels' scores pass (the driver's name for it on every ISA).
+template <int R, typename Element>
+void few_rows_scores(const TileRows<Element>& tile, const float* q, int64_t ldq, int64_t H,
+                     float* scores, int64_t ld, const TileRows<Element>& next) {
+  score_groups<R, FloatLanes<Element>>(tile, q, ldq, H, nullptr, scores, ld, next);
 }
 
 // Head-dim chunks whose R output rows stay in registers during the values

@@ -5,7 +5,9 @@
 //   probabilities rounded to 16-bit fixed point, int32 sums;
 // - bfloat16 caches on AVX512_BF16's vdpbf16ps (Bfloat16Pairs): the
 //   elements as they lie, the queries and probabilities rounded to bfloat16
-//   (the bfloat16 dot path's numerics, cpu/kv_decode.h), float32 sums.
+//   (the bfloat16 dot path's numerics, cpu/kv_decode.h), float32 sums;
+// - in the avx2 variant, int8 caches on vpmaddwd + vpaddd (the same
+//   FixedPointInt8 operands and exact sums, cpu/kv_decode_pairs_avx2.h).
 // For 1 to kMaxFewRows query rows (one token of a GQA group: the common
 // decode step) and a head_dim of whole 32-element chunks; decode_keys_few_rows
 // (cpu/kv_decode.h) takes them in place of the float32 kernels of
@@ -66,9 +68,10 @@
 
 namespace jaxops::cpu::kv_decode {
 
-// (AVX-512 builds only: the kernels are written on the AVX-512 few-rows
-// kernels' 16-lane operands; the avx2 variant has no pair instructions.)
-#if defined(JAXOPS_FEW_ROWS_DECODE) && defined(__AVX512F__) && defined(__x86_64__) && \
+// The int8 kernels on AVX-512 (vpdpwssd) and AVX2 (vpmaddwd + vpaddd,
+// cpu/kv_decode_pairs_avx2.h: the same operands and sums); the bfloat16 ones
+// on AVX-512 only (AVX2 has no bfloat16 product).
+#if defined(JAXOPS_FEW_ROWS_DECODE) && defined(__x86_64__) && \
     (defined(__GNUC__) || defined(__clang__))
 #define JAXOPS_PAIR_KERNELS 1
 
@@ -76,6 +79,36 @@ namespace jaxops::cpu::kv_decode {
 inline constexpr int64_t kPairMaxHeadDim = 256;
 // The fixed-point unit: the largest magnitude a rounded operand takes.
 inline constexpr float kFixedOne = 32767.0f;
+
+// Rows of R float queries (stride ldq) into 16-bit fixed point: q16[r * H + h]
+// and the scale of row r (NaN for a row with a NaN or infinity, 0 for zeros).
+inline void quantize_query_rows(const float* q, int64_t ldq, int64_t R, int64_t H, int16_t* q16,
+                                float* scale) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = q + r * ldq;
+    float largest = 0.0f;
+    bool finite = true;
+    for (int64_t h = 0; h < H; ++h) {
+      finite = finite && std::isfinite(row[h]);
+      largest = std::max(largest, std::fabs(row[h]));
+    }
+    int16_t* out = q16 + r * H;
+    if (!finite || largest == 0.0f) {
+      std::fill(out, out + H, int16_t{0});
+      scale[r] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const float to_fixed = kFixedOne / largest;
+    for (int64_t h = 0; h < H; ++h) {
+      const float x = std::nearbyint(row[h] * to_fixed);
+      out[h] = static_cast<int16_t>(std::clamp(x, -kFixedOne, kFixedOne));
+    }
+    scale[r] = largest / kFixedOne;
+  }
+}
+
+#if defined(__AVX512F__)
+#define JAXOPS_BF16_PAIR_KERNELS 1
 
 inline bool cpu_has_int8_vnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni");
@@ -148,33 +181,6 @@ inline bool pair_kernels_fit(int64_t rows, int64_t head_dim) {
     return head_dim <= kPairMaxHeadDim && cpu_has_int8_vnni();
   } else {
     return microkernels::cpu_has_bf16_dot();
-  }
-}
-
-// Rows of R float queries (stride ldq) into 16-bit fixed point: q16[r * H + h]
-// and the scale of row r (NaN for a row with a NaN or infinity, 0 for zeros).
-inline void quantize_query_rows(const float* q, int64_t ldq, int64_t R, int64_t H, int16_t* q16,
-                                float* scale) {
-  for (int64_t r = 0; r < R; ++r) {
-    const float* row = q + r * ldq;
-    float largest = 0.0f;
-    bool finite = true;
-    for (int64_t h = 0; h < H; ++h) {
-      finite = finite && std::isfinite(row[h]);
-      largest = std::max(largest, std::fabs(row[h]));
-    }
-    int16_t* out = q16 + r * H;
-    if (!finite || largest == 0.0f) {
-      std::fill(out, out + H, int16_t{0});
-      scale[r] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    const float to_fixed = kFixedOne / largest;
-    for (int64_t h = 0; h < H; ++h) {
-      const float x = std::nearbyint(row[h] * to_fixed);
-      out[h] = static_cast<int16_t>(std::clamp(x, -kFixedOne, kFixedOne));
-    }
-    scale[r] = largest / kFixedOne;
   }
 }
 
@@ -318,6 +324,12 @@ void pair_values(const TileRows<typename Kind::Element>& tile, float* p, int64_t
   }
 }
 
-#endif
+#endif  // __AVX512F__
+
+#endif  // JAXOPS_PAIR_KERNELS
 
 }  // namespace jaxops::cpu::kv_decode
+
+#if defined(JAXOPS_PAIR_KERNELS) && !defined(__AVX512F__)
+#include "cpu/kv_decode_pairs_avx2.h"
+#endif

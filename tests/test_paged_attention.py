@@ -119,13 +119,14 @@ def test_values_against_reference(backend, case, dtype, query_dtype):
                          ids=["decode-gqa4", "chunk-16-rows", "decode-gqa2"])
 def test_int8_within_the_fixed_point_bound(heads, q_len):
   """int8 pages at the shapes of the CPU's pair products (head_dim a multiple of
-  32, up to 16 query rows per kv head; on a CPU with AVX512_VNNI: 16-bit fixed
-  point for the query and the probabilities, README's paged_attention section)
+  32, up to 16 query rows per kv head; in the avx2 variant, and in the avx512
+  one on a CPU with AVX512_VNNI: 16-bit fixed point for the query and the
+  probabilities, README's paged_attention section)
   against the float64 reference, within the bound that rounding allows: each
   logit moves by at most scale * max|q| / 2^16 * sum_h |k_h| (the query's
   rounding), so each softmax weight by a factor within exp(+-2 delta); each
   probability by 2^-16 of its tile's largest times its value scale, over at
-  most every key. Without VNNI (the float32 kernels) the same bound holds with
+  most every key. Elsewhere (the float32 kernels) the same bound holds with
   room to spare."""
   query, kp, vp, tables, kv_lens, scales = make_cache(
       3, batch=2, heads=heads, kv_heads=2, head_dim=128, page_size=16, max_pages=4,
