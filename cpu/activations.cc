@@ -65,18 +65,28 @@ void map_blocks(int64_t n, const T* const (&inputs)[kInputs], T* const (&outputs
                 Block&& block) {
   for (T* output : outputs) advise_huge_pages(output, sizeof(T) * n);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n >= kMinParallel)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
-    alignas(64) float in_buffers[kInputs][kBlock], out_buffers[kOutputs][kBlock];
-    const float* in[kInputs];
-    float* out[kOutputs];
-    for (size_t k = 0; k < kInputs; ++k) {
-      in[k] = read_as_float(inputs[k] + begin, len, in_buffers[k]);
+#pragma omp parallel if (n >= kMinParallel)
+  {
+    // A static schedule gives each thread one run of blocks, which it
+    // populates ahead of its writes (cpu/fresh_memory.h).
+    WriteAhead write_ahead[kOutputs];
+    for (size_t k = 0; k < kOutputs; ++k) write_ahead[k] = WriteAhead(outputs[k], sizeof(T) * n);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
+      alignas(64) float in_buffers[kInputs][kBlock], out_buffers[kOutputs][kBlock];
+      const float* in[kInputs];
+      float* out[kOutputs];
+      for (size_t k = 0; k < kInputs; ++k) {
+        in[k] = read_as_float(inputs[k] + begin, len, in_buffers[k]);
+      }
+      for (size_t k = 0; k < kOutputs; ++k) {
+        write_ahead[k].before_write(outputs[k] + begin, sizeof(T) * len);
+        out[k] = result_target(outputs[k] + begin, out_buffers[k]);
+      }
+      block(len, in, out);
+      for (size_t k = 0; k < kOutputs; ++k) commit_result(out[k], outputs[k] + begin, len);
     }
-    for (size_t k = 0; k < kOutputs; ++k) out[k] = result_target(outputs[k] + begin, out_buffers[k]);
-    block(len, in, out);
-    for (size_t k = 0; k < kOutputs; ++k) commit_result(out[k], outputs[k] + begin, len);
   }
 }
 

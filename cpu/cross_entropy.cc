@@ -126,7 +126,9 @@ void cross_entropy_bwd(const T* logits, const Label* labels, const float* lse, c
   if (dlogits != logits) advise_huge_pages(dlogits, sizeof(T) * shape.rows * vocab);
 #pragma omp parallel
   {
-    RowBuffer<T> in(vocab), out(vocab);
+    // In place (dlogits == logits) the rows are present already.
+    RowBuffer<T> in(vocab);
+    RowBuffer<T> out(vocab, dlogits, dlogits != logits ? shape.rows * vocab : 0);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       T* d = dlogits + r * vocab;
@@ -149,7 +151,9 @@ void cross_entropy_fwd_grad(const T* logits, const Label* labels, float* loss, T
   if (dlogits != logits) advise_huge_pages(dlogits, sizeof(T) * shape.rows * vocab);
 #pragma omp parallel
   {
-    RowBuffer<T> in(vocab), out(vocab);
+    // In place (dlogits == logits) the rows are present already.
+    RowBuffer<T> in(vocab);
+    RowBuffer<T> out(vocab, dlogits, dlogits != logits ? shape.rows * vocab : 0);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       T* d = dlogits + r * vocab;

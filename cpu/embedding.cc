@@ -25,9 +25,14 @@ template <typename T>
 void embedding_fwd(const T* table, const int32_t* ids, T* out, EmbeddingShape shape) {
   const int64_t dim = shape.dim;
   advise_huge_pages(out, sizeof(T) * shape.tokens * dim);
-#pragma omp parallel for schedule(static) if (shape.tokens * dim >= kMinParallel)
-  for (int64_t t = 0; t < shape.tokens; ++t) {
-    std::memcpy(out + t * dim, table + clamp_id(ids[t], shape.vocab) * dim, sizeof(T) * dim);
+#pragma omp parallel if (shape.tokens * dim >= kMinParallel)
+  {
+    WriteAhead write_ahead(out, sizeof(T) * shape.tokens * dim);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < shape.tokens; ++t) {
+      write_ahead.before_write(out + t * dim, sizeof(T) * dim);
+      std::memcpy(out + t * dim, table + clamp_id(ids[t], shape.vocab) * dim, sizeof(T) * dim);
+    }
   }
 }
 

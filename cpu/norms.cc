@@ -148,7 +148,7 @@ void layer_norm_fwd(const T* x, const T* weight, const T* bias, T* y, float* mea
 #pragma omp parallel
   {
     RowBuffer<T> reader(cols);
-    RowBuffer<T> writer(cols);
+    RowBuffer<T> writer(cols, y, shape.rows * cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* xr = reader.read(x + r * cols, cols);
@@ -188,7 +188,7 @@ void layer_norm_bwd(const T* dy, const T* x, const T* weight, const float* mean,
 #pragma omp parallel
   {
     RowBuffer<T> x_reader(cols), dy_reader(cols);
-    RowBuffer<T> writer(cols);
+    RowBuffer<T> writer(cols, dx, shape.rows * cols);
     std::vector<float> xhat(cols), g(cols);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -245,7 +245,7 @@ void rms_norm_fwd(const T* x, const T* weight, T* y, float* rstd, NormShape shap
 #pragma omp parallel
   {
     RowBuffer<T> reader(cols);
-    RowBuffer<T> writer(cols);
+    RowBuffer<T> writer(cols, y, shape.rows * cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* xr = reader.read(x + r * cols, cols);
@@ -270,7 +270,7 @@ void rms_norm_bwd(const T* dy, const T* x, const T* weight, const float* rstd, c
 #pragma omp parallel
   {
     RowBuffer<T> x_reader(cols), dy_reader(cols), dres_reader(cols);
-    RowBuffer<T> writer(cols);
+    RowBuffer<T> writer(cols, dx, shape.rows * cols);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const PartRange range = part_rows(task, shape, layout);
@@ -320,7 +320,9 @@ void add_rms_norm_fwd(const T* x, const T* residual, const T* weight, T* y, T* h
 #pragma omp parallel
   {
     RowBuffer<T> x_reader(cols), res_reader(cols), h_reader(cols);
-    RowBuffer<T> h_writer(cols), y_writer(cols);
+    // A donated residual (h == residual) is present already.
+    RowBuffer<T> h_writer(cols, h, h != residual ? shape.rows * cols : 0);
+    RowBuffer<T> y_writer(cols, y, shape.rows * cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* xr = x_reader.read(x + r * cols, cols);
@@ -363,7 +365,7 @@ void norm_jvp_rows(const T* x, const T* weight, const float* mean, const float* 
 #pragma omp parallel
   {
     RowBuffer<T> x_reader(cols), dx_reader(cols);
-    RowBuffer<T> writer(cols);
+    RowBuffer<T> writer(cols, dy, shape.rows * cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
       const float* xr = x_reader.read(x + r * cols, cols);

@@ -56,7 +56,7 @@ void rope(const T* x, const int32_t* positions, T* y, float* workspace, RopeShap
 #pragma omp parallel if (tokens * shape.heads * head_dim >= kMinParallel)
   {
     RowBuffer<T> reader(head_dim);
-    RowBuffer<T> writer(head_dim);
+    RowBuffer<T> writer(head_dim, y, tokens * shape.heads * head_dim);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t b = t / shape.seq, s = t % shape.seq;

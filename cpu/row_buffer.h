@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu/float_convert.h"
+#include "cpu/fresh_memory.h"
 
 namespace jaxops::cpu {
 
@@ -43,21 +44,33 @@ inline void commit_result(const float* buffer, T* dst, int64_t n) {
 
 // A buffer of one row for read_as_float (as a reader) or result_target and
 // commit_result (as a writer); a kernel keeps one per row it holds at once.
+// A writer given its output [output, output + elements) populates that
+// output ahead of its rows (cpu/fresh_memory.h, WriteAhead): a fresh output
+// then faults in a chunk per system call, not a page per trap.
 template <typename T>
 class RowBuffer {
  public:
-  explicit RowBuffer(int64_t cols) : buffer_(std::is_same_v<T, float> ? 0 : cols) {}
+  explicit RowBuffer(int64_t cols) : cols_(cols), buffer_(std::is_same_v<T, float> ? 0 : cols) {}
+  RowBuffer(int64_t cols, const T* output, int64_t elements) : RowBuffer(cols) {
+    write_ahead_ = WriteAhead(output, sizeof(T) * static_cast<size_t>(elements));
+  }
 
   // The first n elements of `row` as float32.
   const float* read(const T* row, int64_t n) { return read_as_float(row, n, buffer_.data()); }
 
-  // Where a result row is computed in float32 before commit() stores it as T.
-  float* target(T* row) { return result_target(row, buffer_.data()); }
+  // Where a result row (of at most cols elements) is computed in float32
+  // before commit() stores it as T.
+  float* target(T* row) {
+    write_ahead_.before_write(row, sizeof(T) * static_cast<size_t>(cols_));
+    return result_target(row, buffer_.data());
+  }
 
   void commit(T* row, int64_t n) { commit_result(buffer_.data(), row, n); }
 
  private:
+  int64_t cols_;
   std::vector<float> buffer_;
+  WriteAhead write_ahead_;
 };
 
 }  // namespace jaxops::cpu

@@ -218,7 +218,7 @@ void softmax_linear_map(const SoftmaxInput<T>& input, const T* g,
   {
     using Reader = std::conditional_t<Map::kStageRows, StagedRow<T>, RowBuffer<T>>;
     Reader x_rows(cols);
-    RowBuffer<T> out_rows(cols);
+    RowBuffer<T> out_rows(cols, out, shape.rows * cols);
     SummedRows<T, Reader> g_rows(g, g_broadcast, cols);
     std::vector<float> logits(has_logits ? cols : 0);
     std::vector<float> bias_row(has_bias && input.bias.col_stride != 0 ? cols : 1);
@@ -256,7 +256,8 @@ void softmax_fwd(const T* x, const BroadcastOperand<uint8_t>& where,
   advise_huge_pages(y, sizeof(T) * shape.rows * cols);
 #pragma omp parallel
   {
-    RowBuffer<T> x_rows(cols), y_rows(cols);
+    RowBuffer<T> x_rows(cols);
+    RowBuffer<T> y_rows(cols, y, shape.rows * cols);
     std::vector<float> bias_row(bias.data != nullptr && bias.col_stride != 0 ? cols : 1);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < shape.rows; ++r) {
