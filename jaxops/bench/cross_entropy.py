@@ -9,12 +9,17 @@ negligible): fwd the logits read once; fwd+bwd the logits read and their
 gradient written; jvp the logits and their tangent read.
 
 linear_cross_entropy on x [tokens, hidden], weight [hidden, vocab]:
-forward+backward (``jax.vjp`` of the per-token losses with respect to x and
-the weight, a random cotangent), jaxops against the jnp matmul +
-cross-entropy. Compute-bound: three products of 2 * tokens * hidden * vocab
-flops (the logits, then the gradients of x and of the weight). Also reports
-XLA's compiled temporary memory for both, as a share of the float32 logits'
-size.
+forward+backward with respect to x and the weight, jaxops against the jnp
+matmul + cross-entropy, in two forms: the per-token losses (``jax.vjp`` with a
+random per-token cotangent; case ``linear_cross_entropy``) and the mean loss
+of training (a random scalar cotangent; case ``linear_cross_entropy mean``).
+Compute-bound: three products of 2 * tokens * hidden * vocab flops (the
+logits, then the gradients of x and of the weight). The mean loss's gradient
+is computed in the forward sweep (three products); the per-token form's
+cotangent is known only after the forward, so its backward computes each
+block's logits again (four products) where XLA keeps all of them. Also
+reports XLA's compiled temporary memory for both, as a share of the float32
+logits' size.
 """
 
 from __future__ import annotations
@@ -98,27 +103,30 @@ def _linear_cross_entropy(args, reporter):
       k1, k2 = jax.random.split(jax.random.key(0))
       x = jax.random.normal(k1, (tokens, hidden)).astype(dtype)
       weight = (jax.random.normal(k2, (hidden, vocab)) / hidden ** 0.5).astype(dtype)
-      fns = jaxops_and_reference(lambda impl: forward_or_backward(
-          "fwd+bwd", lambda x, w, l: jaxops.linear_cross_entropy(
-              x, w, l, reduction="none", implementation=impl), wrt=(0, 1)))
-      timings = time_implementations(fns, x, weight, labels, random_like((tokens,), dtype),
-                                     runs=args.linear_runs)
-      logits_bytes = tokens * vocab * 4
-      temp_share = {name: t.temp_bytes / logits_bytes for name, t in timings.items()
-                    if t.temp_bytes is not None}
-      reporter.add(["linear_cross_entropy", shape_text, dtype_name, "fwd+bwd"],
-                   Result("linear_cross_entropy", shape_text, dtype_name, "fwd+bwd", timings,
-                          computed(3 * 2 * tokens * hidden * vocab),
-                          {"temp_share_of_logits": temp_share}),
-                   "".join(f"  {name} temp {share:.0%} of logits"
-                           for name, share in temp_share.items()))
+      # (case, reduction, the cotangent's shape)
+      for case, reduction, cotangent in (("linear_cross_entropy", "none", (tokens,)),
+                                         ("linear_cross_entropy mean", "mean", ())):
+        fns = jaxops_and_reference(lambda impl, reduction=reduction: forward_or_backward(
+            "fwd+bwd", lambda x, w, l: jaxops.linear_cross_entropy(
+                x, w, l, reduction=reduction, implementation=impl), wrt=(0, 1)))
+        timings = time_implementations(fns, x, weight, labels, random_like(cotangent, dtype),
+                                       runs=args.linear_runs)
+        logits_bytes = tokens * vocab * 4
+        temp_share = {name: t.temp_bytes / logits_bytes for name, t in timings.items()
+                      if t.temp_bytes is not None}
+        reporter.add([case, shape_text, dtype_name, "fwd+bwd"],
+                     Result(case, shape_text, dtype_name, "fwd+bwd", timings,
+                            computed(3 * 2 * tokens * hidden * vocab),
+                            {"temp_share_of_logits": temp_share}),
+                     "".join(f"  {name} temp {share:.0%} of logits"
+                             for name, share in temp_share.items()))
 
 
 def main(argv=()):
   args = parse(argv)
   units = ("bytes",) * ("cross_entropy" in args.ops) + ("flops",) * (
       "linear_cross_entropy" in args.ops)
-  reporter = Reporter("cross_entropy", args, argv, [("op", 21), ("shape", 16), ("dtype", 9),
+  reporter = Reporter("cross_entropy", args, argv, [("op", 26), ("shape", 16), ("dtype", 9),
                                                     ("pass", 8)], ["jaxops", "xla"], units)
   reporter.header("rate: GB/s for cross_entropy (the bytes the pass must move), TFLOP/s for "
                   "linear_cross_entropy (its three products)")
