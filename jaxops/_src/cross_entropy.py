@@ -52,12 +52,13 @@ _F32 = jnp.float32
 _REDUCTIONS = ("mean", "sum", "none")
 
 # float32 logits of one block of tokens in linear_cross_entropy. At 8192 tokens x
-# 32000 classes, 128 MiB is 1024 tokens a block (12.5% of the logits). XLA's CPU
-# dots run faster on 1024-token blocks than on 256 (x @ W 265 against 207
-# GFLOP/s, x.T @ dlogits 250 against 171), and the whole value_and_grad in
-# float32 took 6.9-7.4 s against 7.4-8.6 s with 32 MiB blocks (2 cores,
-# alternated); the temporaries stay near a quarter of the logits.
-_LOGITS_BLOCK_BYTES = 128 << 20
+# 32000 classes, 64 MiB is 512 tokens a block (6% of the logits). XLA's CPU dots
+# are faster on larger blocks (x.T @ dlogits 171 GFLOP/s at 256 tokens, 250 at
+# 1024): the float32 value_and_grad took 6.9 s with 64 MiB blocks against 7.3 s
+# with 32 MiB and 6.6-6.9 s with 128 MiB (2 cores, alternated), but 128 MiB
+# blocks put the program's temporaries at 28% of the logits, and they must stay
+# under a quarter (22% here; test_linear_does_not_materialise_the_logits).
+_LOGITS_BLOCK_BYTES = 64 << 20
 
 
 
