@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #elif defined(__aarch64__)
 #include <arm_neon.h>
@@ -69,16 +69,48 @@ inline void load_row(const bfloat16* src, float* dst, int64_t n) {
 // float -> bfloat16 with integer ops the compiler vectorises (Eigen's scalar
 // conversion has a NaN branch that blocks it). Round to nearest even; NaN
 // stays a quiet NaN.
+inline uint16_t bfloat16_bits(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, sizeof(u));
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(is_nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// 8 floats rounded to bfloat16, each in the low half of its 32-bit lane: the
+// scalar rounding above on one register, with the NaN test done by one float
+// compare rather than the mask-and-compare GCC derives from it.
+inline __m256i bfloat16_lanes_avx2(__m256 value) {
+  const __m256i u = _mm256_castps_si256(value);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(value, value, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, quiet, is_nan);
+}
+#endif
+
 inline void store_row(const float* src, bfloat16* dst, int64_t n) {
   uint16_t* bits = reinterpret_cast<uint16_t*>(dst);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &src[i], sizeof(u));
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
-    bits[i] = static_cast<uint16_t>(is_nan ? ((u >> 16) | 0x40u) : rounded);
+  int64_t i = 0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  // 16 at a time, packed once: GCC's vectorisation of the loop below packs
+  // the result and the NaN mask separately (3 vpackusdw + 3 vpermq and 33
+  // instructions per 16 elements, against 21 here). The lanes hold values
+  // below 2^16, so the unsigned saturating pack is exact; it interleaves the
+  // 128-bit halves, which vpermq puts back in order.
+  for (; i + 16 <= n; i += 16) {
+    const __m256i low = bfloat16_lanes_avx2(_mm256_loadu_ps(src + i));
+    const __m256i high = bfloat16_lanes_avx2(_mm256_loadu_ps(src + i + 8));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), packed);
   }
+#endif
+#pragma omp simd
+  for (int64_t j = i; j < n; ++j) bits[j] = bfloat16_bits(src[j]);
 }
 
 // float16 <-> float: 8 at a time with the F16C instructions when the build

@@ -45,9 +45,10 @@ FLAGS = ["-std=c++17", "-O2", "-fno-math-errno", "-fopenmp"]
 NATIVE = "native"
 # Tests built a second time for a lower x86-64 level, whose kernels are their
 # own code (not the native build's at another width): the decode core's AVX2
-# few-rows kernels (cpu/kv_decode_few_rows_avx2.h). Run where the CPU has
-# AVX2 and FMA and the native build is wider.
-LOWER_BUILDS = {"kv_decode_test": ["x86-64-v3"]}
+# few-rows kernels (cpu/kv_decode_few_rows_avx2.h) and the AVX2 bfloat16 row
+# store (cpu/float_convert.h). Run where the CPU has AVX2 and FMA and the
+# native build is wider.
+LOWER_BUILDS = {"kv_decode_test": ["x86-64-v3"], "float_convert_test": ["x86-64-v3"]}
 # Every test built a third time, for aarch64 (the generic kernels on NEON),
 # statically linked so that qemu-aarch64 runs it without an aarch64 sysroot.
 AARCH64 = "aarch64"

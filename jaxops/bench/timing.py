@@ -238,15 +238,45 @@ def temp_bytes(compiled) -> int | None:
   return getattr(analysis, "temp_size_in_bytes", None)
 
 
+def _amd_core(family: int, model: int) -> str | None:
+  """The Zen generation of an AMD family/model pair (AMD's processor programming references)."""
+  if family == 0x17:
+    return "Zen 2" if model >= 0x30 else "Zen/Zen+"
+  if family == 0x19:
+    return "Zen 4" if 0x10 <= model <= 0x1f or 0x60 <= model <= 0xaf else "Zen 3"
+  if family == 0x1a:
+    return "Zen 5"
+  return None
+
+
 def host_line() -> str:
-  """The host's CPU model and core count."""
+  """The host's CPU model and core count.
+
+  A VM often names its CPU only "AMD EPYC", which spans AVX2-only Zen 2 and Zen 3 and
+  AVX-512 Zen 4: the family and model numbers (and for AMD the core generation) are added,
+  so that results from different machines stay apart in the report.
+  """
   cpu = platform.processor() or platform.machine()
+  fields = {}
   try:
     with open("/proc/cpuinfo") as f:
-      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
+      for line in f:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "cpu family", "model", "vendor_id") and key not in fields:
+          fields[key] = value.strip()
+        if not line.strip():
+          break  # the first processor's block is enough
+  except OSError:
     pass
-  return f"{cpu}, {os.cpu_count()} cores"
+  cpu = fields.get("model name", cpu)
+  try:
+    family, model = int(fields["cpu family"]), int(fields["model"])
+  except (KeyError, ValueError):
+    return f"{cpu}, {os.cpu_count()} cores"
+  core = _amd_core(family, model) if fields.get("vendor_id") == "AuthenticAMD" else None
+  ident = f"family {family} model {model}" + (f", {core}" if core else "")
+  return f"{cpu} ({ident}), {os.cpu_count()} cores"
 
 
 def machine_line() -> str:
